@@ -1,0 +1,282 @@
+//! [`HybridCache`]: SWAN's hybrid KV cache for one (layer, kv-head).
+//!
+//! SWAN (method section, hybrid KV-cache and Algorithm 1): the `b` most recent key/value
+//! rows stay dense in a ring buffer; appending to a full buffer evicts its oldest row,
+//! which is pruned to its top-k magnitudes and appended to the CSR sparse history.
+//! Token order is: sparse rows (oldest tokens) first, then the buffer rows.
+
+use super::buffer::DenseBuffer;
+use super::history::SparseHistory;
+use super::input::{check_limits, sanitize_into, scan};
+use super::{HybridConfig, HybridView, NonFinitePolicy};
+use crate::csr::CsrStore;
+use crate::memory::MemoryReport;
+use crate::{Error, Result, SparseIndex, Value};
+
+/// Hybrid cache of one (layer, kv-head): sparse history in [`CsrStore<I, V>`], dense
+/// buffer in [`crate::ring::DenseRing<D>`] (`I`: `u8`/`u16` indices, `V`: sparse value
+/// format, `D`: dense buffer format, typically `f32`, `f16` or `bf16`).
+///
+/// Appends are all-or-nothing: on error the cache is unchanged. Steady-state appends do
+/// not allocate beyond the sparse stores' amortized growth (see [`HybridCache::reserve`]).
+#[derive(Clone, Debug)]
+pub struct HybridCache<I, V, D> {
+    cfg: HybridConfig,
+    sparse: SparseHistory<I, V>,
+    buffer: DenseBuffer<D>,
+    /// Sanitized copies of input rows (only used under [`NonFinitePolicy::Zero`]).
+    staged_key: Vec<f32>,
+    staged_value: Vec<f32>,
+}
+
+/// `row` itself, or its sanitized copy in `scratch` when it holds non-finite elements.
+fn stage<'a>(row: &'a [f32], dirty: bool, scratch: &'a mut Vec<f32>) -> &'a [f32] {
+    if dirty {
+        sanitize_into(row, scratch);
+        scratch
+    } else {
+        row
+    }
+}
+
+/// The rows of an (older, newer) buffer pair in token order.
+fn buffer_rows<'a, D>((a, b): (&'a [D], &'a [D]), d: usize) -> impl Iterator<Item = &'a [D]> {
+    a.chunks_exact(d).chain(b.chunks_exact(d))
+}
+
+impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
+    /// An empty cache.
+    ///
+    /// # Errors
+    /// Any error of [`HybridConfig::validate`].
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+    /// use half::f16;
+    /// let mut cache = HybridCache::<u8, f16, f16>::new(HybridConfig::new(4, 1, 2))?;
+    /// cache.append(&[1.0, -3.0, 0.5, 2.0], &[0.1, 0.2, 0.3, 0.4])?;
+    /// cache.append(&[0.0; 4], &[0.0; 4])?; // evicts the first row into the sparse history
+    /// assert_eq!((cache.sparse_len(), cache.buffer_len()), (1, 1));
+    /// assert_eq!(cache.view().sparse_keys.row(0).unwrap().indices, &[1, 3]);
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn new(cfg: HybridConfig) -> Result<Self> {
+        cfg.validate::<I, D>()?;
+        let store = || CsrStore::with_block_rows(cfg.head_dim, cfg.rows_per_block);
+        Ok(Self::from_stores(cfg, store()?, store()?))
+    }
+
+    fn from_stores(cfg: HybridConfig, keys: CsrStore<I, V>, values: CsrStore<I, V>) -> Self {
+        let sparse = SparseHistory::new(keys, values, (cfg.k_key, cfg.k_value), cfg.scales());
+        Self {
+            cfg,
+            sparse,
+            buffer: DenseBuffer::new(cfg.head_dim, cfg.buffer),
+            staged_key: Vec::new(),
+            staged_value: Vec::new(),
+        }
+    }
+
+    /// Rebuilds an owned cache from a view with config `cfg` (e.g. a view of a mapped file,
+    /// to keep appending to a persisted prefix). The rows are copied.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the view does not fit `cfg` (head_dim, rows per block,
+    /// scales, key/value row counts, buffer capacity); any [`HybridConfig::validate`] error.
+    pub fn from_view(cfg: HybridConfig, view: HybridView<'_, I, V, D>) -> Result<Self> {
+        const OP: &str = "HybridCache::from_view";
+        cfg.validate::<I, D>()?;
+        view.check_shape(OP)?;
+        let checks = [
+            ("head_dim", cfg.head_dim, view.head_dim),
+            ("key rows_per_block", cfg.rows_per_block, view.sparse_keys.rows_per_block()),
+            ("value rows_per_block", cfg.rows_per_block, view.sparse_values.rows_per_block()),
+        ];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+            }
+        }
+        if view.buffer_len() > cfg.buffer {
+            let (expected, got) = (cfg.buffer, view.buffer_len());
+            return Err(Error::ShapeMismatch { op: OP, what: "buffer rows", expected, got });
+        }
+        if view.value_scale != cfg.scales() {
+            return Err(Error::ScaleMismatch {
+                op: OP,
+                expected: cfg.scales(),
+                got: view.value_scale,
+            });
+        }
+        let (keys, values) = (view.sparse_keys, view.sparse_values);
+        let mut cache =
+            Self::from_stores(cfg, CsrStore::from_view(keys), CsrStore::from_view(values));
+        let d = cfg.head_dim;
+        for (k, v) in buffer_rows(view.buffer_keys, d).zip(buffer_rows(view.buffer_values, d)) {
+            cache.buffer.keys.push_raw(k);
+            cache.buffer.values.push_raw(v);
+        }
+        Ok(cache)
+    }
+
+    /// Appends one token's key and value rows. When the buffer is full its oldest row is
+    /// pruned into the sparse history (with `b = 0` the new row is pruned directly).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] when a row's length is not `head_dim`;
+    /// [`Error::NonFinite`] for NaN/±∞ under [`NonFinitePolicy::Error`];
+    /// [`Error::Overflow`] when a value does not fit the dense or sparse format.
+    /// The cache is unchanged on error.
+    pub fn append(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
+        self.check_input(["HybridCache::append: key", "HybridCache::append: value"], k, v, 1)?;
+        self.append_checked(k, v)
+    }
+
+    /// [`HybridCache::append`] after [`HybridCache::check_input`] succeeded.
+    pub(crate) fn append_checked(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
+        let zero = self.cfg.non_finite == NonFinitePolicy::Zero;
+        let k = stage(k, zero && !k.iter().all(|x| x.is_finite()), &mut self.staged_key);
+        let v = stage(v, zero && !v.iter().all(|x| x.is_finite()), &mut self.staged_value);
+        self.buffer.push(k, v, &mut self.sparse)
+    }
+
+    /// Bulk insert of `n` tokens (a prefill): `keys` and `values` are `n × head_dim`
+    /// row-major. Same result as `n` calls to [`HybridCache::append`] — the last `b` rows
+    /// stay dense — but validated up front (all-or-nothing) and with storage reserved once.
+    ///
+    /// # Errors
+    /// As [`HybridCache::append`]; [`Error::LengthMismatch`] when the lengths are not equal
+    /// multiples of `head_dim` (a non-finite position counts across the flattened rows).
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+    /// let mut cache = HybridCache::<u8, f32, f32>::new(HybridConfig::new(2, 2, 1))?;
+    /// cache.extend(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[0.0; 6])?; // 3 tokens
+    /// assert_eq!((cache.sparse_len(), cache.buffer_len()), (1, 2));
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn extend(&mut self, keys: &[f32], values: &[f32]) -> Result<()> {
+        const OPS: [&str; 2] = ["HybridCache::extend: keys", "HybridCache::extend: values"];
+        let d = self.cfg.head_dim;
+        let n = keys.len() / d;
+        if !keys.len().is_multiple_of(d) {
+            let (expected, got) = (n * d, keys.len());
+            let what = "keys (not a multiple of head_dim)";
+            return Err(Error::LengthMismatch { op: OPS[0], what, expected, got });
+        }
+        self.check_input(OPS, keys, values, n)?;
+        let spill = (self.buffer.len() + n).saturating_sub(self.cfg.buffer);
+        self.sparse.reserve(spill);
+        let from_buffer = spill.min(self.buffer.len());
+        for _ in 0..from_buffer {
+            self.buffer.spill_oldest(&mut self.sparse)?;
+        }
+        let zero = self.cfg.non_finite == NonFinitePolicy::Zero;
+        for (r, (k, v)) in keys.chunks_exact(d).zip(values.chunks_exact(d)).enumerate() {
+            let k = stage(k, zero, &mut self.staged_key);
+            let v = stage(v, zero, &mut self.staged_value);
+            if r < spill - from_buffer {
+                self.buffer.spill_through(k, v, &mut self.sparse)?;
+            } else {
+                self.buffer.push_within_capacity(k, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks `rows` rows of keys and values (flattened) without changing anything:
+    /// lengths, the non-finite policy and overflow limits. Checking the largest magnitude
+    /// is exact because rounding and scaling are monotone.
+    pub(crate) fn check_input(
+        &self,
+        ops: [&'static str; 2],
+        k: &[f32],
+        v: &[f32],
+        rows: usize,
+    ) -> Result<()> {
+        let expected = rows * self.cfg.head_dim;
+        for (op, what, got) in [(ops[0], "keys", k.len()), (ops[1], "values", v.len())] {
+            if got != expected {
+                return Err(Error::LengthMismatch { op, what, expected, got });
+            }
+        }
+        let buffered = self.cfg.buffer > 0;
+        let (sk, sv) = self.cfg.scales();
+        let (kmax, _) = scan(self.cfg.non_finite, ops[0], k)?;
+        let (vmax, _) = scan(self.cfg.non_finite, ops[1], v)?;
+        check_limits::<V, D>(ops[0], kmax, buffered, self.cfg.k_key > 0, sk)?;
+        check_limits::<V, D>(ops[1], vmax, buffered, self.cfg.k_value > 0, sv)
+    }
+
+    /// Reserves sparse storage for `rows` more evicted tokens.
+    pub fn reserve(&mut self, rows: usize) {
+        self.sparse.reserve(rows);
+    }
+
+    /// Removes all tokens (keeps allocations).
+    pub fn clear(&mut self) {
+        self.sparse.clear();
+        self.buffer.clear();
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HybridConfig {
+        &self.cfg
+    }
+
+    /// Elements per key/value vector.
+    pub fn head_dim(&self) -> usize {
+        self.cfg.head_dim
+    }
+
+    /// Tokens held (sparse + buffered).
+    pub fn len(&self) -> usize {
+        self.sparse.len() + self.buffer.len()
+    }
+
+    /// True when no tokens are held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens in the sparse history (the oldest ones).
+    pub fn sparse_len(&self) -> usize {
+        self.sparse.len()
+    }
+
+    /// Tokens in the dense buffer (the newest ones).
+    pub fn buffer_len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// The sparse key store.
+    pub fn sparse_keys(&self) -> &CsrStore<I, V> {
+        &self.sparse.keys
+    }
+
+    /// The sparse value store.
+    pub fn sparse_values(&self) -> &CsrStore<I, V> {
+        &self.sparse.values
+    }
+
+    /// Everything a decode kernel reads, borrowed.
+    pub fn view(&self) -> HybridView<'_, I, V, D> {
+        HybridView {
+            head_dim: self.cfg.head_dim,
+            sparse_keys: self.sparse.keys.view(),
+            sparse_values: self.sparse.values.view(),
+            buffer_keys: self.buffer.keys.as_slices(),
+            buffer_values: self.buffer.values.as_slices(),
+            value_scale: self.cfg.scales(),
+        }
+    }
+
+    /// Bytes held, split by role (see [`MemoryReport`]).
+    pub fn memory(&self) -> MemoryReport {
+        let staged = (self.staged_key.capacity() + self.staged_value.capacity()) * 4;
+        let staged = MemoryReport { capacity_slack_bytes: staged, ..MemoryReport::default() };
+        self.sparse.memory() + self.buffer.memory() + staged
+    }
+}
