@@ -1,0 +1,215 @@
+//! Views for attention (WnW §2.3: attention reads only the resident KV): per kv-head, the
+//! resident positions in ascending order and the arena row holding each, borrowed straight
+//! from the residency tables and the tier's arena — no copy, no allocation.
+//!
+//! Row `r` of a dense arena is `keys[r·d..(r+1)·d]` (the `rows` list indexes it), matching the
+//! gathered kernels' "arena + per-head row list" input (`attn-kernels` `DenseHeads` with
+//! gathered rows; a layer-wide arena means the per-head arena capacity is 0 there, i.e. row ids
+//! are absolute). With SWAN sparse rows enabled, a non-exact head's audio rows are in the
+//! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are
+//! disjoint and together form the resident set, attended with one softmax.
+
+use kv_sparse::csr::SparseRow;
+use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::{Value, ValueFormat};
+use parking_lot::RwLockReadGuard;
+
+use super::TieredStore;
+use super::shared::HeadTables;
+use crate::error::Result;
+use crate::rows::{RowCodec, RowLayout};
+use crate::tier::{ArenaRead, Tier};
+
+/// Sorted resident positions and the arena row of each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gather<'v> {
+    /// Absolute positions, strictly ascending.
+    pub positions: &'v [u32],
+    /// Arena row of each position.
+    pub rows: &'v [u32],
+}
+
+/// Read access to one layer: residency tables and arenas, locked for the view's lifetime.
+pub struct LayerView<'a, T: Tier> {
+    tables: RwLockReadGuard<'a, Vec<HeadTables>>,
+    arenas: [Option<T::Arena<'a>>; 2],
+    rows: RowLayout,
+}
+
+impl<T: Tier> TieredStore<T> {
+    /// Read access to `layer` for attention. Blocks until the recalls issued for this layer
+    /// have landed (recalls of later layers keep running).
+    ///
+    /// # Errors
+    /// [`crate::Error::HeadOutOfRange`] for a bad layer; [`crate::Error::WorkerStopped`] if
+    /// the recall worker died.
+    pub fn layer_view(&self, layer: usize) -> Result<LayerView<'_, T>> {
+        self.check_head("TieredStore::layer_view", layer, 0)?;
+        self.shared
+            .wait_until(|p| p.per_layer[layer] == 0, || self.worker_alive())
+            .map_err(|pending| crate::Error::WorkerStopped { pending })?;
+        let tables = self.shared.layers[layer].read();
+        let tier = self.shared.tier.as_ref();
+        let sparse = self.config.rows.sparse.is_some().then(|| tier.arena(1, layer));
+        Ok(LayerView {
+            tables,
+            arenas: [Some(tier.arena(0, layer)), sparse],
+            rows: self.config.rows,
+        })
+    }
+}
+
+impl<'a, T: Tier> LayerView<'a, T> {
+    /// KV-heads in the layer.
+    pub fn num_heads(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// The view of one kv-head (`None` if out of range).
+    pub fn head(&self, kv_head: usize) -> Option<HeadView<'_, T::Arena<'a>>> {
+        let t = self.tables.get(kv_head)?;
+        let g = |p: usize| Gather { positions: t.lists[p].positions(), rows: t.lists[p].rows() };
+        Some(HeadView {
+            dense: g(0),
+            sparse: g(1),
+            dense_arena: self.arenas[0].as_ref()?,
+            sparse_arena: self.arenas[1].as_ref(),
+            rows: self.rows,
+        })
+    }
+
+    /// Concatenates every head's `pool` lists into `positions`/`rows` with `offsets`
+    /// (`kv_heads + 1` entries), the batched layout of the GPU gathered kernel. Reuses the
+    /// vectors' capacity.
+    pub fn concat_lists(
+        &self,
+        pool: usize,
+        positions: &mut Vec<u32>,
+        rows: &mut Vec<u32>,
+        offsets: &mut Vec<u32>,
+    ) {
+        positions.clear();
+        rows.clear();
+        offsets.clear();
+        offsets.push(0);
+        for t in self.tables.iter() {
+            if let Some(l) = t.lists.get(pool) {
+                positions.extend_from_slice(l.positions());
+                rows.extend_from_slice(l.rows());
+            }
+            offsets.push(positions.len() as u32);
+        }
+    }
+}
+
+/// One kv-head's resident KV. See the module documentation.
+pub struct HeadView<'v, A> {
+    /// Rows in the dense pool (text, generated tokens, exact heads' audio).
+    pub dense: Gather<'v>,
+    /// Rows in the sparse pool (audio of non-exact heads when SWAN rows are on; else empty).
+    pub sparse: Gather<'v>,
+    dense_arena: &'v A,
+    sparse_arena: Option<&'v A>,
+    rows: RowLayout,
+}
+
+impl<'v, A: ArenaRead> HeadView<'v, A> {
+    /// Resident positions in total.
+    pub fn len(&self) -> usize {
+        self.dense.positions.len() + self.sparse.positions.len()
+    }
+    /// Whether nothing is resident.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Head dimension.
+    pub fn head_dim(&self) -> usize {
+        self.rows.head_dim
+    }
+    /// Storage format of dense rows.
+    pub fn dense_format(&self) -> ValueFormat {
+        self.rows.dense
+    }
+    /// The arenas (dense, sparse) for device-side kernels.
+    pub fn arenas(&self) -> (&'v A, Option<&'v A>) {
+        (self.dense_arena, self.sparse_arena)
+    }
+
+    fn typed<D: Value>(&self, values: bool) -> Option<&'v [D]> {
+        if D::FORMAT != self.rows.dense {
+            return None;
+        }
+        let (k, v) = self.dense_arena.host_bytes()?;
+        bytemuck::try_cast_slice(if values { v } else { k }).ok()
+    }
+    /// The whole dense key arena as `D` values (row `r` at `r·d`); `None` if `D` is not the
+    /// dense format or the arena is device memory.
+    pub fn dense_keys<D: Value>(&self) -> Option<&'v [D]> {
+        self.typed(false)
+    }
+    /// The whole dense value arena (see [`dense_keys`](Self::dense_keys)).
+    pub fn dense_values<D: Value>(&self) -> Option<&'v [D]> {
+        self.typed(true)
+    }
+
+    fn sparse_row(&self, i: usize, values: bool) -> Option<(SparseRow<'v, u8, Fp8E4M3>, f32)> {
+        let (kc, vc) = self.rows.sparse?;
+        let RowCodec::SparseFp8 { k, scale } = (if values { vc } else { kc }) else { return None };
+        let (kb, vb) = self.sparse_arena?.host_bytes()?;
+        let row = *self.sparse.rows.get(i)? as usize;
+        let bytes = if values { vb } else { kb }.get(row * 2 * k..(row + 1) * 2 * k)?;
+        let (idx, val) = bytes.split_at(k);
+        Some((SparseRow { indices: idx, values: bytemuck::cast_slice(val) }, scale))
+    }
+    /// Key row of the `i`-th sparse entry and its decode scale.
+    pub fn sparse_key(&self, i: usize) -> Option<(SparseRow<'v, u8, Fp8E4M3>, f32)> {
+        self.sparse_row(i, false)
+    }
+    /// Value row of the `i`-th sparse entry and its decode scale.
+    pub fn sparse_value(&self, i: usize) -> Option<(SparseRow<'v, u8, Fp8E4M3>, f32)> {
+        self.sparse_row(i, true)
+    }
+
+    /// Decodes every resident row to f32 in ascending position order (both pools merged)
+    /// into caller buffers — for references, tests and CPU fallbacks (this copies).
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] if the arena is not host-addressable.
+    pub fn decode_into(
+        &self,
+        positions: &mut Vec<u32>,
+        keys: &mut Vec<f32>,
+        values: &mut Vec<f32>,
+    ) -> Result<()> {
+        let d = self.rows.head_dim;
+        let dense = self.dense_arena.host_bytes().ok_or(crate::Error::Shape {
+            op: "HeadView::decode_into",
+            what: "host arena",
+            expected: 1,
+            got: 0,
+        })?;
+        let sparse = self.sparse_arena.and_then(ArenaRead::host_bytes);
+        positions.clear();
+        keys.clear();
+        values.clear();
+        let (mut i, mut j) = (0, 0);
+        let (dp, sp) = (self.dense.positions, self.sparse.positions);
+        while i < dp.len() || j < sp.len() {
+            let from_dense = j >= sp.len() || (i < dp.len() && dp[i] < sp[j]);
+            let (pool, idx, bytes) =
+                if from_dense { (0, i, dense) } else { (1, j, sparse.unwrap_or(dense)) };
+            let (kc, vc) = self.rows.codecs(pool);
+            let row =
+                if from_dense { self.dense.rows[idx] } else { self.sparse.rows[idx] } as usize;
+            let (kr, vr) = (kc.row_bytes(d), vc.row_bytes(d));
+            positions.push(if from_dense { dp[idx] } else { sp[idx] });
+            let start = keys.len();
+            keys.resize(start + d, 0.0);
+            values.resize(start + d, 0.0);
+            kc.decode(&bytes.0[row * kr..(row + 1) * kr], &mut keys[start..])?;
+            vc.decode(&bytes.1[row * vr..(row + 1) * vr], &mut values[start..])?;
+            if from_dense { i += 1 } else { j += 1 }
+        }
+        Ok(())
+    }
+}
