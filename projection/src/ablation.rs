@@ -1,0 +1,267 @@
+//! Ablation bases (SWAN Appendix, projection ablations / Table 3): random orthogonal,
+//! identity (no rotation), layer-shuffle, head-shuffle and KV-shuffle — all returned as a
+//! [`ProjectionSet`] so every evaluation tool runs on them unchanged.
+//!
+//! Every ablation is still orthogonal, hence still lossless before pruning (Appendix A.1);
+//! only the energy compaction that makes magnitude pruning work is lost. Randomness comes
+//! from `ChaCha8Rng` seeded with the given seed (stable across platforms and releases), and
+//! the seed is recorded in the set's [`BasisKind`].
+
+use nalgebra::DMatrix;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rand_distr::StandardNormal;
+
+use crate::basis::Basis;
+use crate::dims::ModelDims;
+use crate::error::{Error, Result, Stream};
+use crate::mat::Mat;
+use crate::set::{BasisKind, ProjectionSet, Provenance};
+
+/// A Haar-random `d × d` orthogonal matrix: QR of a Gaussian matrix drawn from `rng`, with
+/// `Q`'s columns multiplied by `sign(R_ii)` (so the distribution is uniform over O(d)).
+fn random_orthogonal_from(d: usize, rng: &mut ChaCha8Rng) -> Mat {
+    let g = DMatrix::<f64>::from_fn(d, d, |_, _| rng.sample(StandardNormal));
+    let qr = g.qr();
+    let (q, r) = (qr.q(), qr.r());
+    Mat::from_fn(d, d, |i, j| {
+        let s = if r[(j, j)] < 0.0 { -1.0 } else { 1.0 };
+        (s * q[(i, j)]) as f32
+    })
+}
+
+/// A seeded Haar-random `d × d` orthogonal matrix (columns = basis vectors).
+///
+/// # Examples
+/// ```
+/// let p = projection::random_orthogonal(16, 42);
+/// assert!(p.orthogonality_error() < 1e-5);
+/// assert_eq!(p, projection::random_orthogonal(16, 42));
+/// ```
+pub fn random_orthogonal(d: usize, seed: u64) -> Mat {
+    random_orthogonal_from(d, &mut ChaCha8Rng::seed_from_u64(seed))
+}
+
+/// A uniformly random cyclic permutation of `0..n` (Sattolo's algorithm): no element stays
+/// in place when `n >= 2`, so a shuffle ablation never keeps a head's own basis.
+fn cyclic_permutation(n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = rng.random_range(0..i);
+        p.swap(i, j);
+    }
+    p
+}
+
+fn synthetic(
+    dims: ModelDims,
+    model: &str,
+    kind: BasisKind,
+    mut make: impl FnMut() -> Mat,
+) -> Result<ProjectionSet> {
+    let mut qk = Vec::with_capacity(dims.sites());
+    let mut vo = Vec::with_capacity(dims.sites());
+    for _ in 0..dims.sites() {
+        qk.push(Basis::new(make())?);
+        vo.push(Basis::new(make())?);
+    }
+    let provenance =
+        Provenance { model: model.to_owned(), calibration_tokens: 0, kind, config: None };
+    ProjectionSet::from_parts(dims, qk, vo, None, provenance)
+}
+
+impl ProjectionSet {
+    /// The identity set (no rotation): SWAN's pruning applied in the model's own coordinates.
+    ///
+    /// # Errors
+    /// Only if assembling the set fails (not for valid `dims`).
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{BasisKind, ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::identity(ModelDims::new(2, 4, 2, 8)?, "toy")?;
+    /// assert_eq!(set.kind(), BasisKind::Identity);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn identity(dims: ModelDims, model: &str) -> Result<Self> {
+        let d = dims.head_dim();
+        synthetic(dims, model, BasisKind::Identity, || Mat::identity(d))
+    }
+
+    /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
+    /// layer-major order (QK then VO per head) from one `ChaCha8Rng` seeded with `seed`.
+    ///
+    /// # Errors
+    /// Only if assembling the set fails (not for valid `dims`).
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let dims = ModelDims::new(2, 4, 2, 8)?;
+    /// let a = ProjectionSet::random(dims, "toy", 1)?;
+    /// assert_eq!(a, ProjectionSet::random(dims, "toy", 1)?);
+    /// assert!(a.max_orthogonality_error() < 1e-5);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn random(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let d = dims.head_dim();
+        synthetic(dims, model, BasisKind::Random { seed }, || random_orthogonal_from(d, &mut rng))
+    }
+
+    /// Moves every layer's bases (both streams, all heads) to another layer along a seeded
+    /// cyclic permutation: layer `l` receives the bases of layer `π(l) ≠ l`.
+    ///
+    /// # Errors
+    /// [`Error::AblationNotApplicable`] for a one-layer model.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{BasisKind, ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::random(ModelDims::new(3, 2, 1, 4)?, "toy", 0)?;
+    /// let shuffled = set.layer_shuffle(9)?;
+    /// assert_eq!(shuffled.kind(), BasisKind::LayerShuffle { seed: 9 });
+    /// assert_ne!(shuffled.qk(0, 0)?, set.qk(0, 0)?);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn layer_shuffle(&self, seed: u64) -> Result<Self> {
+        let kind = BasisKind::LayerShuffle { seed };
+        let (layers, kv) = (self.dims().layers(), self.dims().kv_heads());
+        if layers < 2 {
+            return Err(not_applicable(kind, "the model has one layer"));
+        }
+        let perm = cyclic_permutation(layers, &mut ChaCha8Rng::seed_from_u64(seed));
+        self.permuted(kind, |site| perm[site / kv] * kv + site % kv)
+    }
+
+    /// Within each layer, moves kv-head bases (both streams) to other kv-heads along a seeded
+    /// cyclic permutation per layer.
+    ///
+    /// # Errors
+    /// [`Error::AblationNotApplicable`] for a model with one kv-head per layer.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::random(ModelDims::new(1, 4, 2, 4)?, "toy", 0)?;
+    /// let shuffled = set.head_shuffle(3)?;
+    /// assert_eq!(shuffled.vo(0, 0)?, set.vo(0, 1)?); // two heads: the only cycle swaps them
+    /// assert!(ProjectionSet::random(ModelDims::new(1, 4, 1, 4)?, "toy", 0)?.head_shuffle(3).is_err());
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn head_shuffle(&self, seed: u64) -> Result<Self> {
+        let kind = BasisKind::HeadShuffle { seed };
+        let (layers, kv) = (self.dims().layers(), self.dims().kv_heads());
+        if kv < 2 {
+            return Err(not_applicable(kind, "the model has one kv-head per layer"));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let perms: Vec<Vec<usize>> =
+            (0..layers).map(|_| cyclic_permutation(kv, &mut rng)).collect();
+        self.permuted(kind, |site| (site / kv) * kv + perms[site / kv][site % kv])
+    }
+
+    /// Swaps the subspaces: `P_QK ↔ P_VO` at every (layer, kv-head).
+    ///
+    /// # Errors
+    /// Only if assembling the set fails.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::random(ModelDims::new(1, 2, 1, 4)?, "toy", 5)?;
+    /// let swapped = set.kv_shuffle()?;
+    /// assert_eq!(swapped.qk(0, 0)?, set.vo(0, 0)?);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn kv_shuffle(&self) -> Result<Self> {
+        let strip = |s: Stream| -> Vec<Basis> {
+            self.bases(s).iter().map(|b| b.clone().without_eigenvalues()).collect()
+        };
+        let counts = self.all_counts().map(<[_]>::to_vec);
+        let provenance = Provenance { kind: BasisKind::KvShuffle, ..self.provenance().clone() };
+        ProjectionSet::from_parts(
+            self.dims(),
+            strip(Stream::Vo),
+            strip(Stream::Qk),
+            counts,
+            provenance,
+        )
+    }
+
+    /// Builds the ablation named by `kind` from this set (shuffles) or from its dimensions
+    /// and model name (identity, random).
+    ///
+    /// # Errors
+    /// [`Error::AblationNotApplicable`] for [`BasisKind::Calibrated`] (not an ablation) and
+    /// for shuffles the model's shape makes a no-op.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{BasisKind, ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::identity(ModelDims::new(2, 2, 2, 4)?, "toy")?;
+    /// let kind: BasisKind = "random:7".parse()?;
+    /// assert_eq!(set.ablation(kind)?.kind(), kind);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn ablation(&self, kind: BasisKind) -> Result<Self> {
+        let model = self.provenance().model.as_str();
+        match kind {
+            BasisKind::Calibrated => Err(not_applicable(kind, "calibrated is not an ablation")),
+            BasisKind::Random { seed } => Self::random(self.dims(), model, seed),
+            BasisKind::Identity => Self::identity(self.dims(), model),
+            BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
+            BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
+            BasisKind::KvShuffle => self.kv_shuffle(),
+        }
+    }
+
+    /// New set whose site `s` (layer-major index) holds this set's bases from `source(s)`,
+    /// without eigenvalues (they describe the source head's data, not the new one's).
+    fn permuted(&self, kind: BasisKind, source: impl Fn(usize) -> usize) -> Result<Self> {
+        let take = |s: Stream| -> Vec<Basis> {
+            let bases = self.bases(s);
+            (0..bases.len()).map(|i| bases[source(i)].clone().without_eigenvalues()).collect()
+        };
+        let counts = self.all_counts().map(<[_]>::to_vec);
+        let provenance = Provenance { kind, ..self.provenance().clone() };
+        ProjectionSet::from_parts(
+            self.dims(),
+            take(Stream::Qk),
+            take(Stream::Vo),
+            counts,
+            provenance,
+        )
+    }
+}
+
+fn not_applicable(kind: BasisKind, reason: &str) -> Error {
+    Error::AblationNotApplicable { kind: kind.to_string(), reason: reason.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sattolo_is_a_derangement() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        for n in 2..12 {
+            let p = cyclic_permutation(n, &mut rng);
+            let mut sorted = p.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+            assert!(p.iter().enumerate().all(|(i, &x)| i != x), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn random_bases_differ_per_site_and_seed() {
+        let dims = ModelDims::new(2, 2, 1, 8).unwrap();
+        let a = ProjectionSet::random(dims, "m", 3).unwrap();
+        let b = ProjectionSet::random(dims, "m", 4).unwrap();
+        assert_ne!(a.qk(0, 0).unwrap(), a.vo(0, 0).unwrap());
+        assert_ne!(a.qk(0, 0).unwrap(), a.qk(1, 0).unwrap());
+        assert_ne!(a.qk(0, 0).unwrap(), b.qk(0, 0).unwrap());
+    }
+}
