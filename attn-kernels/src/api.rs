@@ -1,0 +1,75 @@
+//! [`DecodeAttention`]: the one signature every decode-attention implementation shares —
+//! the plain reference ([`crate::Reference`]), the optimized CPU kernels
+//! ([`crate::CpuAttention`]) and, behind feature `cuda`, the GPU kernels — so one test body
+//! runs against all of them.
+//!
+//! Each method runs one decode step of *all* heads of a layer (GQA: q-head `h` reads kv-head
+//! `h / group`): `q` and `out` are `num_q_heads × head_dim`, head-major, and the caches come
+//! one per kv-head. The logits are `scale · q·k` ([`AttnConfig::scale`], default `1/√d_h`)
+//! over every cached row (decode is causal by construction); softmax; output `Σ a_j v_j`.
+//!
+//! Paper map: `dense` is the baseline; `sparse` and `hybrid` are SWAN's decode step
+//! (method section, sparse-dense products over CSR rows, one softmax over sparse history
+//! and dense buffer); `gathered` is WnW's decode over resident positions with the
+//! anchor-head importance signal (§2.3, Eq. 2).
+
+use kv_sparse::{SparseIndex, Value};
+
+use crate::config::AttnConfig;
+use crate::error::Result;
+use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+
+/// One decode step of a layer's attention over each kind of KV cache.
+///
+/// # Errors (every method)
+/// [`crate::Error::LengthMismatch`] for `q`/`out`/`weights` lengths or a cache count
+/// other than `num_kv_heads`; [`crate::Error::NonFiniteQuery`] for NaN/∞ in `q`;
+/// [`crate::Error::HeadDimMismatch`], [`crate::Error::RaggedRows`],
+/// [`crate::Error::RowCountMismatch`] for malformed caches;
+/// [`crate::Error::EmptyCache`] when a kv-head has no rows at all (one empty *part* — no
+/// sparse history yet, or `b = 0` — is fine); [`crate::Error::InvalidValueScale`] for a
+/// non-finite or non-positive sparse scale; for `gathered` also
+/// [`crate::Error::PositionsNotAscending`] and [`crate::Error::SlotOutOfRange`].
+/// Nothing is written to `out` when an error is returned.
+pub trait DecodeAttention {
+    /// Attention over dense K/V rows (`f32`, `f16`, `bf16` or fp8).
+    fn dense<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DenseKv<'_, D>],
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// Attention over CSR K/V rows only (scores `q·k_j` gathered at each row's indices;
+    /// output scattered into the `d_h`-wide accumulator; no row is densified).
+    fn sparse<I: SparseIndex, V: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[SparseKv<'_, I, V>],
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// SWAN's hybrid cache: the CSR history then the dense buffer, under one softmax.
+    fn hybrid<I: SparseIndex, V: Value, D: Value, H: HybridSource<I, V, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// Attention over each kv-head's resident rows (WnW tiered store). With `weights`
+    /// (length = total resident rows over all kv-heads, kv-head after kv-head, in
+    /// position-list order), also writes each row's softmax weight summed over the q-heads
+    /// of its group — the anchor signal of WnW Eq. 2 for that (layer, kv-head).
+    fn gathered<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[GatheredKv<'_, D>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()>;
+}

@@ -1,0 +1,59 @@
+//! Instruction-set selection for the optimized CPU kernels, detected at run time.
+//!
+//! The decode kernels (SWAN's sparse-dense products, method section; dense attention as
+//! the baseline) have an AVX2 + FMA + F16C implementation and a portable one with the same
+//! results up to the [`crate::accuracy`] tolerances. [`Isa::detect`] picks the best one
+//! this CPU supports; [`Isa::Portable`] can be forced for comparisons and tests.
+
+use std::fmt;
+
+/// An instruction set the optimized CPU kernels can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// x86-64 AVX2 with FMA and F16C (f16 → f32 conversion in hardware).
+    Avx2,
+    /// Plain Rust, any target.
+    Portable,
+}
+
+impl Isa {
+    /// The fastest instruction set this CPU supports.
+    ///
+    /// # Examples
+    /// ```
+    /// let isa = attn_kernels::Isa::detect();
+    /// assert!(isa.is_available());
+    /// ```
+    pub fn detect() -> Self {
+        if Self::Avx2.is_available() { Self::Avx2 } else { Self::Portable }
+    }
+
+    /// Whether this CPU can run kernels built for `self`.
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx2 => false,
+        }
+    }
+
+    /// Every instruction set this CPU supports (fastest first).
+    pub fn available() -> impl Iterator<Item = Self> {
+        [Self::Avx2, Self::Portable].into_iter().filter(|i| i.is_available())
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Avx2 => "avx2+fma+f16c",
+            Self::Portable => "portable",
+        })
+    }
+}

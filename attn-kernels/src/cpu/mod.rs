@@ -1,0 +1,197 @@
+//! [`CpuAttention`]: the optimized CPU decode kernels (dense, sparse, hybrid, gathered).
+//!
+//! Per call: validate ([`crate::validate`]), split into work items per (kv-head, lane
+//! block, row range), run them on a persistent [`ThreadPool`] over AVX2 (or portable) tile
+//! kernels with an online softmax, merge. One pass over a kv-head's rows serves every
+//! q-head of its GQA group: dense rows are decoded once per 16 dims for up to four heads
+//! held in registers; sparse rows fetch the query values of all group heads per index from
+//! a transposed query table (SWAN's sparse-dense products, method section and
+//! Appendix A.2). Steady state allocates nothing.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod engine;
+mod isa;
+mod portable;
+mod segment;
+mod sources;
+mod tile;
+
+pub use isa::Isa;
+
+use kv_sparse::{SparseIndex, Value};
+
+use crate::api::DecodeAttention;
+use crate::config::AttnConfig;
+use crate::error::{Error, Result};
+use crate::pool::ThreadPool;
+use crate::validate;
+use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+use engine::{Engine, Job, Workspace};
+use sources::{DenseSrc, GatheredSrc, HybridSrc, SparseSrc};
+use tile::Kernels;
+
+/// The optimized CPU implementation of [`DecodeAttention`], with its thread pool and
+/// reusable buffers.
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv};
+/// let cfg = AttnConfig::new(4, 2, 8)?; // two q-heads per kv-head
+/// let rows: Vec<f32> = (0..3 * 8).map(|i| (i as f32).sin()).collect(); // 3 tokens
+/// let kv = [DenseKv::new(8, &rows, &rows), DenseKv::new(8, &rows, &rows)];
+/// let q = vec![0.1f32; 4 * 8];
+/// let mut out = vec![0.0f32; 4 * 8];
+/// let mut attn = CpuAttention::new(2)?;
+/// attn.dense(&cfg, &q, &kv, &mut out)?;
+/// assert!(out.iter().all(|x| x.is_finite()));
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CpuAttention {
+    engine: Engine,
+}
+
+impl CpuAttention {
+    /// Rows per work item unless [`CpuAttention::with_split_rows`] says otherwise.
+    pub const DEFAULT_SPLIT_ROWS: usize = 4096;
+
+    /// Kernels on `threads` threads (the caller plus `threads − 1` workers), using the
+    /// fastest instruction set this CPU supports.
+    ///
+    /// # Errors
+    /// [`Error::Threads`] if `threads == 0` or a worker cannot be started.
+    pub fn new(threads: usize) -> Result<Self> {
+        let kernels = Kernels::new(Isa::detect()).unwrap_or(Kernels::Portable);
+        let pool = ThreadPool::new(threads)?;
+        let split_rows = Self::DEFAULT_SPLIT_ROWS;
+        Ok(Self { engine: Engine { pool, ws: Workspace::default(), kernels, split_rows } })
+    }
+
+    /// The same kernels restricted to instruction set `isa`.
+    ///
+    /// # Errors
+    /// [`Error::Param`] if this CPU cannot run `isa`.
+    ///
+    /// # Examples
+    /// ```
+    /// let attn = attn_kernels::CpuAttention::new(1)?.with_isa(attn_kernels::Isa::Portable)?;
+    /// assert_eq!(attn.isa(), attn_kernels::Isa::Portable);
+    /// # Ok::<(), attn_kernels::Error>(())
+    /// ```
+    pub fn with_isa(mut self, isa: Isa) -> Result<Self> {
+        let kernels = Kernels::new(isa).ok_or_else(|| Error::Param {
+            op: "CpuAttention::with_isa",
+            what: "isa",
+            value: isa.to_string(),
+            expected: "an instruction set this CPU supports",
+        })?;
+        self.engine.kernels = kernels;
+        Ok(self)
+    }
+
+    /// The same kernels with at most `rows` consecutive rows per work item. Smaller items
+    /// balance threads better on few kv-heads; outputs depend on this (summation order),
+    /// never on the thread count.
+    ///
+    /// # Errors
+    /// [`Error::Param`] if `rows == 0`.
+    pub fn with_split_rows(mut self, rows: usize) -> Result<Self> {
+        if rows == 0 {
+            let (op, what, value) = ("CpuAttention::with_split_rows", "rows", "0".into());
+            return Err(Error::Param { op, what, value, expected: "≥ 1" });
+        }
+        self.engine.split_rows = rows;
+        Ok(self)
+    }
+
+    /// Threads the kernels run on.
+    pub fn threads(&self) -> usize {
+        self.engine.pool.threads()
+    }
+
+    /// The instruction set in use.
+    pub fn isa(&self) -> Isa {
+        self.engine.kernels.isa()
+    }
+
+    /// The thread pool (e.g. to measure memory bandwidth on the same threads).
+    pub fn pool(&self) -> &ThreadPool {
+        &self.engine.pool
+    }
+}
+
+impl DecodeAttention for CpuAttention {
+    fn dense<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DenseKv<'_, D>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::dense";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::dense(OP, cfg.head_dim(), h, c)?;
+        }
+        let job = Job { cfg, q, capture: false };
+        self.engine.execute(&job, &DenseSrc(kv), out, None);
+        Ok(())
+    }
+
+    fn sparse<I: SparseIndex, V: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[SparseKv<'_, I, V>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::sparse";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::sparse(OP, cfg.head_dim(), h, c)?;
+        }
+        let job = Job { cfg, q, capture: false };
+        self.engine.execute(&job, &SparseSrc(kv), out, None);
+        Ok(())
+    }
+
+    fn hybrid<I: SparseIndex, V: Value, D: Value, H: HybridSource<I, V, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::hybrid";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view())?;
+        }
+        let job = Job { cfg, q, capture: false };
+        let src = HybridSrc { heads: kv, types: std::marker::PhantomData };
+        self.engine.execute(&job, &src, out, None);
+        Ok(())
+    }
+
+    fn gathered<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[GatheredKv<'_, D>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::gathered";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        let mut total = 0;
+        for (h, c) in kv.iter().enumerate() {
+            total += validate::gathered(OP, cfg.head_dim(), h, c)?;
+        }
+        validate::weights(OP, weights.as_deref(), total)?;
+        let job = Job { cfg, q, capture: weights.is_some() };
+        let src = GatheredSrc(kv);
+        self.engine.execute(&job, &src, out, weights);
+        Ok(())
+    }
+}

@@ -1,0 +1,183 @@
+//! Tile-level kernels: the inner loops of every decode kernel, one tile of up to
+//! [`TILE`] rows at a time, dispatched to the AVX2 or the portable implementation.
+//!
+//! Layouts shared by all kernels (SWAN method section: the sparse-dense products of the
+//! scores `q̂·k_j` and of the output `Σ a_j v_j`; online softmax so that the sparse history
+//! and the dense buffer share one normaliser):
+//! * scores and probabilities of a tile: `s[t][lane]` — one lane per q-head of a GQA group
+//!   (`W` = 4 or 8 lanes), in the base-2 log domain (queries carry a factor `log2 e`);
+//! * dense queries and accumulators: head-major, `heads × d`;
+//! * sparse queries and accumulators: *transposed*, `[dim][lane]`, so one index of a sparse
+//!   row fetches the query values of every q-head of the group in one load, and one
+//!   scatter updates the accumulators of every q-head — one pass over a row serves the
+//!   whole group;
+//! * a sparse tile: the entries of up to [`TILE`] consecutive rows of one CSR block, values
+//!   already decoded to `f32`, row `t` spanning entries `bounds[t]..bounds[t + 1]`.
+
+use kv_sparse::{SparseIndex, Value};
+
+use super::portable;
+
+/// Rows per tile.
+pub(crate) const TILE: usize = 32;
+/// Most q-heads one pass serves (lanes of the widest tile).
+pub(crate) const MAX_LANES: usize = 8;
+/// Most heads one dense pass keeps in registers.
+pub(crate) const DENSE_PASS: usize = 4;
+
+/// Entries of up to [`TILE`] consecutive sparse rows inside one block.
+pub(crate) struct SparseTile<'a, I> {
+    /// Indices of all entries of the tile's rows, row after row.
+    pub idx: &'a [I],
+    /// Decoded values, one per index.
+    pub val: &'a [f32],
+    /// `bounds[t]..bounds[t + 1]` are the entries of row `t` (length = rows + 1).
+    pub bounds: &'a [u32],
+}
+
+impl<I> SparseTile<'_, I> {
+    /// Rows in the tile.
+    pub fn rows(&self) -> usize {
+        self.bounds.len().saturating_sub(1)
+    }
+}
+
+/// Proof that this CPU runs AVX2 + FMA + F16C code: only [`Kernels::new`] makes one, after
+/// run-time detection.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx2Token(());
+
+/// The implementation the tile kernels dispatch to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kernels {
+    /// AVX2 + FMA + F16C, proven available by the token.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2(Avx2Token),
+    /// Portable Rust.
+    Portable,
+}
+
+impl Kernels {
+    /// Kernels for `isa`, or `None` when this CPU cannot run it.
+    pub fn new(isa: crate::Isa) -> Option<Self> {
+        match isa {
+            crate::Isa::Portable => Some(Self::Portable),
+            crate::Isa::Avx2 => isa.is_available().then_some(Self::Avx2(Avx2Token(()))),
+        }
+    }
+
+    /// The instruction set these kernels use.
+    pub fn isa(self) -> crate::Isa {
+        match self {
+            Self::Avx2(_) => crate::Isa::Avx2,
+            Self::Portable => crate::Isa::Portable,
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($k:expr, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $k {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an `Avx2Token` exists only after `Isa::Avx2.is_available()` returned
+            // true, so the CPU supports every feature the `avx2` functions enable.
+            Kernels::Avx2(_) => unsafe { super::avx2::$f($($arg),*) },
+            _ => portable::$f($($arg),*),
+        }
+    };
+}
+
+impl Kernels {
+    /// `s[t][lane0 + h] = q_h · rows[t]` for the `heads` (≤ [`DENSE_PASS`]) head-major
+    /// queries in `q` (`heads × d`).
+    pub fn dense_scores<D: Value, const W: usize>(
+        self,
+        q: &[f32],
+        d: usize,
+        rows: &[&[D]],
+        lane0: usize,
+        s: &mut [[f32; W]],
+    ) {
+        let heads = q.len() / d;
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && s.len() >= rows.len());
+        assert!(rows.iter().all(|r| r.len() >= d));
+        dispatch!(self, dense_scores(q, d, rows, lane0, s))
+    }
+
+    /// `acc_h = factor[lane0 + h] · acc_h + Σ_t p[t][lane0 + h] · rows[t]` for the `heads`
+    /// head-major accumulators in `acc` (`heads × d`).
+    pub fn dense_accumulate<D: Value, const W: usize>(
+        self,
+        p: &[[f32; W]],
+        rows: &[&[D]],
+        lane0: usize,
+        factor: &[f32; W],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        let heads = acc.len() / d;
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && p.len() >= rows.len());
+        assert!(rows.iter().all(|r| r.len() >= d));
+        dispatch!(self, dense_accumulate(p, rows, lane0, factor, acc, d))
+    }
+
+    /// `s[t][·] = Σ_{(i, x) ∈ row t} qt[i][·] · x` (transposed queries, `qt.len() ≥` the
+    /// index type's range so that no index can fall outside).
+    pub fn sparse_scores<I: SparseIndex, const W: usize>(
+        self,
+        qt: &[[f32; W]],
+        tile: &SparseTile<'_, I>,
+        s: &mut [[f32; W]],
+    ) {
+        check_sparse(qt.len(), tile, s.len());
+        dispatch!(self, sparse_scores(qt, tile, s))
+    }
+
+    /// `acc[i][·] += p[t][·] · x` for every entry `(i, x)` of every row `t`.
+    pub fn sparse_accumulate<I: SparseIndex, const W: usize>(
+        self,
+        p: &[[f32; W]],
+        tile: &SparseTile<'_, I>,
+        acc: &mut [[f32; W]],
+    ) {
+        check_sparse(acc.len(), tile, p.len());
+        dispatch!(self, sparse_accumulate(p, tile, acc))
+    }
+
+    /// Online-softmax update with a tile of log2-domain scores: raises the running maxima
+    /// `m`, turns `s` into `2^(s − m)`, updates the running sums `l`, and returns the factor
+    /// `2^(m_old − m_new)` every lane's accumulator must be multiplied by.
+    pub fn softmax_update<const W: usize>(
+        self,
+        m: &mut [f32; W],
+        l: &mut [f32; W],
+        s: &mut [[f32; W]],
+    ) -> [f32; W] {
+        dispatch!(self, softmax_update(m, l, s))
+    }
+
+    /// Decodes `src` into `dst[..src.len()]`.
+    pub fn decode<V: Value>(self, src: &[V], dst: &mut [f32]) {
+        assert!(dst.len() >= src.len());
+        dispatch!(self, decode(src, dst))
+    }
+}
+
+fn check_sparse<I: SparseIndex>(table_rows: usize, tile: &SparseTile<'_, I>, tile_rows: usize) {
+    assert!(table_rows >= I::MAX_HEAD_DIM, "transposed table must cover every index value");
+    assert!(tile.idx.len() == tile.val.len() && tile_rows >= tile.rows());
+    assert!(tile.bounds.windows(2).all(|w| w[0] <= w[1]));
+    assert!(tile.bounds.last().is_none_or(|&e| e as usize <= tile.idx.len()));
+}
+
+/// `acc[i][·] *= factor[·]` over the first `rows` rows, skipped when every factor is 1.
+pub(crate) fn rescale_rows<const W: usize>(acc: &mut [[f32; W]], factor: &[f32; W]) {
+    if factor.iter().all(|&f| f == 1.0) {
+        return;
+    }
+    for row in acc {
+        for (a, f) in row.iter_mut().zip(factor) {
+            *a *= f;
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! A small persistent thread pool that runs one borrowed closure on every thread.
+//!
+//! A decode step is short (tens of microseconds to a few milliseconds per layer), so the
+//! kernels cannot afford to spawn threads per call, and the steady-state decode path must
+//! not allocate. [`ThreadPool::broadcast`] hands a *borrowed* `Fn(thread_index)` to the
+//! parked workers, runs it on the calling thread too, and returns only when every thread
+//! has finished — which is what makes lending a borrowed closure sound (the same contract
+//! as a scoped thread, without the spawn). Work distribution (an atomic work-item counter)
+//! is the caller's business.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+
+use crate::error::{Error, Result};
+
+/// A job as the workers see it: the borrowed closure with its lifetime erased.
+#[derive(Clone, Copy)]
+struct JobPtr(*const (dyn Fn(usize) + Sync + 'static));
+
+// SAFETY: the pointee is `Sync`, so sharing the pointer between threads is sound; it is
+// dereferenced only while `broadcast` keeps the closure alive (see `ThreadPool::broadcast`).
+unsafe impl Send for JobPtr {}
+
+#[derive(Default)]
+struct State {
+    /// Incremented once per broadcast; a worker runs each generation once.
+    generation: u64,
+    job: Option<JobPtr>,
+    /// Workers that have not finished the current generation.
+    pending: usize,
+    /// A worker's closure panicked during the current generation.
+    panicked: bool,
+    shutdown: bool,
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    work: Condvar,
+    done: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is plain counters, consistent between statements: a poisoned lock
+        // (impossible here, closures run outside it) carries no broken invariant.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A fixed set of worker threads that each run the same borrowed closure per
+/// [`broadcast`](ThreadPool::broadcast). Thread 0 is always the caller.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool").field("threads", &self.threads()).finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool of `threads` threads in total: the caller plus `threads - 1` workers.
+    ///
+    /// # Errors
+    /// [`Error::Threads`] if `threads == 0` or the OS refuses to start a worker.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// let pool = attn_kernels::ThreadPool::new(2)?;
+    /// let hits = AtomicUsize::new(0);
+    /// pool.broadcast(&|_thread| {
+    ///     hits.fetch_add(1, Ordering::Relaxed);
+    /// });
+    /// assert_eq!(hits.load(Ordering::Relaxed), 2);
+    /// # Ok::<(), attn_kernels::Error>(())
+    /// ```
+    pub fn new(threads: usize) -> Result<Self> {
+        const OP: &str = "ThreadPool::new";
+        if threads == 0 {
+            return Err(Error::Threads { op: OP, threads, reason: "need at least one".into() });
+        }
+        let shared = Arc::new(Shared::default());
+        let mut pool = Self { shared, workers: Vec::with_capacity(threads - 1) };
+        for index in 1..threads {
+            let shared = Arc::clone(&pool.shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("attn-kernels-{index}"))
+                .spawn(move || worker_loop(&shared, index))
+                .map_err(|e| Error::Threads { op: OP, threads, reason: e.to_string() })?;
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// Total threads, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `job(t)` once on every thread `t ∈ 0..threads()` (0 = the calling thread) and
+    /// returns when all have finished. Does not allocate.
+    ///
+    /// # Panics
+    /// Re-raises (as a new panic) if `job` panicked on any thread; the pool stays usable.
+    pub fn broadcast(&self, job: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            job(0);
+            return;
+        }
+        let ptr: *const (dyn Fn(usize) + Sync + '_) = job;
+        // SAFETY: only the lifetime bound of the trait object changes (same layout). The
+        // erased pointer is dereferenced by workers strictly between reading it from
+        // `state.job` and decrementing `state.pending`; `WaitForWorkers` (dropped on every
+        // exit path of this function, unwinding included) blocks until `pending == 0` and
+        // clears `state.job`, so `job` outlives every dereference.
+        let ptr: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(ptr) };
+        {
+            let mut st = self.shared.lock();
+            st.job = Some(JobPtr(ptr));
+            st.pending = self.workers.len();
+            st.panicked = false;
+            st.generation = st.generation.wrapping_add(1);
+        }
+        self.shared.work.notify_all();
+        let wait = WaitForWorkers(&self.shared);
+        job(0);
+        let worker_panicked = wait.finish();
+        assert!(!worker_panicked, "ThreadPool::broadcast: a worker thread panicked");
+    }
+}
+
+/// Blocks until every worker has finished the current generation (also while unwinding).
+struct WaitForWorkers<'a>(&'a Shared);
+
+impl WaitForWorkers<'_> {
+    /// Waits, and reports whether a worker panicked.
+    fn finish(self) -> bool {
+        let panicked = self.wait();
+        std::mem::forget(self);
+        panicked
+    }
+
+    fn wait(&self) -> bool {
+        let mut st = self.0.lock();
+        while st.pending > 0 {
+            st = self.0.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+        }
+        st.job = None;
+        st.panicked
+    }
+}
+
+impl Drop for WaitForWorkers<'_> {
+    fn drop(&mut self) {
+        self.wait();
+    }
+}
+
+fn worker_loop(shared: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        let job = {
+            let mut st = shared.lock();
+            while st.generation == seen && !st.shutdown {
+                st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+            }
+            if st.shutdown {
+                return;
+            }
+            seen = st.generation;
+            st.job
+        };
+        // SAFETY: `broadcast` set `job` for this generation and keeps the closure alive
+        // until this worker decrements `pending` below (see `ThreadPool::broadcast`).
+        let ok =
+            job.is_none_or(|j| catch_unwind(AssertUnwindSafe(|| unsafe { (*j.0)(index) })).is_ok());
+        let mut st = shared.lock();
+        st.panicked |= !ok;
+        st.pending -= 1;
+        if st.pending == 0 {
+            shared.done.notify_all();
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            // A worker never panics outside `catch_unwind`; a join error carries nothing
+            // to report from a destructor.
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn every_thread_runs_once_per_broadcast() {
+        for threads in 1..=4 {
+            let pool = ThreadPool::new(threads).unwrap();
+            let seen: Vec<AtomicUsize> = (0..threads).map(|_| AtomicUsize::new(0)).collect();
+            for _ in 0..50 {
+                pool.broadcast(&|t| {
+                    seen[t].fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 50), "threads={threads}");
+        }
+    }
+
+    #[test]
+    fn borrowed_state_is_visible_after_return() {
+        let pool = ThreadPool::new(3).unwrap();
+        let mut out = vec![0usize; 3];
+        {
+            let cells: Vec<Mutex<&mut usize>> = out.iter_mut().map(Mutex::new).collect();
+            pool.broadcast(&|t| **cells[t].lock().unwrap() = t + 10);
+        }
+        assert_eq!(out, vec![10, 11, 12]);
+    }
+
+    #[test]
+    fn zero_threads_is_an_error() {
+        assert!(matches!(ThreadPool::new(0), Err(Error::Threads { threads: 0, .. })));
+    }
+
+    #[test]
+    fn worker_panic_is_reported_and_pool_survives() {
+        let pool = ThreadPool::new(2).unwrap();
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.broadcast(&|t| assert_ne!(t, 1, "worker fails on purpose"));
+        }));
+        assert!(r.is_err());
+        let hits = AtomicUsize::new(0);
+        pool.broadcast(&|_| {
+            hits.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hits.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn caller_panic_waits_for_workers() {
+        let pool = ThreadPool::new(2).unwrap();
+        let finished = AtomicUsize::new(0);
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            pool.broadcast(&|t| {
+                if t == 0 {
+                    panic!("caller fails on purpose");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                finished.fetch_add(1, Ordering::Relaxed);
+            });
+        }));
+        assert!(r.is_err());
+        // The worker had finished before broadcast unwound out of its frame.
+        assert_eq!(finished.load(Ordering::Relaxed), 1);
+    }
+}

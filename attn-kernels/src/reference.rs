@@ -1,0 +1,222 @@
+//! The reference kernels: plain, obviously correct decode attention in `f64`.
+//!
+//! Every cached row is decoded to a dense `f64` vector (sparse rows scattered and scaled,
+//! dense rows converted), then each q-head computes `softmax(scale · q·Kᵀ) V` the textbook
+//! way: all logits, their maximum, exponentials, one normalised sum. No tiling, no online
+//! softmax, no threads. The optimized kernels are tested against this, within the
+//! tolerances of [`crate::accuracy`].
+
+use kv_sparse::csr::{CsrView, SparseRow};
+use kv_sparse::{SparseIndex, Value};
+
+use crate::api::DecodeAttention;
+use crate::config::AttnConfig;
+use crate::error::Result;
+use crate::validate;
+use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+
+/// The reference implementation of [`DecodeAttention`] (slow; for tests and checks).
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, DecodeAttention, DenseKv, Reference};
+/// let cfg = AttnConfig::new(1, 1, 2)?;
+/// let (k, v) = ([1.0f32, 0.0, 0.0, 1.0], [1.0f32, 2.0, 3.0, 4.0]);
+/// let mut out = [0.0f32; 2];
+/// Reference.dense(&cfg, &[0.0, 0.0], &[DenseKv::new(2, &k, &v)], &mut out)?;
+/// assert_eq!(out, [2.0, 3.0]); // equal logits: the mean of the value rows
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reference;
+
+/// One kv-head's rows decoded to dense `f64`, row-major.
+struct Decoded {
+    d: usize,
+    keys: Vec<f64>,
+    values: Vec<f64>,
+}
+
+impl Decoded {
+    fn new(d: usize) -> Self {
+        Self { d, keys: Vec::new(), values: Vec::new() }
+    }
+
+    fn rows(&self) -> usize {
+        self.keys.len() / self.d
+    }
+
+    fn push_dense<D: Value>(&mut self, k: &[D], v: &[D]) {
+        self.keys.extend(k.iter().map(|x| f64::from(x.to_f32())));
+        self.values.extend(v.iter().map(|x| f64::from(x.to_f32())));
+    }
+
+    fn push_ring<D: Value>(&mut self, keys: (&[D], &[D]), values: (&[D], &[D])) {
+        let kall = keys.0.iter().chain(keys.1);
+        let vall = values.0.iter().chain(values.1);
+        self.keys.extend(kall.map(|x| f64::from(x.to_f32())));
+        self.values.extend(vall.map(|x| f64::from(x.to_f32())));
+    }
+
+    fn push_sparse_row<I: SparseIndex, V: Value>(
+        out: &mut Vec<f64>,
+        d: usize,
+        row: SparseRow<'_, I, V>,
+        scale: f32,
+    ) {
+        let start = out.len();
+        out.resize(start + d, 0.0);
+        for (i, x) in row.iter() {
+            out[start + i] = f64::from(x) * f64::from(scale);
+        }
+    }
+
+    fn push_csr<I: SparseIndex, V: Value>(
+        &mut self,
+        keys: &CsrView<'_, I, V>,
+        values: &CsrView<'_, I, V>,
+        (key_scale, value_scale): (f32, f32),
+    ) {
+        for (k, v) in keys.rows().zip(values.rows()) {
+            Self::push_sparse_row(&mut self.keys, self.d, k, key_scale);
+            Self::push_sparse_row(&mut self.values, self.d, v, value_scale);
+        }
+    }
+
+    /// `out = softmax(scale · q·Kᵀ) V`; returns the softmax weights.
+    fn attend(&self, q: &[f32], scale: f64, out: &mut [f32]) -> Vec<f64> {
+        let d = self.d;
+        let logits: Vec<f64> = self
+            .keys
+            .chunks_exact(d)
+            .map(|k| scale * k.iter().zip(q).map(|(a, b)| a * f64::from(*b)).sum::<f64>())
+            .collect();
+        let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let exps: Vec<f64> = logits.iter().map(|s| (s - max).exp()).collect();
+        let total: f64 = exps.iter().sum();
+        let weights: Vec<f64> = exps.iter().map(|e| e / total).collect();
+        for (c, o) in out.iter_mut().enumerate() {
+            let sum: f64 =
+                weights.iter().enumerate().map(|(j, w)| w * self.values[j * d + c]).sum();
+            *o = sum as f32;
+        }
+        weights
+    }
+}
+
+/// Attends every q-head of kv-head `kv` over `rows`; adds the group's weights to `weights`.
+fn attend_group(
+    cfg: &AttnConfig,
+    q: &[f32],
+    kv: usize,
+    rows: &Decoded,
+    out: &mut [f32],
+    weights: Option<&mut [f32]>,
+) {
+    let (d, g) = (cfg.head_dim(), cfg.group_size());
+    let mut sum = vec![0.0f64; rows.rows()];
+    for h in kv * g..(kv + 1) * g {
+        let w = rows.attend(
+            &q[h * d..(h + 1) * d],
+            f64::from(cfg.scale()),
+            &mut out[h * d..(h + 1) * d],
+        );
+        sum.iter_mut().zip(&w).for_each(|(s, x)| *s += x);
+    }
+    if let Some(weights) = weights {
+        weights.iter_mut().zip(&sum).for_each(|(o, s)| *o = *s as f32);
+    }
+}
+
+impl DecodeAttention for Reference {
+    fn dense<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DenseKv<'_, D>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::dense";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::dense(OP, cfg.head_dim(), h, c)?;
+        }
+        for (h, c) in kv.iter().enumerate() {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_ring(c.keys, c.values);
+            attend_group(cfg, q, h, &rows, out, None);
+        }
+        Ok(())
+    }
+
+    fn sparse<I: SparseIndex, V: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[SparseKv<'_, I, V>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::sparse";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::sparse(OP, cfg.head_dim(), h, c)?;
+        }
+        for (h, c) in kv.iter().enumerate() {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_csr(&c.keys, &c.values, (c.key_scale, c.value_scale));
+            attend_group(cfg, q, h, &rows, out, None);
+        }
+        Ok(())
+    }
+
+    fn hybrid<I: SparseIndex, V: Value, D: Value, H: HybridSource<I, V, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::hybrid";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view())?;
+        }
+        for (h, c) in kv.iter().enumerate() {
+            let v = c.hybrid_view();
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_csr(&v.sparse_keys, &v.sparse_values, v.value_scale);
+            rows.push_ring(v.buffer_keys, v.buffer_values);
+            attend_group(cfg, q, h, &rows, out, None);
+        }
+        Ok(())
+    }
+
+    fn gathered<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[GatheredKv<'_, D>],
+        out: &mut [f32],
+        mut weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "Reference::gathered";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        let mut total = 0;
+        for (h, c) in kv.iter().enumerate() {
+            total += validate::gathered(OP, cfg.head_dim(), h, c)?;
+        }
+        validate::weights(OP, weights.as_deref(), total)?;
+        let (d, mut offset) = (cfg.head_dim(), 0);
+        for (h, c) in kv.iter().enumerate() {
+            let mut rows = Decoded::new(d);
+            for i in 0..c.num_rows() {
+                let s = c.slab_row(i);
+                rows.push_dense(&c.keys[s * d..(s + 1) * d], &c.values[s * d..(s + 1) * d]);
+            }
+            let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + c.num_rows()]);
+            attend_group(cfg, q, h, &rows, out, w);
+            offset += c.num_rows();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,196 @@
+//! Input validation shared by the reference and the optimized kernels: every shape, count,
+//! scale and ordering a kernel relies on is checked here, once per call, before any row is
+//! read — so a bad input is a typed [`Error`], never a panic or an out-of-bounds read.
+
+use kv_sparse::csr::CsrView;
+use kv_sparse::hybrid::HybridView;
+use kv_sparse::{SparseIndex, Value};
+
+use crate::config::AttnConfig;
+use crate::error::{Error, Result};
+use crate::views::{DenseKv, GatheredKv, SparseKv};
+
+/// Query and output lengths, the number of per-kv-head caches, a finite query.
+pub(crate) fn call(
+    op: &'static str,
+    cfg: &AttnConfig,
+    q: &[f32],
+    out: &[f32],
+    heads: usize,
+) -> Result<()> {
+    let expected = cfg.q_len();
+    if q.len() != expected {
+        return Err(Error::LengthMismatch { op, what: "q", expected, got: q.len() });
+    }
+    if out.len() != expected {
+        return Err(Error::LengthMismatch { op, what: "out", expected, got: out.len() });
+    }
+    if heads != cfg.num_kv_heads() {
+        let expected = cfg.num_kv_heads();
+        return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: heads });
+    }
+    if let Some(i) = q.iter().position(|x| !x.is_finite()) {
+        let d = cfg.head_dim();
+        return Err(Error::NonFiniteQuery { op, q_head: i / d, dim: i % d, value: q[i] });
+    }
+    Ok(())
+}
+
+fn head_dim(op: &'static str, kv_head: usize, expected: usize, got: usize) -> Result<()> {
+    if got != expected {
+        return Err(Error::HeadDimMismatch { op, kv_head, expected, got });
+    }
+    Ok(())
+}
+
+/// Rows of a ring's `(older, newer)` halves, each a whole number of rows.
+fn ring_rows<D>(
+    op: &'static str,
+    kv_head: usize,
+    what: [&'static str; 2],
+    (older, newer): (&[D], &[D]),
+    d: usize,
+) -> Result<usize> {
+    for (what, part) in what.into_iter().zip([older, newer]) {
+        if !part.len().is_multiple_of(d) {
+            return Err(Error::RaggedRows { op, kv_head, what, len: part.len(), head_dim: d });
+        }
+    }
+    Ok((older.len() + newer.len()) / d)
+}
+
+fn same_rows(
+    op: &'static str,
+    kv_head: usize,
+    part: &'static str,
+    keys: usize,
+    values: usize,
+) -> Result<usize> {
+    if keys != values {
+        return Err(Error::RowCountMismatch { op, kv_head, part, keys, values });
+    }
+    Ok(keys)
+}
+
+fn non_empty(op: &'static str, kv_head: usize, rows: usize) -> Result<usize> {
+    if rows == 0 {
+        return Err(Error::EmptyCache { op, kv_head });
+    }
+    Ok(rows)
+}
+
+fn scale(op: &'static str, kv_head: usize, what: &'static str, scale: f32) -> Result<()> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::InvalidValueScale { op, kv_head, what, scale });
+    }
+    Ok(())
+}
+
+/// A dense kv-head; returns its rows.
+pub(crate) fn dense<D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &DenseKv<'_, D>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, kv.head_dim)?;
+    let k = ring_rows(op, kv_head, ["keys.0", "keys.1"], kv.keys, d)?;
+    let v = ring_rows(op, kv_head, ["values.0", "values.1"], kv.values, d)?;
+    non_empty(op, kv_head, same_rows(op, kv_head, "dense", k, v)?)
+}
+
+/// The CSR part of a kv-head with its key/value scales; returns its rows (may be 0).
+fn csr<I: SparseIndex, V: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    keys: &CsrView<'_, I, V>,
+    values: &CsrView<'_, I, V>,
+    (key_scale, value_scale): (f32, f32),
+) -> Result<usize> {
+    head_dim(op, kv_head, d, keys.head_dim())?;
+    head_dim(op, kv_head, d, values.head_dim())?;
+    scale(op, kv_head, "key", key_scale)?;
+    scale(op, kv_head, "value", value_scale)?;
+    same_rows(op, kv_head, "sparse", keys.num_rows(), values.num_rows())
+}
+
+/// A sparse kv-head; returns its rows.
+pub(crate) fn sparse<I: SparseIndex, V: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &SparseKv<'_, I, V>,
+) -> Result<usize> {
+    let rows = csr(op, d, kv_head, &kv.keys, &kv.values, (kv.key_scale, kv.value_scale))?;
+    non_empty(op, kv_head, rows)
+}
+
+/// A hybrid kv-head; returns its rows (sparse + buffer).
+pub(crate) fn hybrid<I: SparseIndex, V: Value, D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    view: &HybridView<'_, I, V, D>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, view.head_dim)?;
+    let s = csr(op, d, kv_head, &view.sparse_keys, &view.sparse_values, view.value_scale)?;
+    let k = ring_rows(op, kv_head, ["buffer_keys.0", "buffer_keys.1"], view.buffer_keys, d)?;
+    let v = ring_rows(op, kv_head, ["buffer_values.0", "buffer_values.1"], view.buffer_values, d)?;
+    non_empty(op, kv_head, s + same_rows(op, kv_head, "buffer", k, v)?)
+}
+
+/// A gathered kv-head; returns its resident rows.
+pub(crate) fn gathered<D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &GatheredKv<'_, D>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, kv.head_dim)?;
+    let k = ring_rows(op, kv_head, ["keys", "keys"], (kv.keys, &[]), d)?;
+    let v = ring_rows(op, kv_head, ["values", "values"], (kv.values, &[]), d)?;
+    let slab_rows = same_rows(op, kv_head, "gathered slab", k, v)?;
+    let rows = kv.positions.len();
+    match kv.slots {
+        Some(slots) if slots.len() != rows => {
+            return Err(Error::LengthMismatch {
+                op,
+                what: "slots",
+                expected: rows,
+                got: slots.len(),
+            });
+        }
+        Some(slots) => {
+            if let Some(row) = slots.iter().position(|&s| s as usize >= slab_rows) {
+                return Err(Error::SlotOutOfRange {
+                    op,
+                    kv_head,
+                    row,
+                    slot: slots[row],
+                    slab_rows,
+                });
+            }
+        }
+        None if rows > slab_rows => {
+            let what = "positions (one slab row each)";
+            return Err(Error::LengthMismatch { op, what, expected: slab_rows, got: rows });
+        }
+        None => {}
+    }
+    if let Some(row) = kv.positions.windows(2).position(|w| w[1] <= w[0]) {
+        let position = kv.positions[row + 1];
+        return Err(Error::PositionsNotAscending { op, kv_head, row: row + 1, position });
+    }
+    non_empty(op, kv_head, rows)
+}
+
+/// Checks an optional weights output against the total resident rows.
+pub(crate) fn weights(op: &'static str, weights: Option<&[f32]>, total_rows: usize) -> Result<()> {
+    match weights {
+        Some(w) if w.len() != total_rows => {
+            Err(Error::LengthMismatch { op, what: "weights", expected: total_rows, got: w.len() })
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,173 @@
+//! Borrowed inputs of the decode kernels, one per kv-head: dense rows ([`DenseKv`]), CSR
+//! rows ([`SparseKv`]), SWAN's hybrid cache (any [`HybridSource`], e.g. `kv-sparse`'s
+//! `HybridView` or `HybridCache`) and WnW's resident-position lists ([`GatheredKv`]).
+//!
+//! All are plain borrowed slices (row-major, `head_dim` elements per row), so in-memory,
+//! memory-mapped and tiered stores hand their bytes over without copying; the kernels
+//! validate them ([`crate::Error`]) before reading a row.
+
+use kv_sparse::csr::CsrView;
+use kv_sparse::hybrid::{HybridCache, HybridView};
+use kv_sparse::{SparseIndex, Value};
+
+/// Dense keys and values of one kv-head, in token order: each side is an
+/// `(older, newer)` pair of row-major slices (a ring buffer's two halves; use an empty
+/// `newer` for a contiguous cache). Keys and values may split at different rows.
+#[derive(Debug)]
+pub struct DenseKv<'a, D> {
+    /// Elements per row.
+    pub head_dim: usize,
+    /// Key rows: `older` then `newer`.
+    pub keys: (&'a [D], &'a [D]),
+    /// Value rows: `older` then `newer`.
+    pub values: (&'a [D], &'a [D]),
+}
+
+impl<D> Clone for DenseKv<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<D> Copy for DenseKv<'_, D> {}
+
+impl<'a, D: Value> DenseKv<'a, D> {
+    /// A contiguous cache: `keys` and `values` each hold `rows · head_dim` elements.
+    ///
+    /// # Examples
+    /// ```
+    /// let k = [1.0f32, 0.0, 0.0, 1.0];
+    /// let kv = attn_kernels::DenseKv::new(2, &k, &k);
+    /// assert_eq!(kv.num_rows(), 2);
+    /// ```
+    pub fn new(head_dim: usize, keys: &'a [D], values: &'a [D]) -> Self {
+        Self { head_dim, keys: (keys, &[]), values: (values, &[]) }
+    }
+
+    /// Key rows (whole rows only; validation reports ragged slices).
+    pub fn num_rows(&self) -> usize {
+        (self.keys.0.len() + self.keys.1.len()).checked_div(self.head_dim).unwrap_or(0)
+    }
+}
+
+/// CSR keys and values of one kv-head (`kv-sparse` views: in-memory or mapped), with the
+/// per-head scales that multiply decoded keys / values (fp8 scaling; 1.0 otherwise).
+#[derive(Debug)]
+pub struct SparseKv<'a, I, V> {
+    /// Sparse key rows.
+    pub keys: CsrView<'a, I, V>,
+    /// Sparse value rows (same number of rows as `keys`; `k` may differ).
+    pub values: CsrView<'a, I, V>,
+    /// Multiplies every decoded key value.
+    pub key_scale: f32,
+    /// Multiplies every decoded value value.
+    pub value_scale: f32,
+}
+
+impl<I, V> Clone for SparseKv<'_, I, V> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<I, V> Copy for SparseKv<'_, I, V> {}
+
+impl<'a, I: SparseIndex, V: Value> SparseKv<'a, I, V> {
+    /// Unscaled keys and values.
+    pub fn new(keys: CsrView<'a, I, V>, values: CsrView<'a, I, V>) -> Self {
+        Self { keys, values, key_scale: 1.0, value_scale: 1.0 }
+    }
+
+    /// Rows (tokens).
+    pub fn num_rows(&self) -> usize {
+        self.keys.num_rows()
+    }
+}
+
+/// Anything that lends a `kv-sparse` hybrid view of one kv-head: the view itself, or a
+/// `HybridCache` (so a layer's `&[HybridCache]` from `MultiHeadCache::layer` goes straight
+/// into [`crate::DecodeAttention::hybrid`] without collecting views).
+pub trait HybridSource<I, V, D>: Sync {
+    /// The borrowed view the kernels read.
+    fn hybrid_view(&self) -> HybridView<'_, I, V, D>;
+}
+
+impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridView<'_, I, V, D> {
+    fn hybrid_view(&self) -> HybridView<'_, I, V, D> {
+        *self
+    }
+}
+
+impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridCache<I, V, D> {
+    fn hybrid_view(&self) -> HybridView<'_, I, V, D> {
+        self.view()
+    }
+}
+
+/// The resident rows of one kv-head in a tiered store (WnW §2.3): a strictly ascending list
+/// of absolute token positions and, for each, a key and a value row in a row-major *slab*.
+///
+/// Row `i` (position `positions[i]`) lives at slab row `slots[i]`, or at slab row `i` when
+/// `slots` is `None` (a compact copy). A store that recycles slab rows as segments come and
+/// go passes its slab and its slot table as they are — nothing is copied.
+#[derive(Debug)]
+pub struct GatheredKv<'a, D> {
+    /// Elements per row.
+    pub head_dim: usize,
+    /// Absolute token positions of the resident rows, strictly ascending.
+    pub positions: &'a [u32],
+    /// Slab rows holding each resident row (`None`: row `i` is slab row `i`).
+    pub slots: Option<&'a [u32]>,
+    /// Key slab, row-major.
+    pub keys: &'a [D],
+    /// Value slab, row-major (same number of rows as `keys`).
+    pub values: &'a [D],
+}
+
+impl<D> Clone for GatheredKv<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<D> Copy for GatheredKv<'_, D> {}
+
+impl<'a, D: Value> GatheredKv<'a, D> {
+    /// Compact rows: row `i` of `keys`/`values` is position `positions[i]`.
+    ///
+    /// # Examples
+    /// ```
+    /// let k = [0.5f32; 6];
+    /// let g = attn_kernels::GatheredKv::new(2, &[3, 7, 9], &k, &k);
+    /// assert_eq!(g.num_rows(), 3);
+    /// assert_eq!(g.slab_row(1), 1);
+    /// ```
+    pub fn new(head_dim: usize, positions: &'a [u32], keys: &'a [D], values: &'a [D]) -> Self {
+        Self { head_dim, positions, slots: None, keys, values }
+    }
+
+    /// Rows in a shared slab: row `i` is slab row `slots[i]`.
+    ///
+    /// # Examples
+    /// ```
+    /// let slab = [0.0f32; 8]; // 4 slab rows of 2
+    /// let g = attn_kernels::GatheredKv::with_slots(2, &[10, 11], &[3, 0], &slab, &slab);
+    /// assert_eq!(g.slab_row(0), 3);
+    /// ```
+    pub fn with_slots(
+        head_dim: usize,
+        positions: &'a [u32],
+        slots: &'a [u32],
+        keys: &'a [D],
+        values: &'a [D],
+    ) -> Self {
+        Self { head_dim, positions, slots: Some(slots), keys, values }
+    }
+
+    /// Resident rows.
+    pub fn num_rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Slab row of resident row `i` (`i < num_rows()`; validated slots only).
+    pub fn slab_row(&self, i: usize) -> usize {
+        self.slots.map_or(i, |s| s[i] as usize)
+    }
+}
