@@ -1,0 +1,259 @@
+//! GPU decode benchmark behind `scripts/gpu-check.sh` (SWAN §3 hybrid decode vs the dense
+//! baseline): synthetic caches in the kernels' layout, timed with CUDA events, reported as
+//! bytes actually read ÷ time (achieved HBM bandwidth) and as ratios against the dense f16
+//! decode of the same sequence length measured in the same run.
+
+use kv_sparse::ValueFormat;
+use kv_sparse::fp8::Fp8E4M3;
+
+use super::layout::{LayerShape, PackedCsr, PackedDense};
+use super::{DecodeDevice, Gpu, LayerCache};
+use crate::Result;
+
+/// What to measure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchConfig {
+    /// Sequence lengths (rows per kv-head).
+    pub lengths: Vec<usize>,
+    /// Layer shape (q-heads, kv-heads, head_dim, scale).
+    pub shape: LayerShape,
+    /// Stored dims per sparse row.
+    pub k: usize,
+    /// Dense buffer rows of the hybrid cache.
+    pub buffer: usize,
+    /// Sparse value formats to measure (hybrid caches use an f16 buffer).
+    pub formats: Vec<ValueFormat>,
+    /// Timed launches per measurement.
+    pub iters: usize,
+    /// Peak bandwidth (bytes/s) the fractions are reported against.
+    pub peak_bytes_per_s: f64,
+}
+
+impl Default for BenchConfig {
+    /// The configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
+    /// buffer 128, fp8 and f16, H200 HBM peak 4.8 TB/s.
+    fn default() -> Self {
+        Self {
+            lengths: vec![4096, 32_768, 131_072],
+            shape: LayerShape::new(32, 8, 128),
+            k: 64,
+            buffer: 128,
+            formats: vec![ValueFormat::Fp8E4M3, ValueFormat::F16],
+            iters: 50,
+            peak_bytes_per_s: 4.8e12,
+        }
+    }
+}
+
+/// One measured kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchRow {
+    /// `dense-f16` or `hybrid-<format>`.
+    pub kernel: String,
+    /// Entry point.
+    pub entry: String,
+    /// Rows per kv-head.
+    pub len: usize,
+    /// Bytes one decode step reads.
+    pub bytes: usize,
+    /// Seconds per decode step.
+    pub seconds: f64,
+    /// Dense f16 time ÷ this time, same length (1 for the baseline itself).
+    pub speedup_vs_dense_f16: f64,
+    /// Max |GPU − CPU reference| over the outputs of one step.
+    pub max_abs_err: f32,
+}
+
+impl BenchRow {
+    /// Achieved bandwidth in bytes/s.
+    pub fn bytes_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds
+    }
+
+    /// This row as a JSON object (`peak` = bandwidth the fraction refers to).
+    pub fn to_json(&self, peak: f64) -> String {
+        format!(
+            "{{\"kernel\":\"{}\",\"entry\":\"{}\",\"len\":{},\"bytes_read\":{},\"us_per_step\":{:.3},\"gb_per_s\":{:.1},\"fraction_of_peak\":{:.4},\"speedup_vs_dense_f16\":{:.3},\"max_abs_err_vs_cpu\":{:e}}}",
+            self.kernel,
+            self.entry,
+            self.len,
+            self.bytes,
+            self.seconds * 1e6,
+            self.bytes_per_s() / 1e9,
+            self.bytes_per_s() / peak,
+            self.speedup_vs_dense_f16,
+            self.max_abs_err
+        )
+    }
+}
+
+/// A small deterministic generator (xorshift64*), so benches need no RNG dependency.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn encode(format: ValueFormat, x: f32, out: &mut Vec<u8>) {
+    match format {
+        ValueFormat::F32 => out.extend_from_slice(&x.to_le_bytes()),
+        ValueFormat::F16 => out.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+        ValueFormat::Bf16 => out.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+        ValueFormat::Fp8E4M3 => out.push(Fp8E4M3::from_f32(x).to_bits()),
+    }
+}
+
+/// A synthetic sparse store: `rows` rows per head, each with `k` distinct ascending u8
+/// indices below `head_dim` and values uniform in (−1, 1), in blocks of 256 rows.
+pub fn synthetic_csr(
+    heads: usize,
+    rows: usize,
+    head_dim: usize,
+    k: usize,
+    format: ValueFormat,
+    seed: u64,
+) -> PackedCsr {
+    let rpb = 256;
+    let n_blocks = rows.div_ceil(rpb);
+    let mut g = Gen(seed | 1);
+    let mut p = PackedCsr {
+        format,
+        index_bytes: 1,
+        head_dim,
+        rows,
+        rows_per_block: rpb,
+        n_blocks,
+        indices: Vec::with_capacity(heads * rows * k),
+        values: Vec::with_capacity(heads * rows * k * format.bytes()),
+        offsets: Vec::with_capacity(heads * rows),
+        block_base: Vec::with_capacity(heads * (n_blocks + 1)),
+        head_nnz: Vec::with_capacity(heads),
+        scale: 1.0,
+    };
+    let k = k.min(head_dim);
+    let mut dims: Vec<u8> = (0..head_dim.min(256)).map(|i| i as u8).collect();
+    for h in 0..heads {
+        p.head_nnz.push((h * rows * k) as u64);
+        for r in 0..rows {
+            if r % rpb == 0 {
+                p.block_base.push((r * k) as u64);
+            }
+            p.offsets.push(((r % rpb) * k) as u16);
+            for i in 0..k {
+                let j = i + (g.next() as usize) % (dims.len() - i);
+                dims.swap(i, j);
+            }
+            let mut row = dims[..k].to_vec();
+            row.sort_unstable();
+            p.indices.extend_from_slice(&row);
+            for _ in 0..k {
+                encode(format, g.unit(), &mut p.values);
+            }
+        }
+        p.block_base.push((rows * k) as u64);
+    }
+    p
+}
+
+/// Synthetic dense rows `[heads][rows][head_dim]` uniform in (−1, 1).
+pub fn synthetic_dense(
+    heads: usize,
+    rows: usize,
+    head_dim: usize,
+    format: ValueFormat,
+    seed: u64,
+) -> PackedDense {
+    let mut g = Gen(seed | 1);
+    let mut data = Vec::with_capacity(heads * rows * head_dim * format.bytes());
+    for _ in 0..heads * rows * head_dim {
+        encode(format, g.unit(), &mut data);
+    }
+    PackedDense { format, head_dim, heads, rows, data, gather: None }
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+fn measure(
+    gpu: &Gpu,
+    cfg: &BenchConfig,
+    kernel: String,
+    cache: LayerCache<'_>,
+    q: &[f32],
+    check: bool,
+) -> Result<BenchRow> {
+    let dev = gpu.upload(&cfg.shape, cache)?;
+    let seconds = gpu.time_decode(&cfg.shape, q, &dev, cfg.iters)?;
+    let mut max_abs_err = f32::NAN;
+    if check {
+        let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+        gpu.decode_resident(&cfg.shape, q, &dev, &mut a, None)?;
+        super::KernelEmulation { target_blocks: 4 * gpu.sm_count() }
+            .decode(&cfg.shape, q, cache, &mut b, None)?;
+        max_abs_err = max_abs_diff(&a, &b);
+    }
+    let len = cache.rows_of(0);
+    Ok(BenchRow {
+        kernel,
+        entry: dev.kernel().to_string(),
+        len,
+        bytes: dev.bytes_read(),
+        seconds,
+        speedup_vs_dense_f16: 1.0,
+        max_abs_err,
+    })
+}
+
+/// Runs the benchmark: per length, the dense f16 baseline then one hybrid cache per format
+/// (`len − buffer` sparse rows + `buffer` dense f16 rows). Outputs of the shortest length
+/// are checked against the CPU kernel emulation.
+///
+/// # Errors
+/// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.
+pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
+    let gpu = Gpu::new()?;
+    let s = cfg.shape;
+    let mut g = Gen(7);
+    let q: Vec<f32> = (0..s.num_q_heads * s.head_dim).map(|_| g.unit()).collect();
+    let mut rows = Vec::new();
+    for (i, &len) in cfg.lengths.iter().enumerate() {
+        let check = i == 0;
+        let dk = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 11);
+        let dv = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 12);
+        let base = measure(
+            &gpu,
+            cfg,
+            "dense-f16".into(),
+            LayerCache::Dense { keys: &dk, values: &dv },
+            &q,
+            check,
+        )?;
+        drop((dk, dv));
+        let sparse_rows = len.saturating_sub(cfg.buffer);
+        let bk =
+            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 13);
+        let bv =
+            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 14);
+        let base_s = base.seconds;
+        rows.push(base);
+        for &f in &cfg.formats {
+            let k = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 21);
+            let v = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 22);
+            let cache =
+                LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
+            let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;
+            row.speedup_vs_dense_f16 = base_s / row.seconds;
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
