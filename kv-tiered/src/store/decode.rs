@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::TieredStore;
-use super::prefill::write_permanent;
+use super::prefill::reserve_slot;
 use super::shared::Job;
 use crate::error::{Error, Result, check_finite, check_len, param};
 use crate::metrics::StepMetrics;
@@ -32,27 +32,38 @@ impl<T: Tier> TieredStore<T> {
         }
         let pos = (self.config.layout.seq_len() + self.appended[layer]) as u32;
         let codec = self.config.rows.dense_codec();
-        let (mut kb, mut vb, mut scratch) = (
-            std::mem::take(&mut self.enc.0),
-            std::mem::take(&mut self.enc.1),
-            std::mem::take(&mut self.enc.2),
-        );
+        let (kr, vr) = (codec.row_bytes(d), codec.row_bytes(d));
+        let (mut kb, mut vb, mut scratch) = std::mem::take(&mut self.enc);
+        kb.clear();
+        vb.clear();
+        let encoded = keys.chunks_exact(d).zip(values.chunks_exact(d)).try_for_each(|(k, v)| {
+            codec
+                .encode(k, &mut kb, &mut scratch)
+                .and_then(|()| codec.encode(v, &mut vb, &mut scratch))
+        });
+        let tier = self.shared.tier.as_ref();
         let mut tables = self.shared.layers[layer].write();
-        let mut result = Ok(());
-        for (k, t) in tables.iter_mut().enumerate() {
-            kb.clear();
-            vb.clear();
-            let row = k * d..(k + 1) * d;
-            result = codec
-                .encode(&keys[row.clone()], &mut kb, &mut scratch)
-                .and_then(|()| codec.encode(&values[row], &mut vb, &mut scratch));
-            result = result.and_then(|()| {
-                write_permanent(self.shared.tier.as_ref(), t, 0, layer, &[pos], &kb, &vb)
-            });
-            if result.is_err() {
-                break;
+        // All or nothing: reserve a slot in every head, write every row, then publish.
+        let result = encoded.and_then(|()| {
+            let slots = tables
+                .iter_mut()
+                .map(|t| reserve_slot(tier, t, 0, layer))
+                .collect::<Result<Vec<_>>>()?;
+            for (k, (t, &(pi, fill))) in tables.iter().zip(&slots).enumerate() {
+                tier.write_device(
+                    &t.permanent[pi],
+                    fill,
+                    &kb[k * kr..(k + 1) * kr],
+                    &vb[k * vr..(k + 1) * vr],
+                )?;
             }
-        }
+            let page_rows = tier.pools()[0].page_rows as u32;
+            for (t, (pi, fill)) in tables.iter_mut().zip(slots) {
+                t.lists[0].push(pos, t.permanent[pi].index() * page_rows + fill as u32);
+                t.tails[0] = Some((pi, fill + 1));
+            }
+            Ok(())
+        });
         drop(tables);
         self.enc = (kb, vb, scratch);
         if result.is_ok() {
@@ -89,6 +100,44 @@ impl<T: Tier> TieredStore<T> {
             }
         }
         self.anchor_seen = true;
+        Ok(())
+    }
+
+    /// Adds the anchor signal straight from a gathered kernel's `weights` output for `layer`
+    /// (`DecodeAttention::gathered` over [`crate::LayerView::gathered_into`]): one weight per
+    /// dense resident row, kv-head after kv-head, in position-list order. Only anchor heads'
+    /// audio rows count. Call after dropping the view and before the layer's next `append` or
+    /// `end_step` (the lists must be the ones the kernel saw).
+    ///
+    /// # Errors
+    /// [`Error::HeadOutOfRange`]; [`Error::Shape`] if `weights` does not match the layer's
+    /// resident rows; [`Error::NonFinite`].
+    pub fn add_gathered_weights(&mut self, layer: usize, weights: &[f32]) -> Result<()> {
+        const OP: &str = "TieredStore::add_gathered_weights";
+        self.check_head(OP, layer, 0)?;
+        check_finite(OP, "weights", weights)?;
+        let a = self.config.layout.audio_span();
+        let tables = self.shared.layers[layer].read();
+        let total: usize = tables.iter().map(|t| t.lists[0].len()).sum();
+        check_len(OP, "weights", weights, total)?;
+        let mut off = 0;
+        for (k, t) in tables.iter().enumerate() {
+            let list = &t.lists[0];
+            if self.policy.is_anchor(layer * self.config.kv_heads + k) {
+                let lo = list.positions().partition_point(|&p| (p as usize) < a.start);
+                for (i, &p) in list
+                    .positions()
+                    .iter()
+                    .enumerate()
+                    .skip(lo)
+                    .take_while(|(_, p)| (**p as usize) < a.end)
+                {
+                    self.anchor_acc[p as usize - a.start] += weights[off + i];
+                }
+                self.anchor_seen = true;
+            }
+            off += list.len();
+        }
         Ok(())
     }
 

@@ -313,19 +313,24 @@ impl TieredStore<HostTier> {
 }
 
 impl<T: Tier> Drop for TieredStore<T> {
+    /// Stops the worker (after it drained its queue), then returns every device and host page.
     fn drop(&mut self) {
         self.jobs = None;
         if let Some(w) = self.worker.take() {
             let _ = w.join();
         }
+        let tier = self.shared.tier.as_ref();
         for layer in &self.shared.layers {
             for t in layer.write().iter_mut() {
                 for page in
                     t.permanent.drain(..).chain(t.recalled.iter_mut().filter_map(Option::take))
                 {
-                    self.shared.tier.free_device(page);
+                    tier.free_device(page);
                 }
             }
+        }
+        for page in self.shared.host.pages.iter().flatten() {
+            tier.free_host(*page);
         }
     }
 }

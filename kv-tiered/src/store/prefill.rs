@@ -45,8 +45,26 @@ impl Bufs {
     }
 }
 
+/// The `(index into permanent, first free row)` of `pool`'s tail page, allocating a fresh
+/// page when the tail is full. On allocation failure nothing changes.
+pub(super) fn reserve_slot<T: Tier>(
+    tier: &T,
+    t: &mut HeadTables,
+    pool: usize,
+    layer: usize,
+) -> Result<(usize, usize)> {
+    match t.tails[pool] {
+        Some((pi, fill)) if fill < tier.pools()[pool].page_rows => Ok((pi, fill)),
+        _ => {
+            t.permanent.push(tier.alloc_device(pool, layer)?);
+            t.tails[pool] = Some((t.permanent.len() - 1, 0));
+            Ok((t.permanent.len() - 1, 0))
+        }
+    }
+}
+
 /// Appends already encoded rows as permanent rows of `(pool, layer)`, filling the tail page.
-pub(super) fn write_permanent<T: Tier>(
+fn write_permanent<T: Tier>(
     tier: &T,
     t: &mut HeadTables,
     pool: usize,
@@ -59,14 +77,7 @@ pub(super) fn write_permanent<T: Tier>(
     let (kr, vr, p) = (spec.key_row_bytes, spec.value_row_bytes, spec.page_rows);
     let mut i = 0;
     while i < positions.len() {
-        let (pi, fill) = match t.tails[pool] {
-            Some((pi, fill)) if fill < p => (pi, fill),
-            _ => {
-                t.permanent.push(tier.alloc_device(pool, layer)?);
-                (t.permanent.len() - 1, 0)
-            }
-        };
-        t.tails[pool] = Some((pi, fill));
+        let (pi, fill) = reserve_slot(tier, t, pool, layer)?;
         let take = (p - fill).min(positions.len() - i);
         tier.write_device(
             &t.permanent[pi],

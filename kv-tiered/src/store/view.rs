@@ -9,6 +9,7 @@
 //! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are
 //! disjoint and together form the resident set, attended with one softmax.
 
+use attn_kernels::GatheredKv;
 use kv_sparse::csr::SparseRow;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::{Value, ValueFormat};
@@ -16,7 +17,7 @@ use parking_lot::RwLockReadGuard;
 
 use super::TieredStore;
 use super::shared::HeadTables;
-use crate::error::Result;
+use crate::error::{Error, Result, param};
 use crate::rows::{RowCodec, RowLayout};
 use crate::tier::{ArenaRead, Tier};
 
@@ -41,13 +42,13 @@ impl<T: Tier> TieredStore<T> {
     /// have landed (recalls of later layers keep running).
     ///
     /// # Errors
-    /// [`crate::Error::HeadOutOfRange`] for a bad layer; [`crate::Error::WorkerStopped`] if
-    /// the recall worker died.
+    /// [`Error::HeadOutOfRange`] for a bad layer; [`Error::WorkerStopped`] if the recall
+    /// worker died.
     pub fn layer_view(&self, layer: usize) -> Result<LayerView<'_, T>> {
         self.check_head("TieredStore::layer_view", layer, 0)?;
         self.shared
             .wait_until(|p| p.per_layer[layer] == 0, || self.worker_alive())
-            .map_err(|pending| crate::Error::WorkerStopped { pending })?;
+            .map_err(|pending| Error::WorkerStopped { pending })?;
         let tables = self.shared.layers[layer].read();
         let tier = self.shared.tier.as_ref();
         let sparse = self.config.rows.sparse.is_some().then(|| tier.arena(1, layer));
@@ -76,6 +77,39 @@ impl<'a, T: Tier> LayerView<'a, T> {
             sparse_arena: self.arenas[1].as_ref(),
             rows: self.rows,
         })
+    }
+
+    /// Every kv-head's dense rows as `attn_kernels::GatheredKv` (slab = this layer's dense
+    /// arena, slots = the row lists), ready for `DecodeAttention::gathered` — nothing is
+    /// copied. `out` is cleared first; reuse it to avoid allocating.
+    ///
+    /// # Errors
+    /// [`Error::Param`] if `D` is not the dense format, the arena is device memory, or a head
+    /// has SWAN sparse rows (those need a kernel over [`HeadView::sparse`]).
+    pub fn gathered_into<'s, D: Value>(&'s self, out: &mut Vec<GatheredKv<'s, D>>) -> Result<()> {
+        out.clear();
+        for k in 0..self.num_heads() {
+            let view = self
+                .head(k)
+                .ok_or_else(|| param("LayerView::gathered_into", "kv_head", k, "in range"))?;
+            if !view.sparse.positions.is_empty() {
+                return Err(param(
+                    "LayerView::gathered_into",
+                    "sparse rows",
+                    view.sparse.positions.len(),
+                    "0 (use HeadView::sparse_key/sparse_value)",
+                ));
+            }
+            out.push(view.gathered().ok_or_else(|| {
+                param(
+                    "LayerView::gathered_into",
+                    "D",
+                    D::FORMAT,
+                    "the dense format of a host arena",
+                )
+            })?);
+        }
+        Ok(())
     }
 
     /// Concatenates every head's `pool` lists into `positions`/`rows` with `offsets`
@@ -152,6 +186,19 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
         self.typed(true)
     }
 
+    /// The dense rows as an `attn_kernels::GatheredKv` (no copy); `None` if `D` is not the
+    /// dense format or the arena is device memory.
+    pub fn gathered<D: Value>(&self) -> Option<GatheredKv<'v, D>> {
+        let (k, v) = (self.dense_keys::<D>()?, self.dense_values::<D>()?);
+        Some(GatheredKv::with_slots(
+            self.rows.head_dim,
+            self.dense.positions,
+            self.dense.rows,
+            k,
+            v,
+        ))
+    }
+
     fn sparse_row(&self, i: usize, values: bool) -> Option<(SparseRow<'v, u8, Fp8E4M3>, f32)> {
         let (kc, vc) = self.rows.sparse?;
         let RowCodec::SparseFp8 { k, scale } = (if values { vc } else { kc }) else { return None };
@@ -174,7 +221,7 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
     /// into caller buffers — for references, tests and CPU fallbacks (this copies).
     ///
     /// # Errors
-    /// [`crate::Error::Shape`] if the arena is not host-addressable.
+    /// [`Error::Shape`] if the arena is not host-addressable.
     pub fn decode_into(
         &self,
         positions: &mut Vec<u32>,

@@ -4,7 +4,7 @@
 //! copy hands its destination page back ([`MoveError`]); a copy whose event fails leaves the
 //! page with the caller, who must free it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::{CopyEvent, DevicePage, HostPage, MoveError, PoolSpec, Tier, TierError};
 
@@ -24,6 +24,7 @@ pub struct FaultSchedule {
 pub struct FaultyTier<T> {
     inner: T,
     schedule: FaultSchedule,
+    armed: AtomicBool,
     allocs: AtomicU64,
     copies: AtomicU64,
     events: AtomicU64,
@@ -31,16 +32,22 @@ pub struct FaultyTier<T> {
 }
 
 impl<T: Tier> FaultyTier<T> {
-    /// Decorates `inner`.
+    /// Decorates `inner`; faults are armed from the start.
     pub fn new(inner: T, schedule: FaultSchedule) -> Self {
         Self {
             inner,
             schedule,
+            armed: AtomicBool::new(true),
             allocs: AtomicU64::new(0),
             copies: AtomicU64::new(0),
             events: AtomicU64::new(0),
             injected: AtomicU64::new(0),
         }
+    }
+    /// Turns injection on or off (calls are only counted while armed), e.g. to let prefill
+    /// succeed and fail only decode-time moves.
+    pub fn set_armed(&self, armed: bool) {
+        self.armed.store(armed, Ordering::Relaxed);
     }
     /// The wrapped tier.
     pub fn inner(&self) -> &T {
@@ -51,6 +58,9 @@ impl<T: Tier> FaultyTier<T> {
         self.injected.load(Ordering::Relaxed)
     }
     fn hit(&self, counter: &AtomicU64, every: Option<u64>) -> bool {
+        if !self.armed.load(Ordering::Relaxed) {
+            return false;
+        }
         let n = counter.fetch_add(1, Ordering::Relaxed) + 1;
         let hit = every.is_some_and(|e| e > 0 && n.is_multiple_of(e));
         if hit {

@@ -1,0 +1,192 @@
+//! Property tests of the WnW store's invariants (issue: "invariants under property tests over
+//! random roles, lengths and score streams"): anchors always hold every audio position; tidal
+//! heads never lose one (device ∪ host = all audio); fixed heads never recall; text and
+//! generated tokens are always resident; a recalled segment is released exactly after δ
+//! consecutive unselected steps (checked against an independent model of §2.3); r_GPU equals
+//! a recount.
+
+mod common;
+
+use std::num::NonZeroU32;
+
+use common::{Model, random_roles, rng};
+use kv_tiered::layout::quota;
+use kv_tiered::policy::{EvictionLag, SegmentQuota, WnwConfig};
+use kv_tiered::{AudioLayout, Role, TieredStore};
+use proptest::prelude::*;
+use rand::Rng;
+
+#[derive(Clone, Debug)]
+struct Case {
+    seed: u64,
+    layers: usize,
+    kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    before: usize,
+    audio: usize,
+    after: usize,
+    seg: usize,
+    chunk_extra: usize,
+    retention: f64,
+    top_chunks: usize,
+    lag: u32,
+    steps: usize,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let shape = (
+        any::<u64>(),
+        1..3usize,
+        1..4usize,
+        1..3usize,
+        1..5usize,
+        0..6usize,
+        1..90usize,
+        0..6usize,
+    );
+    let policy = (1..10usize, 0..12usize, 0.0..1.0f64, 1..4usize, 1..5u32, 0..20usize);
+    (shape, policy).prop_map(
+        |(
+            (seed, layers, kv_heads, group, head_dim, before, audio, after),
+            (seg, chunk_extra, retention, top_chunks, lag, steps),
+        )| Case {
+            seed,
+            layers,
+            kv_heads,
+            group,
+            head_dim,
+            before,
+            audio,
+            after,
+            seg,
+            chunk_extra,
+            retention,
+            top_chunks,
+            lag,
+            steps,
+        },
+    )
+}
+
+/// Independent model of §2.3 chunk selection: segments of the top-k chunks by mean weight.
+fn selected_segments(layout: &AudioLayout, w: Option<&[f32]>, k: usize) -> Vec<bool> {
+    let mut sel = vec![false; layout.num_segments()];
+    let Some(w) = w else { return sel };
+    let mut chunks: Vec<(f64, usize)> = (0..layout.num_chunks())
+        .map(|c| {
+            let r = layout.chunk(c);
+            (r.clone().map(|i| f64::from(w[i])).sum::<f64>() / r.len() as f64, c)
+        })
+        .collect();
+    chunks.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, c) in chunks.iter().take(k) {
+        let r = layout.chunk(c);
+        for (s, flag) in sel.iter_mut().enumerate() {
+            let seg = layout.segment(s);
+            *flag |= seg.start < r.end && r.start < seg.end;
+        }
+    }
+    sel
+}
+
+fn check_audit(
+    store: &mut TieredStore,
+    roles: &[Role],
+    c: &Case,
+    layout: &AudioLayout,
+) -> Result<(), TestCaseError> {
+    let audit = store.audit().unwrap();
+    prop_assert!(audit.violations.is_empty(), "{:?}", audit.violations);
+    prop_assert!((audit.r_gpu - store.r_gpu()).abs() < 1e-12);
+    prop_assert!((audit.r_gpu_cpu - store.r_gpu_cpu()).abs() < 1e-12);
+    let t = layout.audio_len();
+    let kept: usize =
+        (0..layout.num_segments()).map(|s| quota(c.retention, layout.segment(s).len())).sum();
+    for (h, (a, role)) in audit.heads.iter().zip(roles).enumerate() {
+        match role {
+            Role::Anchor => prop_assert_eq!(a.device_audio, t, "anchor {} lost audio", h),
+            Role::Tidal => prop_assert_eq!(a.covered, t, "tidal {} lost audio", h),
+            Role::Fixed => {
+                prop_assert_eq!(a.recalled_units, 0);
+                prop_assert_eq!(a.host_audio, 0);
+                prop_assert_eq!(a.device_audio, kept);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_case(c: &Case) -> Result<(), TestCaseError> {
+    let layout = AudioLayout::new(
+        c.before + c.audio + c.after,
+        c.before..c.before + c.audio,
+        c.seg,
+        c.seg + c.chunk_extra,
+    )
+    .unwrap();
+    let model = Model::random(c.seed, c.layers, c.kv_heads, c.group, c.head_dim, layout);
+    let mut r = rng(c.seed ^ 0x5eed);
+    let roles = random_roles(&mut r, model.heads());
+    let lag = NonZeroU32::new(c.lag).unwrap();
+    let config = WnwConfig {
+        top_chunks: c.top_chunks,
+        lag: EvictionLag::Steps(lag),
+        quota: SegmentQuota::PerSegment,
+    };
+    let mut store = model.wnw_store(&roles, c.retention, config, c.steps);
+    check_audit(&mut store, &roles, c, &layout)?;
+    let (units, t, d) = (layout.num_segments(), layout.audio_len(), c.head_dim);
+    let mut resident = vec![false; model.heads() * units];
+    let mut lags = vec![0u32; model.heads() * units];
+    for _ in 0..c.steps {
+        if r.random_bool(0.7) {
+            for l in 0..c.layers {
+                let row: Vec<f32> =
+                    (0..c.kv_heads * d).map(|_| r.random_range(-1.0..1.0)).collect();
+                store.append(l, &row, &row).unwrap();
+            }
+        }
+        let weights: Option<Vec<f32>> =
+            r.random_bool(0.85).then(|| (0..t).map(|_| r.random_range(0.0..1.0f32)).collect());
+        if let Some(w) = &weights {
+            store.add_audio_weights(w).unwrap();
+        }
+        let sel = selected_segments(&layout, weights.as_deref(), c.top_chunks);
+        store.end_step().unwrap();
+        for (h, role) in roles.iter().enumerate() {
+            for (s, &selected) in sel.iter().enumerate() {
+                let recallable = *role == Role::Tidal
+                    && quota(c.retention, layout.segment(s).len()) < layout.segment(s).len();
+                let i = h * units + s;
+                if recallable && selected {
+                    (resident[i], lags[i]) = (true, 0);
+                } else if resident[i] {
+                    lags[i] += 1;
+                    if lags[i] >= c.lag {
+                        resident[i] = false;
+                    }
+                }
+                prop_assert_eq!(
+                    store.residency().resident(h, s),
+                    resident[i],
+                    "head {} segment {} role {:?}",
+                    h,
+                    s,
+                    role
+                );
+            }
+        }
+        check_audit(&mut store, &roles, c, &layout)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn wnw_invariants_hold_over_random_runs(c in case()) {
+        run_case(&c)?;
+    }
+}
