@@ -9,7 +9,7 @@
 //! Layers, from the bottom:
 //! * [`tier`]: where bytes live — the [`Tier`] trait (device arenas, pinned host pool, async
 //!   copies with events, move-only pages handed back on failure), [`HostTier`] (default, CPU),
-//!   [`tier::FaultyTier`] (fault injection); `cuda::CudaTier` (feature `cuda`) implements
+//!   [`tier::FaultyTier`] (fault injection); [`cuda::CudaTier`] (feature `cuda`) implements
 //!   the same trait on GPU memory.
 //! * [`roles`], [`scores`], [`retention`], [`layout`]: calibration and geometry.
 //! * [`policy`]: WnW and the baselines decide placement and recall.
@@ -40,6 +40,7 @@
 //! # Ok::<(), kv_tiered::Error>(())
 //! ```
 
+pub mod cuda;
 pub mod error;
 pub mod layout;
 pub mod metrics;
@@ -49,6 +50,7 @@ pub mod retention;
 pub mod roles;
 pub mod rows;
 pub mod scores;
+pub mod sim;
 pub mod store;
 pub mod tier;
 pub mod topk;
