@@ -73,8 +73,8 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
             cfg,
             sparse,
             buffer: DenseBuffer::new(cfg.head_dim, cfg.buffer),
-            staged_key: Vec::new(),
-            staged_value: Vec::new(),
+            staged_key: Vec::with_capacity(cfg.head_dim),
+            staged_value: Vec::with_capacity(cfg.head_dim),
         }
     }
 
