@@ -317,7 +317,9 @@ impl Reader<'_> {
             (None, None) => return Ok(None),
             (Some(i), Some(w)) => (le_u64(i), le_f64(w)),
             _ => {
-                return Err(format_err("\"counts\" and \"weights\" must be both present or absent"));
+                return Err(format_err(
+                    "\"counts\" and \"weights\" must be both present or absent",
+                ));
             }
         };
         let sample = |site: usize, s: usize| SampleCounts {
