@@ -1,0 +1,199 @@
+//! WAV input for the audio front end (WnW §3.2 inputs are 16 kHz speech): any PCM integer
+//! width hound reads (8/16/24/32 bit) or 32-bit float, any channel count, downmixed to mono
+//! `f32` in `[-1, 1]` (integers scaled by `2^(bits-1)`, as `soundfile` does) and resampled to
+//! 16 kHz with `rubato`.
+
+use std::io::Read;
+use std::path::Path;
+
+use hound::{SampleFormat, WavReader};
+
+use super::audio_err;
+use super::mel::SAMPLE_RATE;
+use super::resample::resample;
+use crate::{Error, Result};
+
+/// Mono audio samples at a known rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Audio {
+    /// Samples in `[-1, 1]`.
+    pub samples: Vec<f32>,
+    /// Sample rate in Hz.
+    pub sample_rate: u32,
+}
+
+impl Audio {
+    /// Duration in seconds.
+    pub fn seconds(&self) -> f64 {
+        self.samples.len() as f64 / f64::from(self.sample_rate)
+    }
+
+    /// This audio at 16 kHz (a copy when already at 16 kHz).
+    ///
+    /// # Errors
+    /// As [`resample`].
+    pub fn to_16k(&self) -> Result<Audio> {
+        if self.sample_rate == SAMPLE_RATE {
+            return Ok(self.clone());
+        }
+        let samples = resample(&self.samples, self.sample_rate, SAMPLE_RATE)?;
+        Ok(Audio { samples, sample_rate: SAMPLE_RATE })
+    }
+
+    /// Concatenation of several inputs (all must share one rate).
+    ///
+    /// # Errors
+    /// [`Error::Audio`] for an empty list or mixed rates.
+    pub fn concat(parts: &[Audio]) -> Result<Audio> {
+        let first = parts.first().ok_or_else(|| audio_err("Audio::concat", "no inputs"))?;
+        if let Some(p) = parts.iter().find(|p| p.sample_rate != first.sample_rate) {
+            return Err(audio_err(
+                "Audio::concat",
+                format!("sample rate {} Hz, expected {} Hz", p.sample_rate, first.sample_rate),
+            ));
+        }
+        let samples = parts.iter().flat_map(|p| p.samples.iter().copied()).collect();
+        Ok(Audio { samples, sample_rate: first.sample_rate })
+    }
+}
+
+/// Reads a WAV file as mono `f32` at its own rate.
+///
+/// # Errors
+/// [`Error::Io`]-style [`Error::Audio`] for unreadable files, [`Error::Audio`] for an unsupported
+/// sample format (e.g. 64-bit float, 12-bit containers hound rejects), zero channels or zero
+/// samples.
+pub fn read_wav(path: &Path) -> Result<Audio> {
+    let reader = WavReader::open(path)
+        .map_err(|e| audio_err("read_wav", format!("{}: {e}", path.display())))?;
+    decode(reader).map_err(|e| match e {
+        Error::Audio { op, detail } => {
+            Error::Audio { op, detail: format!("{}: {detail}", path.display()) }
+        }
+        other => other,
+    })
+}
+
+/// Reads a WAV stream (see [`read_wav`]).
+///
+/// # Errors
+/// As [`read_wav`].
+///
+/// # Examples
+/// ```
+/// let spec = hound::WavSpec { channels: 2, sample_rate: 8000, bits_per_sample: 16,
+///     sample_format: hound::SampleFormat::Int };
+/// let mut bytes = std::io::Cursor::new(Vec::new());
+/// let mut w = hound::WavWriter::new(&mut bytes, spec).unwrap();
+/// for s in [16384i16, 0, -16384, -16384] { w.write_sample(s).unwrap(); }
+/// w.finalize().unwrap();
+/// let audio = models::audio::read_wav_from(std::io::Cursor::new(bytes.into_inner()))?;
+/// assert_eq!((audio.sample_rate, audio.samples.as_slice()), (8000, &[0.25, -0.5][..]));
+/// # Ok::<(), models::Error>(())
+/// ```
+pub fn read_wav_from<R: Read>(reader: R) -> Result<Audio> {
+    decode(WavReader::new(reader).map_err(|e| audio_err("read_wav", e.to_string()))?)
+}
+
+fn decode<R: Read>(mut reader: WavReader<R>) -> Result<Audio> {
+    let spec = reader.spec();
+    let channels = usize::from(spec.channels);
+    if channels == 0 {
+        return Err(audio_err("read_wav", "0 channels"));
+    }
+    let interleaved: Vec<f32> = match (spec.sample_format, spec.bits_per_sample) {
+        (SampleFormat::Float, 32) => collect(reader.samples::<f32>(), |x| x)?,
+        (SampleFormat::Int, bits @ 1..=32) => {
+            let scale = 1.0 / f64::from(1u32 << (bits - 1)) as f32;
+            collect(reader.samples::<i32>(), |x| x as f32 * scale)?
+        }
+        (format, bits) => {
+            return Err(audio_err(
+                "read_wav",
+                format!(
+                    "unsupported sample format {format:?} with {bits} bits: need PCM ≤ 32-bit or 32-bit float"
+                ),
+            ));
+        }
+    };
+    if interleaved.len() < channels {
+        return Err(audio_err("read_wav", "0 samples: need ≥ 1 frame of audio"));
+    }
+    let samples = interleaved
+        .chunks_exact(channels)
+        .map(|frame| frame.iter().sum::<f32>() / channels as f32)
+        .collect();
+    Ok(Audio { samples, sample_rate: spec.sample_rate })
+}
+
+fn collect<S, I: Iterator<Item = hound::Result<S>>>(
+    it: I,
+    f: impl Fn(S) -> f32,
+) -> Result<Vec<f32>> {
+    it.map(|s| s.map(&f).map_err(|e| audio_err("read_wav", format!("decoding samples: {e}"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn wav_bytes<S: hound::Sample + Copy>(spec: hound::WavSpec, samples: &[S]) -> Vec<u8> {
+        let mut bytes = Cursor::new(Vec::new());
+        let mut w = hound::WavWriter::new(&mut bytes, spec).unwrap();
+        for &s in samples {
+            w.write_sample(s).unwrap();
+        }
+        w.finalize().unwrap();
+        bytes.into_inner()
+    }
+
+    fn spec(channels: u16, bits: u16, format: SampleFormat) -> hound::WavSpec {
+        hound::WavSpec {
+            channels,
+            sample_rate: 16_000,
+            bits_per_sample: bits,
+            sample_format: format,
+        }
+    }
+
+    #[test]
+    fn every_int_width_and_float_downmix_to_the_same_mono_signal() {
+        let a = read_wav_from(Cursor::new(wav_bytes(spec(1, 8, SampleFormat::Int), &[64i8, -32])))
+            .unwrap();
+        assert_eq!(a.samples, [0.5, -0.25]);
+        let b = read_wav_from(Cursor::new(wav_bytes(
+            spec(1, 24, SampleFormat::Int),
+            &[1 << 22, -(1 << 21)],
+        )))
+        .unwrap();
+        assert_eq!(b.samples, [0.5, -0.25]);
+        let c = read_wav_from(Cursor::new(wav_bytes(
+            spec(3, 32, SampleFormat::Float),
+            &[0.5f32, 0.5, 0.5, 0.0, -0.75, 0.0],
+        )))
+        .unwrap();
+        assert_eq!(c.samples, [0.5, -0.25]);
+    }
+
+    #[test]
+    fn empty_and_garbage_inputs_are_typed_errors() {
+        let empty = wav_bytes::<i16>(spec(1, 16, SampleFormat::Int), &[]);
+        let err = read_wav_from(Cursor::new(empty)).unwrap_err();
+        assert!(err.to_string().contains("0 samples"), "{err}");
+        let err = read_wav_from(Cursor::new(b"RIFF\x04\0\0\0WAVEjunk".to_vec())).unwrap_err();
+        assert!(matches!(err, Error::Audio { .. }));
+        let missing = read_wav(Path::new("/nonexistent/x.wav")).unwrap_err();
+        assert!(missing.to_string().contains("/nonexistent/x.wav"));
+    }
+
+    #[test]
+    fn concat_checks_rates() {
+        let a = Audio { samples: vec![0.1], sample_rate: 16_000 };
+        let b = Audio { samples: vec![0.2], sample_rate: 8_000 };
+        assert!(Audio::concat(&[a.clone(), b]).is_err());
+        assert_eq!(Audio::concat(&[a.clone(), a]).unwrap().samples, [0.1, 0.1]);
+        assert!(Audio::concat(&[]).is_err());
+    }
+}
