@@ -15,7 +15,7 @@ use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::{SparseIndex, Value};
 
 use super::portable;
-use super::tile::SparseTile;
+use super::tile::{SparseTile, TileValues};
 
 fn same<A: 'static, B: 'static>() -> bool {
     TypeId::of::<A>() == TypeId::of::<B>()
@@ -242,89 +242,197 @@ fn dense_accumulate_g<D: Value, const G: usize, const W: usize>(
     }
 }
 
+/// A vector of `W` f32 lanes (one per q-head of a lane block): `__m128` for 4, `__m256`
+/// for 8. Only used inside functions compiled with AVX2 + FMA.
+trait Lanes: Copy {
+    const W: usize;
+    /// # Safety
+    /// AVX2 + FMA available.
+    unsafe fn zero() -> Self;
+    /// # Safety
+    /// `p` readable for `W` floats; AVX2 + FMA available.
+    unsafe fn load(p: *const f32) -> Self;
+    /// # Safety
+    /// `p` writable for `W` floats; AVX2 + FMA available.
+    unsafe fn store(self, p: *mut f32);
+    /// # Safety
+    /// `p` readable for one float; AVX2 + FMA available.
+    unsafe fn splat(p: *const f32) -> Self;
+    /// # Safety
+    /// AVX2 + FMA available.
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    /// # Safety
+    /// AVX2 + FMA available.
+    unsafe fn add(a: Self, b: Self) -> Self;
+}
+
+impl Lanes for __m128 {
+    const W: usize = 4;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm_add_ps(a, b) }
+    }
+}
+
+impl Lanes for __m256 {
+    const W: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm256_storeu_ps(p, self) }
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        // SAFETY: the caller guarantees `p` and the features.
+        unsafe { _mm256_broadcast_ss(&*p) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: the caller guarantees the features.
+        unsafe { _mm256_add_ps(a, b) }
+    }
+}
+
+/// Where the kernels read entry values from: decoded floats, or fp8 codes looked up in
+/// `DECODE_TABLE` (a broadcast load straight from the 1 KiB table).
+#[derive(Clone, Copy)]
+enum ValuePtr {
+    F32(*const f32),
+    Fp8(*const u8),
+}
+
+impl ValuePtr {
+    fn of(v: TileValues<'_>) -> Self {
+        match v {
+            TileValues::F32(x) => Self::F32(x.as_ptr()),
+            TileValues::Fp8(x) => Self::Fp8(x.as_ptr()),
+        }
+    }
+
+    /// Entry `j` broadcast to every lane.
+    ///
+    /// # Safety
+    /// `j` is below the tile's value count; AVX2 + FMA available.
+    #[inline(always)]
+    unsafe fn splat<L: Lanes>(self, j: usize) -> L {
+        // SAFETY: `j` is in bounds (caller); a code indexes the 256-entry table.
+        unsafe {
+            match self {
+                Self::F32(p) => L::splat(p.add(j)),
+                Self::Fp8(p) => {
+                    L::splat(kv_sparse::fp8::DECODE_TABLE.as_ptr().add(usize::from(*p.add(j))))
+                }
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn sparse_scores<I: SparseIndex, const W: usize>(
     qt: &[[f32; W]],
     tile: &SparseTile<'_, I>,
     s: &mut [[f32; W]],
 ) {
-    match W {
-        4 => sparse_scores_x4(qt, tile, s),
-        8 => sparse_scores_x8(qt, tile, s),
-        _ => portable::sparse_scores(qt, tile, s),
-    }
-}
-
-/// Four lanes: one `xmm` FMA per entry (the group's four query values at the entry's index
-/// times the broadcast value), four accumulators in flight.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn sparse_scores_x4<I: SparseIndex, const W: usize>(
-    qt: &[[f32; W]],
-    tile: &SparseTile<'_, I>,
-    s: &mut [[f32; W]],
-) {
     let qp = qt.as_ptr().cast::<f32>();
-    for (b, st) in tile.bounds.windows(2).zip(s.iter_mut()) {
-        let (idx, val) =
-            (&tile.idx[b[0] as usize..b[1] as usize], &tile.val[b[0] as usize..b[1] as usize]);
-        let mut a = [_mm_setzero_ps(); 4];
-        let n4 = idx.len() & !3;
-        // SAFETY: `W == 4`; every index is `< I::MAX_HEAD_DIM ≤ qt.len()` (asserted by
-        // `Kernels::sparse_scores`), so the 4 floats at `qp + 4·i` are in `qt`;
-        // `j < idx.len() == val.len()`.
+    let vals = ValuePtr::of(tile.val);
+    for (t, st) in s[..tile.rows()].iter_mut().enumerate() {
+        let e = tile.entries(t);
+        let sp = st.as_mut_ptr();
+        // SAFETY: `Kernels::sparse_scores` asserted every row's entries lie inside `idx`
+        // and `val` and `qt` covers every value of `I`; `W` is the lane count of the
+        // vector type chosen, so each table row and `st` hold exactly one vector.
         unsafe {
-            let mut j = 0;
-            while j < n4 {
-                for (u, au) in a.iter_mut().enumerate() {
-                    let i = idx.get_unchecked(j + u).to_usize();
-                    let x = _mm_set1_ps(*val.get_unchecked(j + u));
-                    *au = _mm_fmadd_ps(_mm_loadu_ps(qp.add(4 * i)), x, *au);
-                }
-                j += 4;
+            match W {
+                4 => row_score::<I, __m128>(qp, tile.idx, vals, e, sp),
+                8 => row_score::<I, __m256>(qp, tile.idx, vals, e, sp),
+                _ => unreachable_lanes(),
             }
-            for j in n4..idx.len() {
-                let i = idx.get_unchecked(j).to_usize();
-                let x = _mm_set1_ps(*val.get_unchecked(j));
-                a[0] = _mm_fmadd_ps(_mm_loadu_ps(qp.add(4 * i)), x, a[0]);
-            }
-            let r = _mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3]));
-            _mm_storeu_ps(st.as_mut_ptr(), r);
         }
     }
 }
 
-/// Eight lanes: one `ymm` FMA per entry.
+#[cold]
+fn unreachable_lanes() {
+    unreachable!("the engine runs lane blocks of 4 or 8 only")
+}
+
+/// `Σ qt[idx[j]] · val[j]` over `entries` (one row), stored to `out`. With `u8` indices,
+/// eight indices are read in one load and peeled off by shifts.
+///
+/// # Safety
+/// `entries` inside `idx` and the values; every index `< I::MAX_HEAD_DIM` rows of `L::W`
+/// floats at `qt`; `out` writable for `L::W` floats; AVX2 + FMA available.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn sparse_scores_x8<I: SparseIndex, const W: usize>(
-    qt: &[[f32; W]],
-    tile: &SparseTile<'_, I>,
-    s: &mut [[f32; W]],
+unsafe fn row_score<I: SparseIndex, L: Lanes>(
+    qt: *const f32,
+    idx: &[I],
+    vals: ValuePtr,
+    entries: std::ops::Range<usize>,
+    out: *mut f32,
 ) {
-    let qp = qt.as_ptr().cast::<f32>();
-    for (b, st) in tile.bounds.windows(2).zip(s.iter_mut()) {
-        let (idx, val) =
-            (&tile.idx[b[0] as usize..b[1] as usize], &tile.val[b[0] as usize..b[1] as usize]);
-        let mut a = [_mm256_setzero_ps(); 4];
-        let n4 = idx.len() & !3;
-        // SAFETY: as in `sparse_scores_x4`, with `W == 8` floats per table row.
-        unsafe {
-            let mut j = 0;
-            while j < n4 {
-                for (u, au) in a.iter_mut().enumerate() {
-                    let i = idx.get_unchecked(j + u).to_usize();
-                    let x = _mm256_set1_ps(*val.get_unchecked(j + u));
-                    *au = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8 * i)), x, *au);
+    // SAFETY: see the function contract; each read is within `entries`.
+    unsafe {
+        let mut a = [L::zero(); 4];
+        let mut j = entries.start;
+        if same::<I, u8>() {
+            let ip = idx.as_ptr().cast::<u8>();
+            while j + 8 <= entries.end {
+                let mut ix = ip.add(j).cast::<u64>().read_unaligned();
+                for u in 0..8 {
+                    let q = L::load(qt.add(L::W * (ix & 0xff) as usize));
+                    a[u & 3] = L::fmadd(q, vals.splat::<L>(j + u), a[u & 3]);
+                    ix >>= 8;
                 }
-                j += 4;
+                j += 8;
             }
-            for j in n4..idx.len() {
-                let i = idx.get_unchecked(j).to_usize();
-                let x = _mm256_set1_ps(*val.get_unchecked(j));
-                a[0] = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(8 * i)), x, a[0]);
-            }
-            let r = _mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3]));
-            _mm256_storeu_ps(st.as_mut_ptr(), r);
         }
+        while j < entries.end {
+            let q = L::load(qt.add(L::W * idx.get_unchecked(j).to_usize()));
+            a[0] = L::fmadd(q, vals.splat::<L>(j), a[0]);
+            j += 1;
+        }
+        L::add(L::add(a[0], a[1]), L::add(a[2], a[3])).store(out);
     }
 }
 
@@ -334,55 +442,54 @@ pub(super) fn sparse_accumulate<I: SparseIndex, const W: usize>(
     tile: &SparseTile<'_, I>,
     acc: &mut [[f32; W]],
 ) {
-    match W {
-        4 => sparse_accumulate_x4(p, tile, acc),
-        8 => sparse_accumulate_x8(p, tile, acc),
-        _ => portable::sparse_accumulate(p, tile, acc),
-    }
-}
-
-/// Four lanes: per entry, one read-modify-write of the group's four accumulators at the
-/// entry's index (indices within a row are distinct, so the updates are independent).
-#[target_feature(enable = "avx2,fma,f16c")]
-fn sparse_accumulate_x4<I: SparseIndex, const W: usize>(
-    p: &[[f32; W]],
-    tile: &SparseTile<'_, I>,
-    acc: &mut [[f32; W]],
-) {
     let ap = acc.as_mut_ptr().cast::<f32>();
-    for (b, pt) in tile.bounds.windows(2).zip(p) {
-        let (idx, val) =
-            (&tile.idx[b[0] as usize..b[1] as usize], &tile.val[b[0] as usize..b[1] as usize]);
-        // SAFETY: `W == 4`, so `pt` holds 4 floats; every index is
-        // `< I::MAX_HEAD_DIM ≤ acc.len()` (asserted by `Kernels::sparse_accumulate`).
+    let vals = ValuePtr::of(tile.val);
+    for (t, pt) in p[..tile.rows()].iter().enumerate() {
+        let e = tile.entries(t);
+        // SAFETY: as in `sparse_scores`, with `acc` covering every value of `I`
+        // (asserted by `Kernels::sparse_accumulate`).
         unsafe {
-            let w = _mm_loadu_ps(pt.as_ptr());
-            for (i, x) in idx.iter().zip(val) {
-                let o = ap.add(4 * i.to_usize());
-                _mm_storeu_ps(o, _mm_fmadd_ps(w, _mm_set1_ps(*x), _mm_loadu_ps(o)));
+            match W {
+                4 => row_scatter::<I, __m128>(ap, tile.idx, vals, e, __m128::load(pt.as_ptr())),
+                8 => row_scatter::<I, __m256>(ap, tile.idx, vals, e, __m256::load(pt.as_ptr())),
+                _ => unreachable_lanes(),
             }
         }
     }
 }
 
-/// Eight lanes: one `ymm` read-modify-write per entry.
+/// `acc[idx[j]] += w · val[j]` over `entries` (one row; indices within a row are
+/// distinct, so the read-modify-writes are independent).
+///
+/// # Safety
+/// As [`row_score`], with `acc` in place of `qt` (writable).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn sparse_accumulate_x8<I: SparseIndex, const W: usize>(
-    p: &[[f32; W]],
-    tile: &SparseTile<'_, I>,
-    acc: &mut [[f32; W]],
+unsafe fn row_scatter<I: SparseIndex, L: Lanes>(
+    acc: *mut f32,
+    idx: &[I],
+    vals: ValuePtr,
+    entries: std::ops::Range<usize>,
+    w: L,
 ) {
-    let ap = acc.as_mut_ptr().cast::<f32>();
-    for (b, pt) in tile.bounds.windows(2).zip(p) {
-        let (idx, val) =
-            (&tile.idx[b[0] as usize..b[1] as usize], &tile.val[b[0] as usize..b[1] as usize]);
-        // SAFETY: as in `sparse_accumulate_x4`, with `W == 8`.
-        unsafe {
-            let w = _mm256_loadu_ps(pt.as_ptr());
-            for (i, x) in idx.iter().zip(val) {
-                let o = ap.add(8 * i.to_usize());
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(w, _mm256_set1_ps(*x), _mm256_loadu_ps(o)));
+    // SAFETY: see the function contract; each read is within `entries`.
+    unsafe {
+        let mut j = entries.start;
+        if same::<I, u8>() {
+            let ip = idx.as_ptr().cast::<u8>();
+            while j + 8 <= entries.end {
+                let mut ix = ip.add(j).cast::<u64>().read_unaligned();
+                for u in 0..8 {
+                    let o = acc.add(L::W * (ix & 0xff) as usize);
+                    L::fmadd(w, vals.splat::<L>(j + u), L::load(o)).store(o);
+                    ix >>= 8;
+                }
+                j += 8;
             }
+        }
+        while j < entries.end {
+            let o = acc.add(L::W * idx.get_unchecked(j).to_usize());
+            L::fmadd(w, vals.splat::<L>(j), L::load(o)).store(o);
+            j += 1;
         }
     }
 }

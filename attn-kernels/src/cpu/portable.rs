@@ -45,11 +45,11 @@ pub(super) fn sparse_scores<I: SparseIndex, const W: usize>(
     tile: &SparseTile<'_, I>,
     s: &mut [[f32; W]],
 ) {
-    for (bounds, st) in tile.bounds.windows(2).zip(s.iter_mut()) {
-        let entries = bounds[0] as usize..bounds[1] as usize;
+    for (t, st) in s[..tile.rows()].iter_mut().enumerate() {
         let mut acc = [0.0f32; W];
-        for (i, x) in tile.idx[entries.clone()].iter().zip(&tile.val[entries]) {
-            for (a, qv) in acc.iter_mut().zip(&qt[i.to_usize()]) {
+        for j in tile.entries(t) {
+            let x = tile.val.get(j);
+            for (a, qv) in acc.iter_mut().zip(&qt[tile.idx[j].to_usize()]) {
                 *a += qv * x;
             }
         }
@@ -62,10 +62,10 @@ pub(super) fn sparse_accumulate<I: SparseIndex, const W: usize>(
     tile: &SparseTile<'_, I>,
     acc: &mut [[f32; W]],
 ) {
-    for (bounds, pt) in tile.bounds.windows(2).zip(p) {
-        let entries = bounds[0] as usize..bounds[1] as usize;
-        for (i, x) in tile.idx[entries.clone()].iter().zip(&tile.val[entries]) {
-            for (a, w) in acc[i.to_usize()].iter_mut().zip(pt) {
+    for (t, pt) in p[..tile.rows()].iter().enumerate() {
+        for j in tile.entries(t) {
+            let x = tile.val.get(j);
+            for (a, w) in acc[tile.idx[j].to_usize()].iter_mut().zip(pt) {
                 *a += w * x;
             }
         }

@@ -11,7 +11,7 @@ use std::ops::Range;
 use kv_sparse::csr::CsrView;
 use kv_sparse::{SparseIndex, Value};
 
-use super::tile::{DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, rescale_rows};
+use super::tile::{DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, rescale_rows};
 
 /// `log2(e)`: queries carry it so that the kernels exponentiate in base 2.
 pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -226,16 +226,23 @@ fn tile_entries<'a, I: SparseIndex, V: Value>(
     (&block.indices[start..end], &block.values[start..end])
 }
 
-/// `src` as `f32`: borrowed when the format already is `f32`, else decoded into `buf`.
-fn decoded<'b, V: Value>(k: Kernels, src: &'b [V], buf: &'b mut Vec<f32>) -> &'b [f32] {
-    if std::any::TypeId::of::<V>() == std::any::TypeId::of::<f32>()
+/// `src` as tile values: `f32` and fp8 codes borrowed as they are, other formats decoded
+/// into `buf`.
+fn decoded<'b, V: Value>(k: Kernels, src: &'b [V], buf: &'b mut Vec<f32>) -> TileValues<'b> {
+    use std::any::TypeId;
+    if TypeId::of::<V>() == TypeId::of::<f32>()
         && let Ok(f) = bytemuck::try_cast_slice::<V, f32>(src)
     {
-        return f;
+        return TileValues::F32(f);
+    }
+    if TypeId::of::<V>() == TypeId::of::<kv_sparse::fp8::Fp8E4M3>()
+        && let Ok(codes) = bytemuck::try_cast_slice::<V, u8>(src)
+    {
+        return TileValues::Fp8(codes);
     }
     if buf.len() < src.len() {
         buf.resize(src.len(), 0.0);
     }
     k.decode(src, &mut buf[..src.len()]);
-    &buf[..src.len()]
+    TileValues::F32(&buf[..src.len()])
 }

@@ -25,12 +25,41 @@ pub(crate) const MAX_LANES: usize = 8;
 /// Most heads one dense pass keeps in registers.
 pub(crate) const DENSE_PASS: usize = 4;
 
+/// The values of a sparse tile: decoded to `f32`, or raw fp8 codes that the kernels decode
+/// through `kv_sparse::fp8::DECODE_TABLE` as they go (one table load per entry is cheaper
+/// than a separate decoding pass).
+#[derive(Clone, Copy)]
+pub(crate) enum TileValues<'a> {
+    /// Decoded values.
+    F32(&'a [f32]),
+    /// fp8 E4M3FN codes.
+    Fp8(&'a [u8]),
+}
+
+impl TileValues<'_> {
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Fp8(v) => v.len(),
+        }
+    }
+
+    /// Value `j`, decoded (`j < len()`).
+    pub fn get(&self, j: usize) -> f32 {
+        match self {
+            Self::F32(v) => v[j],
+            Self::Fp8(v) => kv_sparse::fp8::DECODE_TABLE[usize::from(v[j])],
+        }
+    }
+}
+
 /// Entries of up to [`TILE`] consecutive sparse rows inside one block.
 pub(crate) struct SparseTile<'a, I> {
     /// Indices of all entries of the tile's rows, row after row.
     pub idx: &'a [I],
-    /// Decoded values, one per index.
-    pub val: &'a [f32],
+    /// Values, one per index.
+    pub val: TileValues<'a>,
     /// `bounds[t]..bounds[t + 1]` are the entries of row `t` (length = rows + 1).
     pub bounds: &'a [u32],
 }
@@ -39,6 +68,11 @@ impl<I> SparseTile<'_, I> {
     /// Rows in the tile.
     pub fn rows(&self) -> usize {
         self.bounds.len().saturating_sub(1)
+    }
+
+    /// Row `t`'s entries as a range into `idx` / `val`.
+    pub fn entries(&self, t: usize) -> std::ops::Range<usize> {
+        self.bounds[t] as usize..self.bounds[t + 1] as usize
     }
 }
 
