@@ -63,6 +63,7 @@ pub mod fp8;
 pub mod hybrid;
 mod index;
 pub mod memory;
+pub mod persist;
 pub mod ring;
 pub mod topk;
 mod value;

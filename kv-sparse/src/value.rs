@@ -58,7 +58,6 @@ impl ValueFormat {
     }
 
     /// Stable numeric code used by the on-disk format.
-    #[allow(dead_code)] // read by the on-disk format (milestone 3)
     pub(crate) const fn code(self) -> u32 {
         match self {
             ValueFormat::F32 => 0,
@@ -69,7 +68,6 @@ impl ValueFormat {
     }
 
     /// Inverse of [`ValueFormat::code`].
-    #[allow(dead_code)] // read by the on-disk format (milestone 3)
     pub(crate) fn from_code(code: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.code() == code)
     }

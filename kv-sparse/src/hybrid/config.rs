@@ -7,7 +7,7 @@
 
 use crate::csr::{check_rows_per_block, default_rows_per_block};
 use crate::index::check_head_dim;
-use crate::{Error, Result, SparseIndex, Value};
+use crate::{Error, Result, SparseIndex, Value, ValueFormat};
 
 /// What to do with NaN or ±∞ in an appended key or value row.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -19,7 +19,6 @@ pub enum NonFinitePolicy {
     Zero,
 }
 
-#[allow(dead_code)] // codes are read by the on-disk format (milestone 3)
 impl NonFinitePolicy {
     pub(crate) const fn code(self) -> u32 {
         match self {
@@ -97,6 +96,11 @@ impl HybridConfig {
     /// [`Error::HeadDimOutOfRange`], [`Error::KTooLarge`], [`Error::RowsPerBlockOutOfRange`],
     /// [`Error::InvalidScale`], or [`Error::OutOfRange`] when the buffer cannot be allocated.
     pub fn validate<I: SparseIndex, D: Value>(&self) -> Result<()> {
+        self.validate_formats::<I>(D::FORMAT)
+    }
+
+    /// [`HybridConfig::validate`] with the dense format given at run time.
+    pub(crate) fn validate_formats<I: SparseIndex>(&self, dense: ValueFormat) -> Result<()> {
         const OP: &str = "HybridConfig::validate";
         check_head_dim::<I>(OP, self.head_dim)?;
         for k in [self.k_key, self.k_value] {
@@ -111,7 +115,7 @@ impl HybridConfig {
                 return Err(Error::InvalidScale { op: OP, scale });
             }
         }
-        let max_buffer = isize::MAX as usize / (self.head_dim * D::FORMAT.bytes());
+        let max_buffer = isize::MAX as usize / (self.head_dim * dense.bytes());
         if self.buffer > max_buffer {
             return Err(Error::OutOfRange {
                 op: OP,
