@@ -151,10 +151,32 @@ fn dense_scores_g<D: Value, const G: usize, const W: usize>(
                 }
             }
         }
-        for (h, ah) in a.iter().enumerate() {
-            let tail: f32 = (d8..d).map(|c| q[h * d + c] * row[c].to_f32()).sum();
-            st[lane0 + h] = hsum(_mm256_add_ps(ah[0], ah[1])) + tail;
+        let mut sums = [_mm256_setzero_ps(); G];
+        for (sh, ah) in sums.iter_mut().zip(&a) {
+            *sh = _mm256_add_ps(ah[0], ah[1]);
         }
+        store_sums(&sums, &mut st[lane0..lane0 + G]);
+        if d8 < d {
+            for (h, x) in st[lane0..lane0 + G].iter_mut().enumerate() {
+                *x += (d8..d).map(|c| q[h * d + c] * row[c].to_f32()).sum::<f32>();
+            }
+        }
+    }
+}
+
+/// Writes the horizontal sum of each vector to `out` (four at once with `hadd`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn store_sums<const G: usize>(sums: &[__m256; G], out: &mut [f32]) {
+    if let ([a, b, c, d], Some(out4)) = (sums.as_slice(), out.first_chunk_mut::<4>()) {
+        let h = _mm256_hadd_ps(_mm256_hadd_ps(*a, *b), _mm256_hadd_ps(*c, *d));
+        let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
+        // SAFETY: `out4` holds 4 floats.
+        unsafe { _mm_storeu_ps(out4.as_mut_ptr(), r) };
+        return;
+    }
+    for (o, v) in out.iter_mut().zip(sums) {
+        *o = hsum(*v);
     }
 }
 
