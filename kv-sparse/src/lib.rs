@@ -65,6 +65,8 @@ mod index;
 pub mod memory;
 pub mod persist;
 pub mod ring;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod topk;
 mod value;
 
