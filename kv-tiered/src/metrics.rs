@@ -104,6 +104,10 @@ impl RunMetrics {
     }
     /// Mean policy time per step.
     pub fn mean_policy_time(&self) -> Duration {
-        if self.steps == 0 { Duration::ZERO } else { self.policy_time / self.steps as u32 }
+        if self.steps == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(self.policy_time.as_secs_f64() / self.steps as f64)
+        }
     }
 }

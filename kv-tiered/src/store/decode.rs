@@ -33,7 +33,8 @@ impl<T: Tier> TieredStore<T> {
         let pos = (self.config.layout.seq_len() + self.appended[layer]) as u32;
         let codec = self.config.rows.dense_codec();
         let (kr, vr) = (codec.row_bytes(d), codec.row_bytes(d));
-        let (mut kb, mut vb, mut scratch) = std::mem::take(&mut self.enc);
+        let super::AppendBufs { keys: mut kb, values: mut vb, topk: mut scratch, mut slots } =
+            std::mem::take(&mut self.enc);
         kb.clear();
         vb.clear();
         let encoded = keys.chunks_exact(d).zip(values.chunks_exact(d)).try_for_each(|(k, v)| {
@@ -45,11 +46,11 @@ impl<T: Tier> TieredStore<T> {
         let mut tables = self.shared.layers[layer].write();
         // All or nothing: reserve a slot in every head, write every row, then publish.
         let result = encoded.and_then(|()| {
-            let slots = tables
-                .iter_mut()
-                .map(|t| reserve_slot(tier, t, 0, layer))
-                .collect::<Result<Vec<_>>>()?;
-            for (k, (t, &(pi, fill))) in tables.iter().zip(&slots).enumerate() {
+            slots.clear();
+            for t in tables.iter_mut() {
+                slots.push(reserve_slot(tier, t, 0, layer)?);
+            }
+            for (k, (t, &(pi, fill))) in tables.iter().zip(slots.iter()).enumerate() {
                 tier.write_device(
                     &t.permanent[pi],
                     fill,
@@ -58,14 +59,14 @@ impl<T: Tier> TieredStore<T> {
                 )?;
             }
             let page_rows = tier.pools()[0].page_rows as u32;
-            for (t, (pi, fill)) in tables.iter_mut().zip(slots) {
+            for (t, &(pi, fill)) in tables.iter_mut().zip(slots.iter()) {
                 t.lists[0].push(pos, t.permanent[pi].index() * page_rows + fill as u32);
                 t.tails[0] = Some((pi, fill + 1));
             }
             Ok(())
         });
         drop(tables);
-        self.enc = (kb, vb, scratch);
+        self.enc = super::AppendBufs { keys: kb, values: vb, topk: scratch, slots };
         if result.is_ok() {
             self.appended[layer] += 1;
         }

@@ -209,6 +209,16 @@ struct Counts {
     host_only_audio: u64,
 }
 
+/// Reused buffers of [`TieredStore::append`].
+#[derive(Debug, Default)]
+struct AppendBufs {
+    keys: Vec<u8>,
+    values: Vec<u8>,
+    topk: Vec<usize>,
+    /// Reserved `(page, row)` slot per head.
+    slots: Vec<(usize, usize)>,
+}
+
 /// The tiered KV store. See the module documentation for the call sequence.
 pub struct TieredStore<T: Tier = HostTier> {
     config: StoreConfig,
@@ -223,7 +233,7 @@ pub struct TieredStore<T: Tier = HostTier> {
     anchor_seen: bool,
     queries: Vec<f32>,
     queries_seen: usize,
-    enc: (Vec<u8>, Vec<u8>, Vec<usize>),
+    enc: AppendBufs,
     plan: StepPlan,
     jobs_buf: Vec<Job>,
     jobs: Option<Sender<Job>>,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use super::shared::{HeadTables, HostIndex, Pending, Shared, worker_loop};
-use super::{Counts, HeadMeta, PromptKv, StoreConfig, TieredStore};
+use super::{AppendBufs, Counts, HeadMeta, PromptKv, StoreConfig, TieredStore};
 use crate::error::{Result, check_finite, check_len, check_scores, param};
 use crate::metrics::{RunMetrics, StepMetrics};
 use crate::policy::{HeadPlan, Policy, PrefillContext, PrefillSignal, Residency, StepPlan};
@@ -128,6 +128,31 @@ impl<T: Tier> Drop for Builder<'_, T> {
 }
 
 impl<'a, T: Tier> Builder<'a, T> {
+    /// Capacity hints: generated-token pages of every head plus one page per recallable unit
+    /// (the most recall can ever hold at once), so decode steps never grow an arena.
+    fn reserve_decode_pages(&mut self) {
+        let c = self.config;
+        let page_rows = self.tier.pools()[0].page_rows;
+        let per_head = c.max_new_tokens.div_ceil(page_rows) + 1;
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let mut recall = [0usize; 2];
+            for (k, t) in layer.iter_mut().enumerate() {
+                t.permanent.reserve(per_head);
+                for u in 0..self.units {
+                    if let (Some(page), None) =
+                        (self.host.page(l * c.kv_heads + k, u), &t.recalled[u])
+                    {
+                        recall[page.pool()] += 1;
+                    }
+                }
+            }
+            self.tier.reserve_device(0, l, c.kv_heads * per_head + recall[0]);
+            if c.rows.sparse.is_some() {
+                self.tier.reserve_device(1, l, recall[1]);
+            }
+        }
+    }
+
     fn new(config: &'a StoreConfig, tier: &'a T, unit: usize) -> Self {
         let units = config.layout.audio_len().div_ceil(unit);
         let heads = config.num_heads();
@@ -301,6 +326,7 @@ impl<T: Tier> TieredStore<T> {
         let mut b = Builder::new(&config, tier.as_ref(), unit);
         let heads =
             plans.iter().enumerate().map(|(h, p)| b.head(h, p, kv)).collect::<Result<Vec<_>>>()?;
+        b.reserve_decode_pages();
         b.finished = true;
         let (layers, host, residency, counts, mut run) = (
             std::mem::take(&mut b.layers),
@@ -350,7 +376,12 @@ impl<T: Tier> TieredStore<T> {
             anchor_seen: false,
             queries: vec![0.0; q],
             queries_seen: 0,
-            enc: (Vec::with_capacity(4 * d), Vec::with_capacity(4 * d), Vec::with_capacity(d)),
+            enc: AppendBufs {
+                keys: Vec::with_capacity(4 * d * config.kv_heads),
+                values: Vec::with_capacity(4 * d * config.kv_heads),
+                topk: Vec::with_capacity(d),
+                slots: Vec::with_capacity(config.kv_heads),
+            },
             plan: StepPlan {
                 recalls: Vec::with_capacity(config.queue_capacity),
                 releases: Vec::with_capacity(config.queue_capacity),

@@ -109,6 +109,9 @@ impl<T: Tier> Tier for FaultyTier<T> {
     fn free_device(&self, page: DevicePage) {
         self.inner.free_device(page);
     }
+    fn reserve_device(&self, pool: usize, layer: usize, pages: usize) {
+        self.inner.reserve_device(pool, layer, pages);
+    }
     fn write_device(
         &self,
         page: &DevicePage,

@@ -104,6 +104,20 @@ impl Paged {
         Some(i)
     }
 
+    fn reserve(&self, more: usize) {
+        let mut guard = self.alloc.lock();
+        let a = &mut *guard;
+        let want = a.next as usize + more;
+        a.free.reserve(want.saturating_sub(a.free.len()));
+        drop(guard);
+        let mut guard = self.region.write();
+        let r = &mut *guard;
+        let keys = (want * self.spec.page_key_bytes()).div_ceil(8);
+        let values = (want * self.spec.page_value_bytes()).div_ceil(8);
+        r.keys.reserve(keys.saturating_sub(r.keys.len()));
+        r.values.reserve(values.saturating_sub(r.values.len()));
+    }
+
     fn free(&self, index: u32) {
         self.alloc.lock().free.push(index);
     }
@@ -239,6 +253,12 @@ impl Tier for HostTier {
     fn free_device(&self, page: DevicePage) {
         if let Ok(arena) = self.device_arena("free_device", page.pool(), page.layer()) {
             arena.free(page.index());
+        }
+    }
+
+    fn reserve_device(&self, pool: usize, layer: usize, pages: usize) {
+        if let Ok(arena) = self.device_arena("reserve_device", pool, layer) {
+            arena.reserve(pages);
         }
     }
 

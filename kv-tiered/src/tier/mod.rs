@@ -251,6 +251,12 @@ pub trait Tier: Send + Sync + 'static {
     fn alloc_device(&self, pool: usize, layer: usize) -> Result<DevicePage, TierError>;
     /// Returns a device page to its arena.
     fn free_device(&self, page: DevicePage);
+    /// Capacity hint: `(pool, layer)` will hold up to `pages` more pages than now. Growable
+    /// tiers reserve memory so later allocations stay allocation-free on the host; fixed-size
+    /// tiers ignore it (the default).
+    fn reserve_device(&self, pool: usize, layer: usize, pages: usize) {
+        let _ = (pool, layer, pages);
+    }
     /// Synchronously writes `keys.len() / key_row_bytes` rows at `first_row` of `page`.
     ///
     /// # Errors
