@@ -61,5 +61,5 @@ pub use dims::ModelDims;
 pub use error::{Error, Result, Site, Stream};
 pub use mat::Mat;
 pub use moment::SecondMoment;
-pub use rotate::{GEMM_MIN_ROWS, rotate_rows};
+pub use rotate::{GEMM_MIN_ROWS, RotationKernel, rotate_rows, rotate_rows_with};
 pub use set::{BasisKind, HeadCounts, ORTHOGONALITY_TOLERANCE, ProjectionSet, Provenance};

@@ -16,6 +16,9 @@ use crate::mat::Mat;
 /// Vectors folded into one GEMM call: bounds the scratch buffer to `MAX_BLOCK·d` f64.
 const MAX_BLOCK: usize = 2048;
 
+/// Column-block width of the symmetric (upper-triangle) accumulation in `fold`.
+const SYMM_BLOCK: usize = 32;
+
 /// Streaming f64 second-moment matrix of `d`-dimensional vectors.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SecondMoment {
@@ -126,6 +129,10 @@ impl SecondMoment {
     }
 
     /// `sum += XᵀX` for the `[m, d]` rows in `scratch`, then clears it.
+    ///
+    /// `XᵀX` is symmetric, so only the block upper triangle is computed (column blocks of
+    /// [`SYMM_BLOCK`]: block `J` gets rows `0..end(J)`), about `½ + SYMM_BLOCK/2d` of a full
+    /// GEMM; the strict lower triangle is then mirrored from the upper one.
     fn fold(&mut self, scratch: &mut Vec<f64>) {
         let d = self.dim;
         if d == 0 || scratch.is_empty() {
@@ -133,8 +140,18 @@ impl SecondMoment {
             return;
         }
         let m = scratch.len() / d;
-        let x = View::row_major(scratch.as_slice(), 0, d);
-        dgemm(d, m, d, View::transposed(scratch.as_slice(), 0, d), x, 1.0, &mut self.sum, 0, d);
+        let x = scratch.as_slice();
+        for c0 in (0..d).step_by(SYMM_BLOCK) {
+            let (width, rows) = (SYMM_BLOCK.min(d - c0), (c0 + SYMM_BLOCK).min(d));
+            let xt = View::transposed(x, 0, d);
+            let xj = View::row_major(x, c0, d);
+            dgemm(rows, m, width, xt, xj, 1.0, &mut self.sum, c0, d);
+        }
+        for i in 0..d {
+            for j in 0..i.min((i / SYMM_BLOCK) * SYMM_BLOCK) {
+                self.sum[i * d + j] = self.sum[j * d + i];
+            }
+        }
         scratch.clear();
     }
 
@@ -221,8 +238,13 @@ mod tests {
 
     #[test]
     fn gemm_accumulation_matches_rank_one_updates() {
-        let d = 5;
-        let xs: Vec<f32> = (0..d * 4100).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        for (d, n) in [(5usize, 4100usize), (70, 2100)] {
+            check_against_rank_one(d, n);
+        }
+    }
+
+    fn check_against_rank_one(d: usize, n: usize) {
+        let xs: Vec<f32> = (0..d * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
         let mut m = SecondMoment::new(d);
         m.add_vectors(&xs, 0.5).unwrap();
         let mut want = vec![0.0f64; d * d];
@@ -236,8 +258,8 @@ mod tests {
         for (a, b) in m.matrix().iter().zip(&want) {
             assert!((a - b).abs() <= 1e-9 * b.abs().max(1.0), "{a} vs {b}");
         }
-        assert_eq!(m.vectors(), 4100);
-        assert!((m.total_weight() - 2050.0).abs() < 1e-9);
+        assert_eq!(m.vectors(), n as u64);
+        assert!((m.total_weight() - 0.5 * n as f64).abs() < 1e-9);
     }
 
     #[test]

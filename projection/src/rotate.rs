@@ -74,10 +74,39 @@ unsafe fn rows_kernel_avx2(x: &[f32], xr: Rows, p: &[f32], out: &mut [f32], or: 
     rows_kernel::<true>(x, xr, p, out, or);
 }
 
+/// Which implementation rotates a batch of rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RotationKernel {
+    /// Row kernel below [`GEMM_MIN_ROWS`] rows, SGEMM from there on (what every
+    /// `ProjectionSet` rotation uses).
+    #[default]
+    Auto,
+    /// Always the register-blocked row kernel.
+    Rows,
+    /// Always `matrixmultiply` SGEMM.
+    Gemm,
+}
+
 /// Rotates `xr.n` strided rows of `x` into `out` (shapes already validated by the caller).
 fn rotate_strided(x: &[f32], xr: Rows, p: &Mat, out: &mut [f32], or: Rows) {
+    rotate_strided_with(RotationKernel::Auto, x, xr, p, out, or);
+}
+
+fn rotate_strided_with(
+    kernel: RotationKernel,
+    x: &[f32],
+    xr: Rows,
+    p: &Mat,
+    out: &mut [f32],
+    or: Rows,
+) {
     let d = p.rows();
-    if xr.n >= GEMM_MIN_ROWS {
+    let gemm = match kernel {
+        RotationKernel::Auto => xr.n >= GEMM_MIN_ROWS,
+        RotationKernel::Rows => false,
+        RotationKernel::Gemm => true,
+    };
+    if gemm {
         let a = View { data: x, offset: xr.offset, rs: xr.stride, cs: 1 };
         sgemm(xr.n, d, d, a, View::row_major(p.as_slice(), 0, d), 0.0, out, or.offset, or.stride);
         return;
@@ -107,6 +136,27 @@ fn rotate_strided(x: &[f32], xr: Rows, p: &Mat, out: &mut [f32], or: Rows) {
 /// # Ok::<(), projection::Error>(())
 /// ```
 pub fn rotate_rows(x: &[f32], p: &Mat, out: &mut [f32]) -> Result<()> {
+    rotate_rows_with(RotationKernel::Auto, x, p, out)
+}
+
+/// [`rotate_rows`] with an explicit implementation choice (for benchmarking the crossover
+/// on a given machine; results agree to f32 rounding).
+///
+/// # Errors
+/// As [`rotate_rows`].
+///
+/// # Examples
+/// ```
+/// use projection::{RotationKernel, rotate_rows_with};
+/// let p = projection::random_orthogonal(8, 1);
+/// let x = vec![0.5f32; 4 * 8];
+/// let (mut a, mut b) = (vec![0.0; 32], vec![0.0; 32]);
+/// rotate_rows_with(RotationKernel::Rows, &x, &p, &mut a)?;
+/// rotate_rows_with(RotationKernel::Gemm, &x, &p, &mut b)?;
+/// assert!(a.iter().zip(&b).all(|(u, v)| (u - v).abs() < 1e-5));
+/// # Ok::<(), projection::Error>(())
+/// ```
+pub fn rotate_rows_with(kernel: RotationKernel, x: &[f32], p: &Mat, out: &mut [f32]) -> Result<()> {
     const OP: &str = "rotate_rows";
     let d = p.rows();
     check_len(OP, "P cols", d, p.cols())?;
@@ -114,7 +164,7 @@ pub fn rotate_rows(x: &[f32], p: &Mat, out: &mut [f32]) -> Result<()> {
     check_len(OP, "out", x.len(), out.len())?;
     let n = x.len().checked_div(d).unwrap_or(0);
     let rows = Rows { offset: 0, stride: d, n };
-    rotate_strided(x, rows, p, out, rows);
+    rotate_strided_with(kernel, x, rows, p, out, rows);
     Ok(())
 }
 
