@@ -6,6 +6,7 @@
 //! Front end: [`read_wav`] / [`read_wav_from`] → [`Audio::to_16k`] (rubato) →
 //! [`mel::LogMelExtractor::compute`] (exactly `WhisperFeatureExtractor`).
 
+pub mod cli;
 mod encoder;
 pub mod mel;
 mod model;
@@ -13,6 +14,7 @@ pub mod mrope;
 mod names;
 pub mod omni;
 mod resample;
+pub mod transcribe;
 pub mod voxtral;
 mod wav;
 
@@ -22,6 +24,7 @@ pub use model::{AudioLlm, Backbone, PromptIds};
 pub use names::Renamed;
 pub use omni::{OmniAudio, OmniAudioConfig};
 pub use resample::resample;
+pub use transcribe::{AudioPrompt, Transcription};
 pub use voxtral::{VoxtralAudio, VoxtralAudioConfig};
 pub use wav::{Audio, read_wav, read_wav_from};
 

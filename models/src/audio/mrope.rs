@@ -46,7 +46,7 @@ pub fn cos_sin(
         || size[0] != 3
         || sections.len() != 3
         || sections.iter().sum::<usize>() != half
-        || head_dim % 2 != 0
+        || !head_dim.is_multiple_of(2)
     {
         return Err(audio_err(
             "mrope::cos_sin",

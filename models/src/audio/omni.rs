@@ -62,8 +62,8 @@ impl OmniAudioConfig {
             output_dim: get("output_dim")?,
         };
         if dims.heads == 0
-            || dims.d_model % dims.heads != 0
-            || dims.d_model % 2 != 0
+            || !dims.d_model.is_multiple_of(dims.heads)
+            || !dims.d_model.is_multiple_of(2)
             || cfg.n_window == 0
             || cfg.max_source_positions < cfg.n_window
         {

@@ -68,8 +68,8 @@ impl VoxtralAudioConfig {
             ));
         }
         if dims.heads == 0
-            || dims.d_model % dims.heads != 0
-            || cfg.max_source_positions % STACK != 0
+            || !dims.d_model.is_multiple_of(dims.heads)
+            || !cfg.max_source_positions.is_multiple_of(STACK)
         {
             return Err(config_err(
                 "audio_config",
