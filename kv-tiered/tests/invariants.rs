@@ -32,6 +32,7 @@ struct Case {
     top_chunks: usize,
     lag: u32,
     steps: usize,
+    global: bool,
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -45,11 +46,12 @@ fn case() -> impl Strategy<Value = Case> {
         1..90usize,
         0..6usize,
     );
-    let policy = (1..10usize, 0..12usize, 0.0..1.0f64, 1..4usize, 1..5u32, 0..20usize);
+    let policy =
+        (1..10usize, 0..12usize, 0.0..1.0f64, 1..4usize, 1..5u32, 0..20usize, any::<bool>());
     (shape, policy).prop_map(
         |(
             (seed, layers, kv_heads, group, head_dim, before, audio, after),
-            (seg, chunk_extra, retention, top_chunks, lag, steps),
+            (seg, chunk_extra, retention, top_chunks, lag, steps, global),
         )| Case {
             seed,
             layers,
@@ -65,6 +67,7 @@ fn case() -> impl Strategy<Value = Case> {
             top_chunks,
             lag,
             steps,
+            global,
         },
     )
 }
@@ -90,9 +93,29 @@ fn selected_segments(layout: &AudioLayout, w: Option<&[f32]>, k: usize) -> Vec<b
     sel
 }
 
+/// Independent model of §2.3 prefill selection for one non-anchor head: per segment the
+/// top `⌊r·|seg|⌋` by score, or (A2) the same total by global top-k; ties to the lower index.
+fn expected_kept(scores: &[f32], layout: &AudioLayout, r: f64, global: bool) -> Vec<bool> {
+    let mut kept = vec![false; scores.len()];
+    let top = |range: std::ops::Range<usize>, k: usize, kept: &mut Vec<bool>| {
+        let mut idx: Vec<usize> = range.collect();
+        idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+        idx.iter().take(k).for_each(|&i| kept[i] = true);
+    };
+    let segs = (0..layout.num_segments()).map(|j| layout.segment(j));
+    if global {
+        let k = segs.map(|s| quota(r, s.len())).sum();
+        top(0..scores.len(), k, &mut kept);
+    } else {
+        segs.for_each(|s| top(s.clone(), quota(r, s.len()), &mut kept));
+    }
+    kept
+}
+
 fn check_audit(
     store: &mut TieredStore,
     roles: &[Role],
+    kept: &[Vec<bool>],
     c: &Case,
     layout: &AudioLayout,
 ) -> Result<(), TestCaseError> {
@@ -101,8 +124,6 @@ fn check_audit(
     prop_assert!((audit.r_gpu - store.r_gpu()).abs() < 1e-12);
     prop_assert!((audit.r_gpu_cpu - store.r_gpu_cpu()).abs() < 1e-12);
     let t = layout.audio_len();
-    let kept: usize =
-        (0..layout.num_segments()).map(|s| quota(c.retention, layout.segment(s).len())).sum();
     for (h, (a, role)) in audit.heads.iter().zip(roles).enumerate() {
         match role {
             Role::Anchor => prop_assert_eq!(a.device_audio, t, "anchor {} lost audio", h),
@@ -110,11 +131,57 @@ fn check_audit(
             Role::Fixed => {
                 prop_assert_eq!(a.recalled_units, 0);
                 prop_assert_eq!(a.host_audio, 0);
-                prop_assert_eq!(a.device_audio, kept);
+                prop_assert_eq!(a.device_audio, kept[h].iter().filter(|&&k| k).count());
             }
         }
     }
+    // Fixed heads hold exactly the positions the model selects (tidal heads: at least them).
+    for (h, role) in roles.iter().enumerate() {
+        if *role == Role::Anchor {
+            continue;
+        }
+        let view = store.layer_view(h / c.kv_heads).unwrap();
+        let hv = view.head(h % c.kv_heads).unwrap();
+        let audio: Vec<usize> =
+            hv.dense.positions.iter().filter_map(|&p| layout.audio_index(p as usize)).collect();
+        let expect: Vec<usize> = (0..t).filter(|&i| kept[h][i]).collect();
+        if *role == Role::Fixed {
+            prop_assert_eq!(&audio, &expect, "fixed head {} retained set", h);
+        } else {
+            prop_assert!(expect.iter().all(|i| audio.binary_search(i).is_ok()), "tidal {}", h);
+        }
+    }
     Ok(())
+}
+
+/// Reports `w` as this step's anchor signal: pre-summed, or split across random anchor heads
+/// as (positions, weights) lists that also carry text positions (which must be ignored).
+fn report(
+    store: &mut TieredStore,
+    r: &mut impl Rng,
+    anchors: &[usize],
+    layout: &AudioLayout,
+    kv: usize,
+    w: &[f32],
+) {
+    if anchors.is_empty() || r.random_bool(0.5) {
+        store.add_audio_weights(w).unwrap();
+        return;
+    }
+    let a0 = layout.audio_start();
+    let mut split: Vec<Vec<(u32, f32)>> = vec![Vec::new(); anchors.len()];
+    for (i, &x) in w.iter().enumerate() {
+        // Halves are exact in binary floating point: the store must sum them back to `x`.
+        let (a, b) = (r.random_range(0..anchors.len()), r.random_range(0..anchors.len()));
+        split[a].push(((a0 + i) as u32, x * 0.5));
+        split[b].push(((a0 + i) as u32, x * 0.5));
+    }
+    for (n, &h) in anchors.iter().enumerate() {
+        let mut list = std::mem::take(&mut split[n]);
+        list.push((layout.seq_len() as u32 + 3, 9.0)); // a generated (text) position
+        let (pos, wt): (Vec<u32>, Vec<f32>) = list.into_iter().unzip();
+        store.add_anchor_weights(h / kv, h % kv, &pos, &wt).unwrap();
+    }
 }
 
 fn run_case(c: &Case) -> Result<(), TestCaseError> {
@@ -132,11 +199,15 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let config = WnwConfig {
         top_chunks: c.top_chunks,
         lag: EvictionLag::Steps(lag),
-        quota: SegmentQuota::PerSegment,
+        quota: if c.global { SegmentQuota::Global } else { SegmentQuota::PerSegment },
     };
     let mut store = model.wnw_store(&roles, c.retention, config, c.steps);
-    check_audit(&mut store, &roles, c, &layout)?;
     let (units, t, d) = (layout.num_segments(), layout.audio_len(), c.head_dim);
+    let kept: Vec<Vec<bool>> = (0..model.heads())
+        .map(|h| expected_kept(&model.scores[h * t..(h + 1) * t], &layout, c.retention, c.global))
+        .collect();
+    check_audit(&mut store, &roles, &kept, c, &layout)?;
+    let anchors: Vec<usize> = (0..model.heads()).filter(|&h| roles[h] == Role::Anchor).collect();
     let mut resident = vec![false; model.heads() * units];
     let mut lags = vec![0u32; model.heads() * units];
     for _ in 0..c.steps {
@@ -150,14 +221,13 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         let weights: Option<Vec<f32>> =
             r.random_bool(0.85).then(|| (0..t).map(|_| r.random_range(0.0..1.0f32)).collect());
         if let Some(w) = &weights {
-            store.add_audio_weights(w).unwrap();
+            report(&mut store, &mut r, &anchors, &layout, c.kv_heads, w);
         }
         let sel = selected_segments(&layout, weights.as_deref(), c.top_chunks);
         store.end_step().unwrap();
         for (h, role) in roles.iter().enumerate() {
             for (s, &selected) in sel.iter().enumerate() {
-                let recallable = *role == Role::Tidal
-                    && quota(c.retention, layout.segment(s).len()) < layout.segment(s).len();
+                let recallable = *role == Role::Tidal && layout.segment(s).any(|i| !kept[h][i]);
                 let i = h * units + s;
                 if recallable && selected {
                     (resident[i], lags[i]) = (true, 0);
@@ -177,7 +247,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
                 );
             }
         }
-        check_audit(&mut store, &roles, c, &layout)?;
+        check_audit(&mut store, &roles, &kept, c, &layout)?;
     }
     Ok(())
 }

@@ -1,5 +1,41 @@
 //! `models`: thin libtorch-backed model forwards that plug kvtide's caches into a real
 //! runtime, and the `kvtide` command-line interface.
+//!
+//! * Loading: [`ModelConfig`] from HF `config.json` or GGUF metadata; weights from
+//!   safetensors (single or sharded) or GGUF ([`gguf`]), behind [`weights::WeightSource`];
+//!   the [`Tokenizer`] and [`ChatTemplate`]; [`Checkpoint`] ties them together.
+//! * Forward: the [`Llama`] decoder (Llama, Mistral, Qwen2) — libtorch prefill, then one
+//!   token at a time through a pluggable [`KvCache`] ([`cache`]), driven by a [`Session`].
+//! * Uses: teacher-forced [`score`] (perplexity) and [`generate::greedy`] generation.
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod audio; // audio engineer (issue 8): audio front end and audio-LLM forwards
+pub mod cache;
+pub mod chat;
+pub mod checkpoint;
+pub mod config;
+mod error;
+pub mod generate;
+pub mod gguf;
+pub mod host;
+pub mod llama;
+pub mod paths;
+pub mod rope;
+pub mod score;
+pub mod session;
+pub mod text;
+pub mod tokenizer;
+pub mod weights;
+
+pub use cache::{CacheBytes, CacheShape, KvCache};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use checkpoint::Checkpoint;
+pub use config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use error::{Error, Result};
+pub use llama::Llama;
+pub use score::{Scores, score};
+pub use session::Session;
+pub use tokenizer::Tokenizer;
 
 /// The libtorch shared library this process loaded, read from `/proc/self/maps`
 /// (Linux only; `None` elsewhere or when libtorch is not mapped yet).

@@ -157,7 +157,7 @@ impl<T: Tier> TieredStore<T> {
     }
 
     /// Records `layer`'s queries (`q_heads × head_dim`) for policies that read them
-    /// ([`StepSignal::Queries`]); a no-op for other policies.
+    /// ([`crate::policy::StepSignal::Queries`]); a no-op for other policies.
     ///
     /// # Errors
     /// [`Error::HeadOutOfRange`]; [`Error::Shape`]; [`Error::NonFinite`].

@@ -3,21 +3,30 @@
 //!
 //! # Driving it from a decoder
 //! ```text
-//! prefill:  full attention → per-head scores (policy.prefill_signal()) + all K/V rows
+//! prefill:  full attention → per-head audio scores (policy.prefill_signal(): text→audio
+//!           attention summed over text queries and the GQA group) + all K/V rows
 //!           store = TieredStore::prefill(config, tier, policy, &kv, &scores)?
+//!           (or TieredStore::prefill_host(config, policy, &kv, &scores)? on a HostTier)
 //! each decode step s:
 //!   for layer l:
-//!     store.append(l, &k_new, &v_new)?            // new token, all kv-heads (always resident)
-//!     let view = store.layer_view(l)?;            // waits only for layer l's recalls
-//!     attention over view.head(h) for every kv-head (gathered kernel)
+//!     store.append(l, &k_new, &v_new)?      // new token, all kv-heads (always resident)
+//!     let view = store.layer_view(l)?;      // waits only for layer l's recalls
+//!     view.gathered_into(&mut kv_list)?;    // zero-copy attn_kernels::GatheredKv per kv-head
+//!     attn.gathered(&cfg, &q, &kv_list, &mut out, Some(&mut weights))?
 //!     drop(view);
-//!     store.add_anchor_weights(l, h, positions, weights)?   // anchors (StepSignal::AnchorWeights)
-//!     store.observe_queries(l, &q)?                          // StepSignal::Queries
-//!   store.end_step()?                              // decide, release, issue recalls → metrics
+//!     store.add_gathered_weights(l, &weights)?   // anchor signal (StepSignal::AnchorWeights)
+//!     store.observe_queries(l, &q)?               // only for StepSignal::Queries (ArkVale)
+//!   store.end_step()?                        // decide, release, issue recalls → StepMetrics
 //! ```
+//! Runtimes that compute the anchor weights themselves can call
+//! [`TieredStore::add_anchor_weights`] (per head, any positions) or
+//! [`TieredStore::add_audio_weights`] (pre-summed) instead. With SWAN sparse rows, a
+//! non-anchor head's audio rows are in [`HeadView::sparse`] and need a kernel over sparse rows.
+//!
 //! Recalls issued by `end_step` run on a background worker while the runtime computes the
 //! next step's early layers; `layer_view(l)` blocks only until layer `l`'s recalls landed.
-//! Per-step calls do not allocate once warmed up (buffers are sized at prefill).
+//! Per-step calls do not allocate once warmed up (buffers and arenas are reserved at prefill;
+//! `tests/alloc_free.rs`).
 //!
 //! Heads are indexed `layer · kv_heads + kv_head`; positions are absolute (`0..seq_len` for
 //! the prompt, `seq_len + i` for the i-th generated token).

@@ -295,9 +295,10 @@ impl<T: Tier> TieredStore<T> {
     /// (`L·H_kv × T_a`, head-major, finite, non-negative; empty for `PrefillSignal::None`).
     ///
     /// # Errors
-    /// [`Error::Shape`] / [`Error::NonFinite`] / [`Error::Negative`] for bad K/V or scores;
-    /// [`Error::Param`] for a tier whose pools do not match the configuration or an invalid
-    /// plan; [`Error::Tier`] if the tier runs out of memory (all pages are returned).
+    /// [`crate::Error::Shape`] / [`crate::Error::NonFinite`] / [`crate::Error::Negative`] for
+    /// bad K/V or scores; [`crate::Error::Param`] for a tier whose pools do not match the
+    /// configuration or an invalid plan; [`crate::Error::Tier`] if the tier runs out of memory
+    /// (all pages are returned).
     pub fn prefill(
         config: StoreConfig,
         tier: Arc<T>,

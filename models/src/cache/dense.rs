@@ -1,0 +1,107 @@
+//! `dense`: every key and value kept in full (f32, f16 or bf16), attention over all of
+//! them with `attn-kernels`' dense kernel — the baseline every other cache is measured
+//! against (`papers/swan.txt`, standard decode step: `K ← [K; k]`, `V ← [V; v]`,
+//! `softmax(q Kᵀ/√d) V`).
+
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv};
+use kv_sparse::Value;
+
+use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
+use crate::error::Result;
+
+/// Full keys and values per (layer, kv-head), row-major `[tokens][head_dim]` of `D`.
+pub struct DenseCache<D: Value> {
+    shape: CacheShape,
+    attn: AttnConfig,
+    kernel: CpuAttention,
+    /// `keys[layer * kv_heads + h]`.
+    keys: Vec<Vec<D>>,
+    values: Vec<Vec<D>>,
+}
+
+impl<D: Value> DenseCache<D> {
+    /// An empty cache whose attention runs on `threads` threads.
+    ///
+    /// # Errors
+    /// [`crate::Error::Attention`] for an impossible head layout or no threads.
+    ///
+    /// # Examples
+    /// ```
+    /// use models::cache::{CacheShape, DenseCache, KvCache, StepQkv};
+    /// let shape = CacheShape { layers: 1, q_heads: 2, kv_heads: 1, head_dim: 4 };
+    /// let mut cache = DenseCache::<f32>::new(shape, 1)?;
+    /// let (q, kv) = ([1.0; 8], [0.5; 4]);
+    /// let mut out = [0.0; 8];
+    /// cache.decode(0, StepQkv { q: &q, k: &kv, v: &kv }, &mut out)?;
+    /// assert_eq!(out, [0.5; 8]); // one token: its value, for both q-heads
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn new(shape: CacheShape, threads: usize) -> Result<Self> {
+        let heads = shape.layers * shape.kv_heads;
+        Ok(Self {
+            shape,
+            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
+            kernel: CpuAttention::new(threads)?,
+            keys: vec![Vec::new(); heads],
+            values: vec![Vec::new(); heads],
+        })
+    }
+
+    fn heads(&self, layer: usize) -> std::ops::Range<usize> {
+        layer * self.shape.kv_heads..(layer + 1) * self.shape.kv_heads
+    }
+
+    fn push_rows(dst: &mut Vec<D>, rows: &[f32]) {
+        dst.extend(rows.iter().map(|&x| D::from_f32(x)));
+    }
+}
+
+impl<D: Value> KvCache for DenseCache<D> {
+    fn label(&self) -> String {
+        format!("dense {}", D::FORMAT)
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        self.keys.last().map_or(0, |k| k.len() / self.shape.head_dim)
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let extra = tokens * self.shape.head_dim;
+        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            rows.reserve(extra);
+        }
+        Ok(())
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        self.shape.check_prefill(layer, &kv)?;
+        let n = kv.tokens * self.shape.head_dim;
+        for (i, slot) in self.heads(layer).enumerate() {
+            Self::push_rows(&mut self.keys[slot], &kv.keys[i * n..(i + 1) * n]);
+            Self::push_rows(&mut self.values[slot], &kv.values[i * n..(i + 1) * n]);
+        }
+        Ok(())
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        let d = self.shape.head_dim;
+        for (i, slot) in self.heads(layer).enumerate() {
+            Self::push_rows(&mut self.keys[slot], &step.k[i * d..(i + 1) * d]);
+            Self::push_rows(&mut self.values[slot], &step.v[i * d..(i + 1) * d]);
+        }
+        let views: Vec<DenseKv<'_, D>> =
+            self.heads(layer).map(|s| DenseKv::new(d, &self.keys[s], &self.values[s])).collect();
+        self.kernel.dense(&self.attn, step.q, &views, out)?;
+        Ok(())
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
+        CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
+    }
+}

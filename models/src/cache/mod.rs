@@ -1,0 +1,214 @@
+//! The pluggable KV cache of the decode path.
+//!
+//! A [`KvCache`] owns the keys and values of every (layer, kv-head) and computes one
+//! decode step's attention for all heads of a layer (`papers/swan.txt`, decode step:
+//! append `k_{i+1}, v_{i+1}`, then `softmax(q K^T/√d) V`). The model hands it:
+//! * the prompt's K/V in bulk after the libtorch prefill ([`KvCache::prefill`]);
+//! * optionally, the attention the prompt paid to a marked span during prefill
+//!   ([`KvCache::prefill_attention`]: WnW's text→audio sums, `papers/wnw.txt` §2.3);
+//! * each decode step's RoPE'd q, k and v rows per layer ([`KvCache::decode`]), getting
+//!   the per-q-head attention output back in a caller-owned buffer;
+//! * the end of every step ([`KvCache::end_step`]: WnW's chunk swap).
+//!
+//! Caches report the bytes they hold ([`KvCache::bytes`]). Caches that change the value
+//! basis (SWAN's absorbed `P_VO`) are paired with matching weights by
+//! [`crate::session::Session`]; the cache never sees weights.
+
+mod dense;
+
+pub use dense::DenseCache;
+
+use std::ops::Range;
+
+use crate::config::ModelConfig;
+use crate::error::{Result, invalid};
+
+/// Dimensions of the attention a cache serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheShape {
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads per layer.
+    pub q_heads: usize,
+    /// Key/value heads per layer.
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+impl CacheShape {
+    /// The shape of a model's attention.
+    pub fn of(cfg: &ModelConfig) -> Self {
+        Self {
+            layers: cfg.num_layers,
+            q_heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+        }
+    }
+
+    /// Query heads per kv-head.
+    pub fn group(&self) -> usize {
+        self.q_heads / self.kv_heads
+    }
+
+    /// Checks one decode step's row lengths, the layer index and that every value is finite.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] naming the first mismatch.
+    pub fn check_step(&self, layer: usize, step: &StepQkv<'_>, out: &[f32]) -> Result<()> {
+        let (q, kv) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
+        let lens = [
+            ("q", step.q.len(), q),
+            ("k", step.k.len(), kv),
+            ("v", step.v.len(), kv),
+            ("out", out.len(), q),
+        ];
+        self.check_layer(layer)?;
+        for (what, got, want) in lens {
+            if got != want {
+                return Err(invalid(
+                    "cache decode",
+                    format!("{what} has {got} values, expected {want}"),
+                ));
+            }
+        }
+        // Checked before anything is appended, so a rejected step leaves the cache as it was.
+        if step.q.iter().chain(step.k).chain(step.v).any(|x| !x.is_finite()) {
+            return Err(invalid("cache decode", format!("non-finite q, k or v in layer {layer}")));
+        }
+        Ok(())
+    }
+
+    /// Checks a prefill block's lengths and the layer index.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] naming the first mismatch.
+    pub fn check_prefill(&self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
+        self.check_layer(layer)?;
+        let want = self.kv_heads * kv.tokens * self.head_dim;
+        if kv.keys.len() != want || kv.values.len() != want {
+            let reason = format!(
+                "{} keys / {} values for {} tokens, expected {want}",
+                kv.keys.len(),
+                kv.values.len(),
+                kv.tokens
+            );
+            return Err(invalid("cache prefill", reason));
+        }
+        Ok(())
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.layers {
+            return Err(invalid(
+                "cache",
+                format!("layer {layer} out of range (model has {})", self.layers),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a cache holds, split by tier.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheBytes {
+    /// Bytes attention reads from (device memory on a GPU run).
+    pub resident: usize,
+    /// Bytes kept elsewhere and recallable (WnW's pinned-CPU complement).
+    pub offloaded: usize,
+}
+
+impl CacheBytes {
+    /// Everything held.
+    pub fn total(&self) -> usize {
+        self.resident + self.offloaded
+    }
+}
+
+/// The prompt's keys and values of one layer, head-major: `[kv_heads][tokens][head_dim]`.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerKv<'a> {
+    /// RoPE'd keys.
+    pub keys: &'a [f32],
+    /// Values.
+    pub values: &'a [f32],
+    /// Number of tokens.
+    pub tokens: usize,
+}
+
+/// One token's projections for one layer: `q` is `[q_heads][head_dim]`, `k` and `v` are
+/// `[kv_heads][head_dim]`; q and k are RoPE'd.
+#[derive(Clone, Copy, Debug)]
+pub struct StepQkv<'a> {
+    /// Query rows.
+    pub q: &'a [f32],
+    /// Key rows of the new token.
+    pub k: &'a [f32],
+    /// Value rows of the new token.
+    pub v: &'a [f32],
+}
+
+/// A KV cache that can serve the decode path of a model.
+pub trait KvCache: Send {
+    /// A one-line description (`dense f16`, `swan k=32/32 fp8 b=128 basis=calibrated`).
+    fn label(&self) -> String;
+
+    /// The attention dimensions this cache was built for.
+    fn shape(&self) -> CacheShape;
+
+    /// Tokens held per layer (the last layer to have been appended to decides).
+    fn len(&self) -> usize;
+
+    /// Whether no token is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Reserves room for `tokens` more tokens so later steps do not allocate.
+    ///
+    /// # Errors
+    /// Implementations may fail to allocate.
+    fn reserve(&mut self, tokens: usize) -> Result<()>;
+
+    /// Stores the prompt's keys and values of one layer.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] on a length mismatch; storage errors.
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()>;
+
+    /// Positions whose received prefill attention this cache wants (`None`: none).
+    fn attention_span(&self) -> Option<Range<usize>> {
+        None
+    }
+
+    /// Receives, for one layer, the attention each q-head paid during prefill from every
+    /// position outside [`KvCache::attention_span`] to each position inside it, summed over
+    /// those query positions: `[q_heads][span_len]`. Called before [`KvCache::prefill`] of
+    /// the same layer.
+    ///
+    /// # Errors
+    /// Implementations reject wrong lengths or non-finite sums.
+    fn prefill_attention(&mut self, layer: usize, received: &[f32]) -> Result<()> {
+        let _ = (layer, received);
+        Ok(())
+    }
+
+    /// Appends the new token's k/v to `layer` and writes the attention output of every
+    /// q-head (`[q_heads][head_dim]`, in the cache's value basis) to `out`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] on a length mismatch or non-finite input; kernel errors.
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()>;
+
+    /// Called once after every layer of a decode step has run.
+    ///
+    /// # Errors
+    /// Implementations may fail while moving data between tiers.
+    fn end_step(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Bytes currently held.
+    fn bytes(&self) -> CacheBytes;
+}

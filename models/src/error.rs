@@ -1,0 +1,193 @@
+//! The crate's one error type. Every variant names the operation that failed and, where
+//! it applies, what was expected and what was found, so bad input (a corrupt GGUF, a
+//! mis-shaped tensor, an unknown cache name) reads as a sentence rather than a panic.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `models`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading or mapping a file failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What we were doing (`open`, `map`, `read`).
+        op: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A JSON document (config, index, calibration metadata) did not parse.
+    #[error("parse {what}: {source}")]
+    Json {
+        /// Which document.
+        what: String,
+        /// The parser's error.
+        source: serde_json::Error,
+    },
+    /// A model configuration field is missing or out of range.
+    #[error("model config: field `{field}`: {reason}")]
+    Config {
+        /// The offending field.
+        field: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The checkpoint's architecture is not one this crate implements.
+    #[error("unsupported architecture `{got}` (supported: llama, mistral, qwen2)")]
+    UnsupportedArchitecture {
+        /// The architecture the file declares.
+        got: String,
+    },
+    /// A GGUF file ended before a field it declares.
+    #[error(
+        "GGUF truncated reading {what} at byte {offset}: need {needed} bytes, {available} left"
+    )]
+    GgufTruncated {
+        /// The field being read.
+        what: &'static str,
+        /// Byte offset of the read.
+        offset: u64,
+        /// Bytes the field needs.
+        needed: u64,
+        /// Bytes left in the file.
+        available: u64,
+    },
+    /// A GGUF file is structurally invalid (bad magic, counts, offsets, alignment…).
+    #[error("GGUF invalid {what} at byte {offset}: {reason}")]
+    GgufInvalid {
+        /// The field or structure.
+        what: String,
+        /// Byte offset where the problem was detected.
+        offset: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A tensor is stored in a format we cannot dequantise.
+    #[error(
+        "tensor `{tensor}`: unsupported tensor type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+    )]
+    UnsupportedTensorType {
+        /// Tensor name.
+        tensor: String,
+        /// The type's name (or numeric id).
+        dtype: String,
+    },
+    /// A metadata key the loader needs is absent.
+    #[error("metadata: missing key `{key}`")]
+    MissingMetadata {
+        /// The key.
+        key: String,
+    },
+    /// A metadata key has a value of the wrong type or range.
+    #[error("metadata `{key}`: expected {expected}, got {got}")]
+    MetadataType {
+        /// The key.
+        key: String,
+        /// What was expected.
+        expected: String,
+        /// What was found.
+        got: String,
+    },
+    /// A weight the model needs is not in the checkpoint.
+    #[error("load weights: missing tensor `{name}`")]
+    MissingTensor {
+        /// The (HF-style) tensor name.
+        name: String,
+    },
+    /// A weight has the wrong shape for the configuration.
+    #[error("load weights: tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    TensorShape {
+        /// The tensor name.
+        name: String,
+        /// Shape the config implies.
+        expected: Vec<usize>,
+        /// Shape in the file.
+        got: Vec<usize>,
+    },
+    /// A safetensors file failed to parse or a tensor in it is unusable.
+    #[error("safetensors {path}: {reason}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// Building or running the tokenizer failed.
+    #[error("tokenizer {op}: {reason}")]
+    Tokenizer {
+        /// The operation (`build`, `encode`, `decode`, `load`).
+        op: &'static str,
+        /// The underlying message.
+        reason: String,
+    },
+    /// Rendering the chat template failed.
+    #[error("chat template: {reason}")]
+    ChatTemplate {
+        /// The template engine's message.
+        reason: String,
+    },
+    /// A libtorch operation failed.
+    #[error("libtorch {op}: {source}")]
+    Torch {
+        /// The operation.
+        op: &'static str,
+        /// tch's error.
+        source: tch::TchError,
+    },
+    /// An argument has the wrong length, range or value.
+    #[error("{op}: {reason}")]
+    InvalidInput {
+        /// The operation.
+        op: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Audio input or an audio-LLM forward failed (`models::audio`).
+    #[error("audio {op}: {detail}")]
+    Audio {
+        /// The operation.
+        op: &'static str,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The sparse storage crate rejected an operation.
+    #[error("kv-sparse: {0}")]
+    Sparse(#[from] kv_sparse::Error),
+    /// A decode-attention kernel rejected its input.
+    #[error("attn-kernels: {0}")]
+    Attention(#[from] attn_kernels::Error),
+    /// A cache specification string could not be parsed.
+    #[error("cache spec `{spec}`: {reason}")]
+    CacheSpec {
+        /// The specification as given.
+        spec: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+}
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Attaches the name of the libtorch operation to a [`tch::TchError`].
+pub(crate) trait TorchOp<T> {
+    /// Maps the error into [`Error::Torch`] naming `op`.
+    fn op(self, op: &'static str) -> Result<T>;
+}
+
+impl<T> TorchOp<T> for std::result::Result<T, tch::TchError> {
+    fn op(self, op: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Torch { op, source })
+    }
+}
+
+/// Shorthand for an [`Error::InvalidInput`].
+pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Error {
+    Error::InvalidInput { op, reason: reason.into() }
+}
+
+/// Shorthand for an [`Error::Config`].
+pub(crate) fn config_err(field: &str, reason: impl Into<String>) -> Error {
+    Error::Config { field: field.to_string(), reason: reason.into() }
+}

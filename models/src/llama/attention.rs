@@ -1,0 +1,301 @@
+//! Grouped-query self-attention of a Llama/Qwen2 block.
+//!
+//! Prefill runs the whole prompt through libtorch (`softmax(QKᵀ/√d + causal mask)·V`,
+//! q/k/v from one fused matmul, GQA served without repeating K/V) and hands the RoPE'd
+//! K and V to the cache. Decode computes one token's q/k/v with libtorch, RoPEs them on
+//! the host and lets the [`KvCache`] append and attend (`papers/swan.txt`, decode step);
+//! the cache's output goes back through `W_O` without a copy ([`HostTensor`]).
+
+use std::ops::Range;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::cache::{KvCache, LayerKv, StepQkv};
+use crate::config::ModelConfig;
+use crate::error::{Result, TorchOp};
+use crate::host::{HostTensor, f32_slice};
+use crate::rope::Rope;
+use crate::weights::Weights;
+
+/// One layer's prefill attention tensors, for observers (calibration, traces).
+pub struct AttentionTensors {
+    /// RoPE'd queries `[q_heads, tokens, head_dim]`.
+    pub q: Tensor,
+    /// RoPE'd keys `[kv_heads, tokens, head_dim]`.
+    pub k: Tensor,
+    /// Values `[kv_heads, tokens, head_dim]`.
+    pub v: Tensor,
+    /// Per-head attention outputs before `W_O`, `[q_heads, tokens, head_dim]`.
+    pub o: Tensor,
+}
+
+/// Host buffers one decode step reuses (allocated once per session).
+pub struct DecodeScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    out: HostTensor,
+}
+
+impl DecodeScratch {
+    /// Buffers for a model of this configuration.
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] if libtorch cannot allocate the output tensor.
+    pub fn new(cfg: &ModelConfig) -> Result<Self> {
+        let d = cfg.head_dim;
+        Ok(Self {
+            q: vec![0.0; cfg.num_heads * d],
+            k: vec![0.0; cfg.num_kv_heads * d],
+            out: HostTensor::zeros(&[1, (cfg.num_heads * d) as i64])?,
+        })
+    }
+}
+
+/// Self-attention weights of one layer.
+pub struct Attention {
+    qkv: Tensor,
+    qkv_bias: Option<Tensor>,
+    o: Tensor,
+    o_bias: Option<Tensor>,
+    q_heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+}
+
+/// Clones share the (immutable) weight storage.
+impl Clone for Attention {
+    fn clone(&self) -> Self {
+        Self {
+            qkv: self.qkv.shallow_clone(),
+            qkv_bias: self.qkv_bias.as_ref().map(Tensor::shallow_clone),
+            o: self.o.shallow_clone(),
+            o_bias: self.o_bias.as_ref().map(Tensor::shallow_clone),
+            ..*self
+        }
+    }
+}
+
+impl Attention {
+    /// Loads `{prefix}.{q,k,v,o}_proj` (and their biases where the config has them).
+    ///
+    /// # Errors
+    /// Missing or mis-shaped weights.
+    pub fn load(w: &Weights<'_>, cfg: &ModelConfig, prefix: &str) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let rows =
+            [("q", cfg.num_heads * d), ("k", cfg.num_kv_heads * d), ("v", cfg.num_kv_heads * d)];
+        let mut weights = Vec::with_capacity(3);
+        let mut biases = Vec::with_capacity(3);
+        for (name, n) in rows {
+            weights.push(w.get(&format!("{prefix}.{name}_proj.weight"), &[n, h])?);
+            if cfg.qkv_bias {
+                biases.push(w.get(&format!("{prefix}.{name}_proj.bias"), &[n])?);
+            }
+        }
+        let o = w.get(&format!("{prefix}.o_proj.weight"), &[h, cfg.num_heads * d])?;
+        let o_bias =
+            if cfg.o_bias { Some(w.get(&format!("{prefix}.o_proj.bias"), &[h])?) } else { None };
+        let qkv_bias = if biases.is_empty() {
+            None
+        } else {
+            Some(Tensor::f_cat(&biases, 0).op("cat qkv bias")?)
+        };
+        Ok(Self {
+            qkv: Tensor::f_cat(&weights, 0).op("cat qkv")?,
+            qkv_bias,
+            o,
+            o_bias,
+            q_heads: cfg.num_heads as i64,
+            kv_heads: cfg.num_kv_heads as i64,
+            head_dim: d as i64,
+        })
+    }
+
+    fn v_rows(&self) -> (i64, i64) {
+        ((self.q_heads + self.kv_heads) * self.head_dim, self.kv_heads * self.head_dim)
+    }
+
+    /// `W_V` (`[kv_heads·head_dim, hidden]`, a view) and its bias.
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] if slicing fails.
+    pub fn v_proj(&self) -> Result<(Tensor, Option<Tensor>)> {
+        let (start, len) = self.v_rows();
+        let b = match &self.qkv_bias {
+            Some(b) => Some(b.f_narrow(0, start, len).op("narrow v bias")?),
+            None => None,
+        };
+        Ok((self.qkv.f_narrow(0, start, len).op("narrow v")?, b))
+    }
+
+    /// `W_O` (`[hidden, q_heads·head_dim]`).
+    pub fn o_proj(&self) -> &Tensor {
+        &self.o
+    }
+
+    /// The same layer with `W_V` (and bias) and `W_O` replaced — SWAN's absorption of
+    /// `P_VO` (`papers/swan.txt`: `Ŵ_V = W_V·P_VO`, `Ŵ_O` slices premultiplied by `P_VOᵀ`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] if the new weights do not have the old shapes.
+    pub fn with_vo(&self, v: &Tensor, v_bias: Option<&Tensor>, o: Tensor) -> Result<Self> {
+        let (start, _) = self.v_rows();
+        let qk = self.qkv.f_narrow(0, 0, start).op("narrow qk")?;
+        let qkv_bias = match (&self.qkv_bias, v_bias) {
+            (Some(b), Some(vb)) => Some(
+                Tensor::f_cat(&[&b.f_narrow(0, 0, start).op("narrow qk bias")?, vb], 0)
+                    .op("cat bias")?,
+            ),
+            _ => None,
+        };
+        if o.size() != self.o.size() {
+            return Err(crate::error::invalid(
+                "absorb W_O",
+                format!("shape {:?}, expected {:?}", o.size(), self.o.size()),
+            ));
+        }
+        Ok(Self {
+            qkv: Tensor::f_cat(&[&qk, v], 0).op("cat qkv")?,
+            qkv_bias,
+            o,
+            o_bias: self.o_bias.as_ref().map(Tensor::shallow_clone),
+            ..*self
+        })
+    }
+
+    /// q, k, v of `x` (`[tokens, hidden]`) as `[heads, tokens, head_dim]`, q and k RoPE'd.
+    fn heads(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let t = x.size()[0];
+        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let (nq, nkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
+        let part = |start: i64, heads: i64| -> Result<Tensor> {
+            qkv.f_narrow(1, start * d, heads * d)
+                .op("split qkv")?
+                .f_reshape([t, heads, d])
+                .op("reshape heads")
+        };
+        let q = rope.apply(&part(0, nq)?, cos, sin)?;
+        let k = rope.apply(&part(nq, nkv)?, cos, sin)?;
+        let v = part(nq + nkv, nkv)?;
+        let to_heads =
+            |x: Tensor| x.f_transpose(0, 1).op("transpose")?.f_contiguous().op("contiguous");
+        Ok((to_heads(q)?, to_heads(k)?, to_heads(v)?))
+    }
+
+    /// Causal attention probabilities `[q_heads, tokens, tokens]`; each group of q-heads is
+    /// multiplied against its kv-head without repeating K.
+    fn probs(&self, q: &Tensor, k: &Tensor) -> Result<Tensor> {
+        let t = q.size()[1];
+        let (nq, nkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
+        let grouped = q.f_reshape([nkv, (nq / nkv) * t, d]).op("group q")?;
+        let scores = grouped.f_matmul(&k.f_transpose(1, 2).op("kT")?).op("q·kT")?;
+        let scores = scores
+            .f_reshape([nq, t, t])
+            .op("scores")?
+            .f_mul_scalar(1.0 / (d as f64).sqrt())
+            .op("scale")?;
+        let mask =
+            Tensor::f_ones([t, t], (Kind::Bool, Device::Cpu)).op("mask")?.f_triu(1).op("triu")?;
+        scores
+            .f_masked_fill(&mask, f64::NEG_INFINITY)
+            .op("mask fill")?
+            .f_softmax(-1, Kind::Float)
+            .op("softmax")
+    }
+
+    /// Per-head outputs `[q_heads, tokens, head_dim]` of `probs · V`.
+    fn context(&self, probs: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let t = probs.size()[1];
+        let (nq, nkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
+        let grouped = probs.f_reshape([nkv, (nq / nkv) * t, t]).op("group probs")?;
+        grouped.f_matmul(v).op("probs·V")?.f_reshape([nq, t, d]).op("context")
+    }
+
+    /// `W_O` applied to per-head outputs laid out `[tokens, q_heads·head_dim]`.
+    fn output(&self, o: &Tensor) -> Result<Tensor> {
+        o.f_linear(&self.o, self.o_bias.as_ref()).op("o proj")
+    }
+
+    /// Full causal attention over `x` (`[tokens, hidden]`): returns the layer output
+    /// (`[tokens, hidden]`) and the tensors observers see. With `span`, also the
+    /// attention each q-head received at each span position from the positions after the
+    /// span, summed (`[q_heads, span_len]`).
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] on shape errors.
+    pub fn prefill(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        (cos, sin): (&Tensor, &Tensor),
+        span: Option<Range<usize>>,
+    ) -> Result<(Tensor, AttentionTensors, Option<Tensor>)> {
+        let (q, k, v) = self.heads(x, rope, cos, sin)?;
+        let probs = self.probs(&q, &k)?;
+        let received = match span {
+            Some(s) => Some(received(&probs, s)?),
+            None => None,
+        };
+        let o = self.context(&probs, &v)?;
+        let t = x.size()[0];
+        let flat = o
+            .f_transpose(0, 1)
+            .op("transpose")?
+            .f_reshape([t, self.q_heads * self.head_dim])
+            .op("flatten")?;
+        Ok((self.output(&flat)?, AttentionTensors { q, k, v, o }, received))
+    }
+
+    /// One decode step for `x` (`[1, hidden]`) at `position`: q/k/v by libtorch, RoPE on the
+    /// host, append + attention by `cache`, `W_O` by libtorch.
+    ///
+    /// # Errors
+    /// Cache errors; [`crate::Error::Torch`] on shape errors.
+    pub fn decode(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        position: usize,
+        (layer, cache): (usize, &mut dyn KvCache),
+        scratch: &mut DecodeScratch,
+    ) -> Result<Tensor> {
+        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let rows = f32_slice(&qkv)?;
+        let (nq, nkv) = (scratch.q.len(), scratch.k.len());
+        scratch.q.copy_from_slice(&rows[..nq]);
+        scratch.k.copy_from_slice(&rows[nq..nq + nkv]);
+        rope.apply_rows(&mut scratch.q, position);
+        rope.apply_rows(&mut scratch.k, position);
+        let step = StepQkv { q: &scratch.q, k: &scratch.k, v: &rows[nq + nkv..] };
+        cache.decode(layer, step, scratch.out.as_mut_slice())?;
+        self.output(scratch.out.tensor())
+    }
+}
+
+/// `[q_heads, span_len]`: attention paid to the span by the rows after it.
+fn received(probs: &Tensor, span: Range<usize>) -> Result<Tensor> {
+    let t = probs.size()[1] as usize;
+    let (start, end) = (span.start.min(t) as i64, span.end.min(t) as i64);
+    let rows = probs.f_narrow(1, end, t as i64 - end).op("span rows")?;
+    rows.f_narrow(2, start, end - start)
+        .op("span cols")?
+        .f_sum_dim_intlist(&[1i64][..], false, Kind::Float)
+        .op("span sum")
+}
+
+/// Splits `[kv_heads, tokens, head_dim]` K and V into the cache's prefill block.
+pub(crate) fn prefill_cache(
+    cache: &mut dyn KvCache,
+    layer: usize,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<()> {
+    let tokens = k.size()[1] as usize;
+    cache.prefill(layer, LayerKv { keys: f32_slice(k)?, values: f32_slice(v)?, tokens })
+}

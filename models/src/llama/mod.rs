@@ -1,0 +1,334 @@
+//! The Llama decoder (Llama 2/3, SmolLM2, Mistral; Qwen2 = the same block with q/k/v
+//! biases) on libtorch, f32 on the CPU. Each layer has `load(...)` and forward functions:
+//! [`Llama::prefill`] runs the prompt with full causal attention and fills the cache,
+//! [`Llama::decode`] runs one token through the cache (`papers/swan.txt`, "decode step").
+
+mod attention;
+mod mlp;
+mod norm;
+
+pub use attention::{Attention, AttentionTensors, DecodeScratch};
+pub use mlp::Mlp;
+pub use norm::RmsNorm;
+
+use tch::{Kind, Tensor};
+
+use crate::cache::KvCache;
+use crate::config::ModelConfig;
+use crate::error::{Result, TorchOp, invalid};
+use crate::rope::Rope;
+use crate::weights::{WeightSource, Weights};
+
+/// Sees the prefill's intermediate tensors (calibration, parity traces).
+pub trait PrefillObserver {
+    /// A residual-stream tensor `[tokens, hidden]`: `embed`, `layer{i}.attn_out` (after
+    /// `W_O`, before the residual add), `layer{i}.out`, `final_norm`.
+    ///
+    /// # Errors
+    /// Implementations may fail; the forward stops with their error.
+    fn hidden(&mut self, name: &str, h: &Tensor) -> Result<()> {
+        let _ = (name, h);
+        Ok(())
+    }
+
+    /// One layer's RoPE'd q/k, v and per-head attention outputs.
+    ///
+    /// # Errors
+    /// Implementations may fail; the forward stops with their error.
+    fn attention(&mut self, layer: usize, t: &AttentionTensors) -> Result<()> {
+        let _ = (layer, t);
+        Ok(())
+    }
+}
+
+/// The observer that ignores everything.
+pub struct NoObserver;
+
+impl PrefillObserver for NoObserver {}
+
+/// One decoder layer (clones share weight storage).
+#[derive(Clone)]
+pub struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    /// Loads `model.layers.{i}`.
+    ///
+    /// # Errors
+    /// Missing or mis-shaped weights.
+    pub fn load(w: &Weights<'_>, cfg: &ModelConfig, i: usize) -> Result<Self> {
+        let p = format!("model.layers.{i}");
+        Ok(Self {
+            input_norm: RmsNorm::load(
+                w,
+                &format!("{p}.input_layernorm"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            )?,
+            attn: Attention::load(w, cfg, &format!("{p}.self_attn"))?,
+            post_norm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+            )?,
+            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"))?,
+        })
+    }
+
+    /// The attention sub-layer.
+    pub fn attention(&self) -> &Attention {
+        &self.attn
+    }
+
+    /// The same block with its attention replaced (other weights shared).
+    pub fn with_attention(&self, attn: Attention) -> Self {
+        Self { attn, ..self.clone() }
+    }
+
+    fn finish(&self, h: &Tensor, attn_out: &Tensor) -> Result<Tensor> {
+        let h = h.f_add(attn_out).op("residual")?;
+        let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
+        h.f_add(&m).op("residual")
+    }
+}
+
+/// A Llama-family decoder.
+pub struct Llama {
+    cfg: ModelConfig,
+    embed: Tensor,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Tensor,
+    rope: Rope,
+}
+
+/// Clones share the (immutable) weight storage, so a session can own its model cheaply.
+impl Clone for Llama {
+    fn clone(&self) -> Self {
+        Self {
+            cfg: self.cfg.clone(),
+            embed: self.embed.shallow_clone(),
+            blocks: self.blocks.clone(),
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.shallow_clone(),
+            rope: self.rope.clone(),
+        }
+    }
+}
+
+impl Llama {
+    /// Loads every weight from `src` (HF names), as f32.
+    ///
+    /// # Errors
+    /// [`crate::Error::MissingTensor`] / [`crate::Error::TensorShape`] naming the first bad
+    /// weight; format errors from the source.
+    pub fn load(src: &dyn WeightSource, cfg: &ModelConfig) -> Result<Self> {
+        cfg.validate()?;
+        let w = Weights::new(src, Kind::Float);
+        let embed = w.get("model.embed_tokens.weight", &[cfg.vocab_size, cfg.hidden_size])?;
+        let lm_head = match w.get_opt("lm_head.weight", &[cfg.vocab_size, cfg.hidden_size])? {
+            Some(t) if !cfg.tie_word_embeddings => t,
+            _ if cfg.tie_word_embeddings => embed.shallow_clone(),
+            _ => return Err(crate::Error::MissingTensor { name: "lm_head.weight".into() }),
+        };
+        let blocks = (0..cfg.num_layers).map(|i| Block::load(&w, cfg, i)).collect::<Result<_>>()?;
+        let norm = RmsNorm::load(&w, "model.norm", cfg.hidden_size, cfg.rms_norm_eps)?;
+        Ok(Self {
+            cfg: cfg.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            rope: Rope::new(&cfg.rope, cfg.head_dim),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// The decoder layers.
+    pub fn blocks(&self) -> &[Block] {
+        &self.blocks
+    }
+
+    /// The rotary embedding.
+    pub fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// The same model with its blocks replaced (other weights shared, not copied).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if the number of blocks differs.
+    pub fn with_blocks(&self, blocks: Vec<Block>) -> Result<Self> {
+        if blocks.len() != self.blocks.len() {
+            return Err(invalid(
+                "replace blocks",
+                format!("{} blocks for {} layers", blocks.len(), self.blocks.len()),
+            ));
+        }
+        Ok(Self { blocks, ..self.clone() })
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.cfg.vocab_size) {
+            return Err(invalid(
+                "forward",
+                format!("token id {bad} ≥ vocab size {}", self.cfg.vocab_size),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_window(&self, len: usize) -> Result<()> {
+        match self.cfg.sliding_window {
+            Some(w) if len > w => Err(invalid(
+                "forward",
+                format!(
+                    "{len} positions exceed the sliding window {w}, which full attention would not reproduce"
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs `ids` (positions `0..n`) with full causal attention, hands each layer's K/V to
+    /// `cache` (and the attention received by its span, if it asks), reports intermediates
+    /// to `obs`, and returns logits `[n, vocab]` (`all_logits`) or `[1, vocab]` (last).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for empty input, ids out of range or a sequence
+    /// longer than a sliding window; cache and observer errors.
+    pub fn prefill(
+        &self,
+        ids: &[u32],
+        cache: Option<&mut dyn KvCache>,
+        obs: &mut dyn PrefillObserver,
+        all_logits: bool,
+    ) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        let h = self.embed(ids)?;
+        self.prefill_embeds(&h, self.rope.tables(0, ids.len())?, cache, obs, all_logits)
+    }
+
+    /// Token embeddings `[n, hidden]` of `ids`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for empty input or ids out of range.
+    // Added by the audio engineer (issue 8): audio LLMs splice audio rows into these.
+    pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
+        if ids.is_empty() {
+            return Err(invalid("prefill", "no tokens"));
+        }
+        self.check_ids(ids)?;
+        let idx: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
+        self.embed.f_index_select(0, &Tensor::f_from_slice(&idx).op("ids")?).op("embed")
+    }
+
+    /// [`Llama::prefill`] from input embeddings `h` (`[n, hidden]`) and explicit rotary
+    /// tables `(cos, sin)` (`[n, head_dim]`, as [`Rope::tables`] builds them): audio LLMs
+    /// splice audio embeddings into the prompt, and Qwen2.5-Omni supplies M-RoPE tables.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for an empty or mis-shaped input, or a sequence longer
+    /// than a sliding window; cache and observer errors.
+    // Added by the audio engineer (issue 8); `prefill` delegates here.
+    pub fn prefill_embeds(
+        &self,
+        h: &Tensor,
+        tables: (Tensor, Tensor),
+        cache: Option<&mut dyn KvCache>,
+        obs: &mut dyn PrefillObserver,
+        all_logits: bool,
+    ) -> Result<Tensor> {
+        let size = h.size();
+        let n = size.first().copied().unwrap_or(0);
+        let want_tables = [n, self.cfg.head_dim as i64];
+        if size.len() != 2
+            || n == 0
+            || size[1] != self.cfg.hidden_size as i64
+            || tables.0.size() != want_tables
+            || tables.1.size() != want_tables
+        {
+            let reason = format!(
+                "embeddings {size:?}, tables {:?}: need [n ≥ 1, {}] and {want_tables:?}",
+                tables.0.size(),
+                self.cfg.hidden_size
+            );
+            return Err(invalid("prefill", reason));
+        }
+        self.check_window(n as usize)?;
+        let _guard = tch::no_grad_guard();
+        let mut h = h.to_kind(Kind::Float);
+        obs.hidden("embed", &h)?;
+        let mut cache = cache;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let span = cache.as_ref().and_then(|c| c.attention_span());
+            let x = block.input_norm.forward(&h)?;
+            let (attn_out, tensors, received) =
+                block.attn.prefill(&x, &self.rope, (&tables.0, &tables.1), span)?;
+            obs.attention(i, &tensors)?;
+            obs.hidden(&format!("layer{i}.attn_out"), &attn_out)?;
+            if let Some(c) = cache.as_mut() {
+                feed_cache(&mut **c, i, &tensors, received.as_ref())?;
+            }
+            h = block.finish(&h, &attn_out)?;
+            obs.hidden(&format!("layer{i}.out"), &h)?;
+        }
+        let last = if all_logits { h } else { h.f_narrow(0, n - 1, 1).op("last")? };
+        let normed = self.norm.forward(&last)?;
+        obs.hidden("final_norm", &normed)?;
+        normed.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+    }
+
+    /// Runs one token at `position` through every layer with `cache` (which must already
+    /// hold positions `0..position`), then calls [`KvCache::end_step`]. Returns logits
+    /// `[1, vocab]`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for an id out of range or a position past a sliding
+    /// window; cache errors.
+    pub fn decode(
+        &self,
+        id: u32,
+        position: usize,
+        cache: &mut dyn KvCache,
+        scratch: &mut DecodeScratch,
+    ) -> Result<Tensor> {
+        self.check_ids(&[id])?;
+        self.check_window(position + 1)?;
+        let _guard = tch::no_grad_guard();
+        let mut h = self.embed.f_narrow(0, i64::from(id), 1).op("embed")?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let x = block.input_norm.forward(&h)?;
+            let attn_out =
+                block.attn.decode(&x, &self.rope, position, (i, &mut *cache), scratch)?;
+            h = block.finish(&h, &attn_out)?;
+        }
+        cache.end_step()?;
+        self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+    }
+}
+
+/// Hands one layer's prefill results to the cache: received span attention first, then K/V.
+fn feed_cache(
+    cache: &mut dyn KvCache,
+    layer: usize,
+    t: &AttentionTensors,
+    received: Option<&Tensor>,
+) -> Result<()> {
+    if let Some(r) = received {
+        cache.prefill_attention(
+            layer,
+            crate::host::f32_slice(&r.f_contiguous().op("contiguous")?)?,
+        )?;
+    }
+    attention::prefill_cache(cache, layer, &t.k, &t.v)
+}

@@ -1,0 +1,85 @@
+//! Teacher-forced scoring through the decode path: prefill a prefix, then feed the true
+//! tokens one at a time through the cache and score each next token — the perplexity the
+//! cache configuration actually delivers at decode time.
+
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Result, TorchOp, invalid};
+use crate::generate::argmax;
+use crate::session::Session;
+
+/// Per-token results of [`score`].
+#[derive(Clone, Debug, Default)]
+pub struct Scores {
+    /// Negative log-likelihood (nats) of each predicted token, `ids[prefix..]`.
+    pub nll: Vec<f64>,
+    /// Arg-max prediction at each of those positions.
+    pub argmax: Vec<u32>,
+    /// Seconds spent in prefill.
+    pub prefill_s: f64,
+    /// Seconds spent decoding.
+    pub decode_s: f64,
+    /// Tokens fed through the decode path.
+    pub decoded: usize,
+}
+
+impl Scores {
+    /// `exp(mean NLL)`.
+    pub fn perplexity(&self) -> f64 {
+        if self.nll.is_empty() {
+            f64::NAN
+        } else {
+            (self.nll.iter().sum::<f64>() / self.nll.len() as f64).exp()
+        }
+    }
+
+    /// Decode throughput in tokens per second.
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        if self.decode_s > 0.0 { self.decoded as f64 / self.decode_s } else { 0.0 }
+    }
+}
+
+fn nll(logits: &Tensor, target: u32) -> Result<f64> {
+    let lp = logits.f_log_softmax(0, Kind::Float).op("log_softmax")?;
+    Ok(-lp.f_double_value(&[i64::from(target)]).op("log prob")?)
+}
+
+/// Prefills `ids[..prefix]` (`prefix ≥ 1`), then decodes `ids[prefix..n-1]` one by one,
+/// scoring the prediction of every `ids[p]`, `p ≥ prefix`. `on_logits(p, logits)` sees the
+/// logits that predict `ids[p]` (`[vocab]`), e.g. to compare two caches position by
+/// position; `on_step` is called after each decoded token (progress bars).
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] if `prefix` is 0 or not below `ids.len()`; forward,
+/// cache and callback errors.
+pub fn score(
+    session: &mut Session,
+    ids: &[u32],
+    prefix: usize,
+    on_logits: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+    on_step: &mut dyn FnMut(usize),
+) -> Result<Scores> {
+    if prefix == 0 || prefix >= ids.len() {
+        return Err(invalid("score", format!("prefix {prefix} must be in 1..{}", ids.len())));
+    }
+    session.reserve(ids.len())?;
+    let mut out = Scores { nll: Vec::with_capacity(ids.len() - prefix), ..Scores::default() };
+    let t0 = Instant::now();
+    let mut logits = session.prefill(&ids[..prefix])?;
+    out.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for p in prefix..ids.len() {
+        on_logits(p, &logits)?;
+        out.nll.push(nll(&logits, ids[p])?);
+        out.argmax.push(argmax(&logits)?);
+        if p + 1 < ids.len() {
+            logits = session.decode(ids[p])?;
+            out.decoded += 1;
+            on_step(out.decoded);
+        }
+    }
+    out.decode_s = t1.elapsed().as_secs_f64();
+    Ok(out)
+}

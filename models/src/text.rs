@@ -1,0 +1,69 @@
+//! Plain prose from the plays' markdown, by one fixed rule shared with the fixture
+//! generator (`scripts/fixtures/common.py`, `strip_markdown`), so token ids agree:
+//!
+//! Per line (split on `\n`, trimmed of surrounding whitespace): drop empty lines; drop
+//! headings (start with `#`); drop speaker lines (start *and* end with `**`); drop stage
+//! directions — a line starting with `_` is dropped, and when it does not also end with
+//! `_`, every following line is dropped up to and including the first that ends with `_`.
+//! In kept lines every backslash is deleted (markdown escapes such as `\--`). Kept lines
+//! are joined with single spaces.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// Applies the rule above to one play's markdown.
+///
+/// # Examples
+/// ```
+/// let md = "# Hamlet\n\n**BERNARDO**  \nWho's there?\n\n_Enter HORATIO\nand MARCELLUS_\nNay\\--answer me";
+/// assert_eq!(models::text::strip_markdown(md), "Who's there? Nay--answer me");
+/// ```
+pub fn strip_markdown(md: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut in_stage = false;
+    for raw in md.split('\n') {
+        let s = raw.trim();
+        if in_stage {
+            in_stage = !s.ends_with('_');
+            continue;
+        }
+        if s.is_empty() || s.starts_with('#') {
+            continue;
+        }
+        if s.starts_with('_') {
+            in_stage = !(s.chars().count() > 1 && s.ends_with('_'));
+            continue;
+        }
+        if s.chars().count() >= 4 && s.starts_with("**") && s.ends_with("**") {
+            continue;
+        }
+        out.push(s.replace('\\', ""));
+    }
+    out.join(" ")
+}
+
+/// Reads a text file; `.md` files go through [`strip_markdown`], others are used as is.
+///
+/// # Errors
+/// [`Error::Io`] if the file cannot be read.
+pub fn read_text(path: &Path) -> Result<String> {
+    let raw = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        op: "read",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(if path.extension().is_some_and(|e| e == "md") { strip_markdown(&raw) } else { raw })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stage_direction_on_one_line_and_speaker_rules() {
+        let md = "_Exit_\nkept\n**A**\n** not a speaker\n_Enter\nmany\nlines_\nlast\\";
+        assert_eq!(strip_markdown(md), "kept ** not a speaker last");
+        assert_eq!(strip_markdown("_\nstill stage_\nafter"), "after");
+    }
+}
