@@ -184,6 +184,33 @@ fn report(
     }
 }
 
+/// Independent model of §2.3 chunk swap for one step: a recallable tidal segment that is
+/// selected becomes resident with lag 0; a resident one left unselected ages by one step and
+/// is released when its lag reaches δ. `resident[h·units + s] = (resident, lag)`.
+fn model_step(
+    resident: &mut [(bool, u32)],
+    sel: &[bool],
+    roles: &[Role],
+    kept: &[Vec<bool>],
+    layout: &AudioLayout,
+    delta: u32,
+) {
+    for (h, role) in roles.iter().enumerate() {
+        for (s, &selected) in sel.iter().enumerate() {
+            let recallable = *role == Role::Tidal && layout.segment(s).any(|i| !kept[h][i]);
+            let slot = &mut resident[h * sel.len() + s];
+            if recallable && selected {
+                *slot = (true, 0);
+            } else if slot.0 {
+                slot.1 += 1;
+                if slot.1 >= delta {
+                    slot.0 = false;
+                }
+            }
+        }
+    }
+}
+
 fn run_case(c: &Case) -> Result<(), TestCaseError> {
     let layout = AudioLayout::new(
         c.before + c.audio + c.after,
@@ -208,8 +235,7 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         .collect();
     check_audit(&mut store, &roles, &kept, c, &layout)?;
     let anchors: Vec<usize> = (0..model.heads()).filter(|&h| roles[h] == Role::Anchor).collect();
-    let mut resident = vec![false; model.heads() * units];
-    let mut lags = vec![0u32; model.heads() * units];
+    let mut resident = vec![(false, 0u32); model.heads() * units];
     for _ in 0..c.steps {
         if r.random_bool(0.7) {
             for l in 0..c.layers {
@@ -225,26 +251,11 @@ fn run_case(c: &Case) -> Result<(), TestCaseError> {
         }
         let sel = selected_segments(&layout, weights.as_deref(), c.top_chunks);
         store.end_step().unwrap();
+        model_step(&mut resident, &sel, &roles, &kept, &layout, c.lag);
         for (h, role) in roles.iter().enumerate() {
-            for (s, &selected) in sel.iter().enumerate() {
-                let recallable = *role == Role::Tidal && layout.segment(s).any(|i| !kept[h][i]);
-                let i = h * units + s;
-                if recallable && selected {
-                    (resident[i], lags[i]) = (true, 0);
-                } else if resident[i] {
-                    lags[i] += 1;
-                    if lags[i] >= c.lag {
-                        resident[i] = false;
-                    }
-                }
-                prop_assert_eq!(
-                    store.residency().resident(h, s),
-                    resident[i],
-                    "head {} segment {} role {:?}",
-                    h,
-                    s,
-                    role
-                );
+            for s in 0..units {
+                let (got, want) = (store.residency().resident(h, s), resident[h * units + s].0);
+                prop_assert_eq!(got, want, "head {} segment {} role {:?}", h, s, role);
             }
         }
         check_audit(&mut store, &roles, &kept, c, &layout)?;

@@ -11,7 +11,9 @@ use super::shared::{HeadTables, HostIndex, Pending, Shared, worker_loop};
 use super::{AppendBufs, Counts, HeadMeta, PromptKv, StoreConfig, TieredStore};
 use crate::error::{Result, check_finite, check_len, check_scores, param};
 use crate::metrics::{RunMetrics, StepMetrics};
-use crate::policy::{HeadPlan, Policy, PrefillContext, PrefillSignal, Residency, StepPlan};
+use crate::policy::{
+    HeadPlan, Policy, PrefillContext, PrefillSignal, Residency, StepPlan, StepSignal,
+};
 use crate::residency::PosRows;
 use crate::rows::RowCodec;
 use crate::tier::{PoolSpec, Tier};
@@ -95,6 +97,15 @@ fn write_permanent<T: Tier>(
     Ok(())
 }
 
+/// What prefill built, handed to the running store.
+struct Built {
+    layers: Vec<Vec<HeadTables>>,
+    host: HostIndex,
+    residency: Residency,
+    counts: Counts,
+    run: RunMetrics,
+}
+
 /// Builds tables and host copies head by head; frees everything if dropped unfinished.
 struct Builder<'a, T: Tier> {
     config: &'a StoreConfig,
@@ -128,6 +139,19 @@ impl<T: Tier> Drop for Builder<'_, T> {
 }
 
 impl<'a, T: Tier> Builder<'a, T> {
+    /// Reserves decode capacity and hands the tables over (nothing is freed any more).
+    fn finish(mut self) -> Built {
+        self.reserve_decode_pages();
+        self.finished = true;
+        Built {
+            layers: std::mem::take(&mut self.layers),
+            host: std::mem::take(&mut self.host),
+            residency: std::mem::replace(&mut self.residency, Residency::new(0, 0)),
+            counts: self.counts,
+            run: std::mem::take(&mut self.run),
+        }
+    }
+
     /// Capacity hints: generated-token pages of every head plus one page per recallable unit
     /// (the most recall can ever hold at once), so decode steps never grow an arena.
     fn reserve_decode_pages(&mut self) {
@@ -327,27 +351,30 @@ impl<T: Tier> TieredStore<T> {
         let mut b = Builder::new(&config, tier.as_ref(), unit);
         let heads =
             plans.iter().enumerate().map(|(h, p)| b.head(h, p, kv)).collect::<Result<Vec<_>>>()?;
-        b.reserve_decode_pages();
-        b.finished = true;
-        let (layers, host, residency, counts, mut run) = (
-            std::mem::take(&mut b.layers),
-            std::mem::take(&mut b.host),
-            b.residency.clone(),
-            b.counts,
-            std::mem::take(&mut b.run),
-        );
-        drop(b);
+        let built = b.finish();
+        Self::start(config, tier, policy, heads, built)
+    }
+
+    /// Shares the built tables with a new recall worker and assembles the store.
+    fn start(
+        config: StoreConfig,
+        tier: Arc<T>,
+        policy: Box<dyn Policy>,
+        heads: Vec<HeadMeta>,
+        built: Built,
+    ) -> Result<Self> {
         let page_rows = tier.pools()[0].page_rows;
+        let pending = Pending {
+            per_layer: vec![0; config.layers],
+            failures: Vec::with_capacity(config.queue_capacity),
+        };
         let shared = Arc::new(Shared {
             tier,
             kv_heads: config.kv_heads,
             page_rows,
-            layers: layers.into_iter().map(RwLock::new).collect(),
-            host,
-            pending: Mutex::new(Pending {
-                per_layer: vec![0; config.layers],
-                failures: Vec::with_capacity(config.queue_capacity),
-            }),
+            layers: built.layers.into_iter().map(RwLock::new).collect(),
+            host: built.host,
+            pending: Mutex::new(pending),
             done: Condvar::new(),
         });
         let (tx, rx) = crossbeam::channel::bounded(config.queue_capacity);
@@ -356,38 +383,37 @@ impl<T: Tier> TieredStore<T> {
             .name("kv-tiered-recall".into())
             .spawn(move || worker_loop(worker_shared, rx))
             .map_err(|e| param("TieredStore::prefill", "recall worker", e, "a spawnable thread"))?;
+        let (counts, mut run) = (built.counts, built.run);
         run.policy = policy.name().to_string();
         let full = (config.num_heads() * config.layout.audio_len()) as f64;
         run.prefill_r_gpu = counts.device_audio as f64 / full;
         run.prefill_r_gpu_cpu = (counts.device_audio + counts.host_only_audio) as f64 / full;
-        let q = if policy.step_signal() == crate::policy::StepSignal::Queries {
-            config.layers * config.q_heads * d
-        } else {
-            0
+        let (d, kv) = (config.rows.head_dim, config.kv_heads);
+        let queries = match policy.step_signal() {
+            StepSignal::Queries => config.layers * config.q_heads * d,
+            _ => 0,
         };
+        let cap = config.queue_capacity;
         Ok(Self {
             policy,
             shared,
             heads,
-            residency,
+            residency: built.residency,
             counts,
             appended: vec![0; config.layers],
             step: 0,
             anchor_acc: vec![0.0; config.layout.audio_len()],
             anchor_seen: false,
-            queries: vec![0.0; q],
+            queries: vec![0.0; queries],
             queries_seen: 0,
             enc: AppendBufs {
-                keys: Vec::with_capacity(4 * d * config.kv_heads),
-                values: Vec::with_capacity(4 * d * config.kv_heads),
+                keys: Vec::with_capacity(4 * d * kv),
+                values: Vec::with_capacity(4 * d * kv),
                 topk: Vec::with_capacity(d),
-                slots: Vec::with_capacity(config.kv_heads),
+                slots: Vec::with_capacity(kv),
             },
-            plan: StepPlan {
-                recalls: Vec::with_capacity(config.queue_capacity),
-                releases: Vec::with_capacity(config.queue_capacity),
-            },
-            jobs_buf: Vec::with_capacity(config.queue_capacity),
+            plan: StepPlan { recalls: Vec::with_capacity(cap), releases: Vec::with_capacity(cap) },
+            jobs_buf: Vec::with_capacity(cap),
             jobs: Some(tx),
             worker: Some(worker),
             last: StepMetrics::default(),

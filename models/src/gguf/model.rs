@@ -69,11 +69,9 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let heads = meta_usize(file, &k("attention.head_count"))?;
     let head_dim = match file.get(&k("attention.key_length")) {
         Some(_) => meta_usize(file, &k("attention.key_length"))?,
-        None => meta_usize_or(
-            file,
-            &k("rope.dimension_count"),
-            hidden.checked_div(heads).unwrap_or(0),
-        )?,
+        None => {
+            meta_usize_or(file, &k("rope.dimension_count"), hidden.checked_div(heads).unwrap_or(0))?
+        }
     };
     let cfg = ModelConfig {
         name: file.get("general.name").and_then(MetaValue::as_str).unwrap_or(arch_name).to_string(),

@@ -169,7 +169,10 @@ impl GgmlType {
     /// whole number of blocks or the size overflows.
     pub fn storage_bytes(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size();
-        n_elements.is_multiple_of(bs).then(|| (n_elements / bs).checked_mul(self.block_bytes())).flatten()
+        n_elements
+            .is_multiple_of(bs)
+            .then(|| (n_elements / bs).checked_mul(self.block_bytes()))
+            .flatten()
     }
 }
 
