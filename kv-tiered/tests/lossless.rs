@@ -153,3 +153,24 @@ fn full_policy_equals_dense() {
     assert_eq!((store.r_gpu(), store.r_gpu_cpu()), (1.0, 1.0));
     assert_matches_dense(&store, &m, &added, 121);
 }
+
+#[test]
+fn bounded_tier_holds_a_full_recall() {
+    // Worst case for the CUDA-style fixed tier: every head tidal at retention 0, every chunk
+    // selected, never released, decode to capacity — the bounds must hold it all.
+    let layout = AudioLayout::new(47, 3..44, 4, 8).unwrap();
+    let m = Model::random(31, 2, 2, 2, 4, layout);
+    let roles = vec![Role::Tidal; m.heads()];
+    let hr = kv_tiered::HeadRoles::from_roles(m.layers, m.kv_heads, &roles).unwrap();
+    let sched = kv_tiered::RetentionSchedule::uniform(&hr, 0.0).unwrap();
+    let policy =
+        kv_tiered::policy::WnwPolicy::new(hr, sched, layout, lossless_config(&layout)).unwrap();
+    let config = m.config(9);
+    let tier =
+        std::sync::Arc::new(kv_tiered::HostTier::new(config.bounded_tier_config(&policy)).unwrap());
+    let mut store = TieredStore::prefill(config, tier, Box::new(policy), &m.kv, &m.scores).unwrap();
+    let added = decode(&mut store, &m, 9, 31);
+    assert_eq!(store.run_metrics().failed_recalls, 0);
+    assert_eq!(store.r_gpu(), 1.0);
+    assert_matches_dense(&store, &m, &added, 131);
+}

@@ -145,6 +145,24 @@ impl StoreConfig {
             .collect()
     }
 
+    /// As [`tier_config`](Self::tier_config) with page limits that can never be exceeded, for
+    /// tiers that allocate once (the CUDA tier): per layer and pool, every kv-head's whole
+    /// prompt plus `max_new_tokens` packed in pages (one partial page each) plus one page per
+    /// recallable unit; per host pool, one page per `(head, unit)`. These are full-retention
+    /// bounds; a smaller device limit saves memory and is safe for recall (a recall that finds
+    /// no page is skipped and retried), but prefill and `append` need their pages.
+    pub fn bounded_tier_config(&self, policy: &dyn Policy) -> TierConfig {
+        let unit = policy.unit_len(&self.layout).max(1);
+        let units = self.layout.audio_len().div_ceil(unit);
+        let rows = self.layout.seq_len() + self.max_new_tokens;
+        let per_head = rows.div_ceil(unit) + 1 + units;
+        TierConfig {
+            device_pages_per_layer: Some(self.kv_heads * per_head),
+            host_pages: Some(self.num_heads() * units),
+            ..self.tier_config(policy)
+        }
+    }
+
     /// The tier configuration a store under `policy` needs (unlimited pages).
     pub fn tier_config(&self, policy: &dyn Policy) -> TierConfig {
         TierConfig {
