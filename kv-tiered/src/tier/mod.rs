@@ -41,6 +41,10 @@
 //! 5. **Reads.** `arena(pool, layer)` gives kernels read access to one `(pool, layer)` arena
 //!    ([`ArenaRead`]). Host-addressable tiers return the bytes; a device tier returns `None`
 //!    from [`ArenaRead::host_bytes`] and exposes device pointers on its own arena type.
+//! 6. **Lifetime and sizing.** The store frees every device and host page it holds when it is
+//!    dropped ([`Tier::free_host`] only then). [`Tier::reserve_device`] is a capacity hint
+//!    sent once after prefill; allocate-once tiers may ignore it and size themselves from
+//!    `StoreConfig::bounded_tier_config`, whose limits a store never exceeds.
 //!
 //! A fault-injecting wrapper ([`FaultyTier`]) shows how to decorate any tier; hardening tests
 //! use it to prove that failed moves lose neither a CPU copy nor a residency entry.
