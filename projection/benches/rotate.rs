@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use projection::reference::rotate_rows_naive;
-use projection::{ProjectionSet, RotationKernel, random_orthogonal, rotate_rows_with};
+use projection::{Direction, ProjectionSet, RotationKernel, random_orthogonal, rotate_rows_with};
 
 mod support;
 use support::{LLAMA, SMOL, gaussian};
@@ -36,7 +36,10 @@ fn rows(c: &mut Criterion) {
                 ("auto", RotationKernel::Auto),
             ] {
                 group.bench_function(id(name), |b| {
-                    b.iter(|| rotate_rows_with(k, black_box(&x), &p, &mut out).unwrap())
+                    b.iter(|| {
+                        rotate_rows_with(k, Direction::Forward, black_box(&x), &p, &mut out)
+                            .unwrap()
+                    })
                 });
             }
         }

@@ -322,6 +322,11 @@ impl Reader<'_> {
                 ));
             }
         };
+        // Sample weights are sums of non-negative finite weights; anything else is corrupt.
+        if let Some(&value) = weights.iter().find(|w| !(w.is_finite() && **w >= 0.0)) {
+            let op = "ProjectionSet::from_bytes";
+            return Err(Error::InvalidWeight { op, what: "\"weights\" tensor", value });
+        }
         let sample = |site: usize, s: usize| SampleCounts {
             tokens: ints[site * 4 + s * 2],
             vectors: ints[site * 4 + s * 2 + 1],

@@ -44,6 +44,7 @@ pub mod calibrate;
 pub mod dims;
 pub mod error;
 mod gemm;
+pub mod heads;
 pub mod io;
 pub mod mat;
 pub mod moment;
@@ -61,5 +62,7 @@ pub use dims::ModelDims;
 pub use error::{Error, Result, Site, Stream};
 pub use mat::Mat;
 pub use moment::SecondMoment;
-pub use rotate::{GEMM_MIN_ROWS, RotationKernel, rotate_rows, rotate_rows_with};
+pub use rotate::{
+    Direction, GEMM_MIN_ROWS, RotationKernel, rotate_rows, rotate_rows_with, unrotate_rows,
+};
 pub use set::{BasisKind, HeadCounts, ORTHOGONALITY_TOLERANCE, ProjectionSet, Provenance};

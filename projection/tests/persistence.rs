@@ -173,6 +173,21 @@ fn corrupt_files_give_typed_errors() {
     assert!(matches!(ProjectionSet::from_bytes(&no_model), Err(Error::Format { .. })));
 }
 
+/// Regression (found by the in-tree property fuzzing in `integration-tests`): NaN, ∞ or
+/// negative sample weights in the `weights` tensor used to be accepted (and broke
+/// `PartialEq` round trips); they are corrupt files.
+#[test]
+fn non_finite_or_negative_sample_weights_are_rejected() {
+    let good = calibrated().to_bytes().unwrap();
+    for bad_weight in [f64::NAN, f64::INFINITY, -1.0] {
+        let bad = rewrite(&good, |t, _| {
+            t.get_mut("weights").unwrap()[8..16].copy_from_slice(&bad_weight.to_le_bytes())
+        });
+        let err = ProjectionSet::from_bytes(&bad).unwrap_err();
+        assert!(matches!(err, Error::InvalidWeight { .. }), "{bad_weight}: {err}");
+    }
+}
+
 #[test]
 fn io_errors_name_the_path() {
     let err = ProjectionSet::load("/nonexistent/dir/p.safetensors").unwrap_err();

@@ -98,24 +98,33 @@ pub struct Forward {
     pub y: Vec<f32>,
 }
 
-/// Causal GQA attention layer. With `rotation = Some((set, layer))` the RoPE'd q/k are
-/// rotated by `P_QK` at run time (the weights must already be absorbed by the caller).
-pub fn forward(
-    w: &LayerWeights,
-    x: &[f32],
-    n: usize,
-    rotation: Option<(&ProjectionSet, usize)>,
-) -> Forward {
+/// How `forward` applies a projection set.
+#[derive(Clone, Copy)]
+pub enum Mode<'a> {
+    /// The original model.
+    Dense,
+    /// `P_QK` at run time; `P_VO` already absorbed into the weights by the caller.
+    Absorbed(&'a ProjectionSet, usize),
+    /// `P_QK` at run time; values rotated by `P_VO` and outputs rotated back at run time.
+    Runtime(&'a ProjectionSet, usize),
+}
+
+/// Causal GQA attention layer under `mode`.
+pub fn forward(w: &LayerWeights, x: &[f32], n: usize, mode: Mode<'_>) -> Forward {
     let dims = w.dims;
     let (d, nq, nkv, hd) = (dims.head_dim(), dims.q_heads(), dims.kv_heads(), w.hidden);
     let mut q = linear(x, n, &w.wq, nq * d, hd, None);
     let mut k = linear(x, n, &w.wk, nkv * d, hd, None);
-    let v = linear(x, n, &w.wv, nkv * d, hd, w.bv.as_deref());
+    let mut v = linear(x, n, &w.wv, nkv * d, hd, w.bv.as_deref());
     rope(&mut q, n, nq, d, 10_000.0);
     rope(&mut k, n, nkv, d, 10_000.0);
-    if let Some((set, layer)) = rotation {
+    if let Mode::Absorbed(set, layer) | Mode::Runtime(set, layer) = mode {
         set.rotate_queries(layer, n, &mut q).unwrap();
         set.rotate_keys(layer, n, &mut k).unwrap();
+    }
+    if let Mode::Runtime(set, layer) = mode {
+        let raw = v.clone();
+        set.rotate_values_into(layer, n, &raw, &mut v).unwrap();
     }
     let scale = 1.0 / (d as f32).sqrt();
     let mut scores = vec![0.0f32; nq * n * n];
@@ -139,7 +148,14 @@ pub fn forward(
             }
         }
     }
-    let y = linear(&attn_out, n, &w.wo, hd, nq * d, None);
+    let y = match mode {
+        Mode::Runtime(set, layer) => {
+            let mut o = vec![0.0f32; attn_out.len()];
+            set.unrotate_outputs_into(layer, n, &attn_out, &mut o).unwrap();
+            linear(&o, n, &w.wo, hd, nq * d, None)
+        }
+        _ => linear(&attn_out, n, &w.wo, hd, nq * d, None),
+    };
     Forward { q, k, v, scores, attn_out, y }
 }
 
@@ -148,7 +164,7 @@ pub fn forward(
 pub fn calibrate_on(ws: &[LayerWeights], x: &[f32], n: usize, model: &str) -> ProjectionSet {
     let mut cal = Calibrator::new(ws[0].dims, CalibrationConfig::default()).unwrap();
     for (layer, w) in ws.iter().enumerate() {
-        let f = forward(w, x, n, None);
+        let f = forward(w, x, n, Mode::Dense);
         let acts = LayerActivations {
             n_tokens: n,
             queries: &f.q,
