@@ -10,6 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod audio; // audio engineer (issue 8): audio front end and audio-LLM forwards
+pub mod bench_attn;
 pub mod cache;
 pub mod chat;
 pub mod checkpoint;

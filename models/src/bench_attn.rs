@@ -1,0 +1,702 @@
+//! `kvtide bench-attn`: decode-attention speed of kvtide's CPU kernels against libtorch,
+//! against the machine's memory bandwidth and against SWAN's compute break-even
+//! (`papers/swan.txt`, Appendix A.2: SWAN is cheaper once `L > b + d_h²/(d_h − k)`), all
+//! measured side by side in one process and printed as one JSON object of figures and
+//! ratios.
+//!
+//! For every thread count, head dimension `d` and cache length `L` of the grid, one decode
+//! step of a `q_heads` / `kv_heads` layer is timed (best of interleaved rounds) for:
+//! * `dense_f16` — our dense kernel over f16 K/V (the baseline of the ratios);
+//! * `torch_f32`, `torch_bf16` — libtorch's dense attention on CPU tensors, `matmul →
+//!   softmax → matmul`, same shapes;
+//! * `hybrid` — our SWAN hybrid kernel: `b` dense f16 rows plus the rest as CSR rows with `k`
+//!   kept dims, f16 or fp8 values.
+//!
+//! Each kernel's effective bandwidth is the cache bytes one step reads divided by its time,
+//! also given as a fraction of the measured copy and read bandwidth on the same threads.
+//! The crossover experiment times a full SWAN step (runtime rotation of q and k by
+//! `P_QK`, then the hybrid kernel) against the dense kernel over a ladder of `L` and reports
+//! where SWAN becomes faster, next to the formula.
+
+use std::time::Instant;
+
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv, bandwidth, synth};
+use half::f16;
+use kv_sparse::Value;
+use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::hybrid::HybridCache;
+use serde::Serialize;
+use serde_json::{Value as Json, json};
+use tch::{Kind, Tensor};
+
+use crate::error::{Error, Result, TorchOp, invalid};
+
+/// Value format of the sparse history in the hybrid caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SparseValues {
+    /// IEEE half precision (`3k + 2` bytes per row).
+    F16,
+    /// OCP E4M3FN (`2k + 2` bytes per row).
+    Fp8,
+}
+
+/// What `kvtide bench-attn` measures.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchAttnOptions {
+    /// Query heads of the layer.
+    pub q_heads: usize,
+    /// Key/value heads of the layer.
+    pub kv_heads: usize,
+    /// Head dimensions `d`.
+    pub head_dims: Vec<usize>,
+    /// Cache lengths `L` (tokens).
+    pub lengths: Vec<usize>,
+    /// Dense buffer rows `b` of the hybrid caches.
+    pub buffer: usize,
+    /// Kept dims `k = d · num / den`, as `(num, den)`.
+    pub k_fractions: Vec<(usize, usize)>,
+    /// Sparse value formats.
+    pub formats: Vec<SparseValues>,
+    /// Thread counts (ours and libtorch's intra-op threads).
+    pub threads: Vec<usize>,
+    /// Interleaved timing rounds; each figure is the best round.
+    pub rounds: usize,
+    /// Smallest time of one timing sample, seconds (short calls are repeated).
+    pub min_sample_secs: f64,
+    /// Time libtorch in f32.
+    pub torch_f32: bool,
+    /// Time libtorch in bf16.
+    pub torch_bf16: bool,
+    /// Buffer size of the bandwidth measurement, MiB.
+    pub bandwidth_mib: usize,
+    /// Longest `L` of the crossover ladder (0: no crossover experiment).
+    pub crossover_max_len: usize,
+    /// Seed of the synthetic caches.
+    pub seed: u64,
+}
+
+impl Default for BenchAttnOptions {
+    fn default() -> Self {
+        Self::full()
+    }
+}
+
+impl BenchAttnOptions {
+    /// The grid: 32 q / 8 kv heads, d ∈ {64, 128}, L ∈ {1k, 4k, 16k, 32k}, b = 128,
+    /// k ∈ {d/4, d/2, 3d/4}, f16 and fp8, 1 and 2 threads, libtorch f32 and bf16.
+    pub fn full() -> Self {
+        Self {
+            q_heads: 32,
+            kv_heads: 8,
+            head_dims: vec![64, 128],
+            lengths: vec![1024, 4096, 16384, 32768],
+            buffer: 128,
+            k_fractions: vec![(1, 4), (1, 2), (3, 4)],
+            formats: vec![SparseValues::F16, SparseValues::Fp8],
+            threads: vec![1, 2],
+            rounds: 5,
+            min_sample_secs: 0.02,
+            torch_f32: true,
+            torch_bf16: true,
+            bandwidth_mib: 512,
+            crossover_max_len: 16384,
+            seed: 1,
+        }
+    }
+
+    /// A smoke test that runs in seconds: one small shape of everything.
+    pub fn quick() -> Self {
+        Self {
+            q_heads: 8,
+            kv_heads: 2,
+            head_dims: vec![64],
+            lengths: vec![512, 2048],
+            k_fractions: vec![(1, 2)],
+            formats: vec![SparseValues::Fp8],
+            threads: vec![1],
+            rounds: 2,
+            min_sample_secs: 0.002,
+            torch_bf16: false,
+            bandwidth_mib: 16,
+            crossover_max_len: 1024,
+            ..Self::full()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        const OP: &str = "bench-attn";
+        let empty = [
+            ("head_dims", self.head_dims.is_empty()),
+            ("lengths", self.lengths.is_empty()),
+            ("k_fractions", self.k_fractions.is_empty()),
+            ("formats", self.formats.is_empty()),
+            ("threads", self.threads.is_empty()),
+        ];
+        if let Some((what, _)) = empty.iter().find(|(_, e)| *e) {
+            return Err(invalid(OP, format!("{what} must not be empty")));
+        }
+        if self.rounds == 0
+            || self.bandwidth_mib == 0
+            || self.min_sample_secs.is_nan()
+            || self.min_sample_secs < 0.0
+        {
+            return Err(invalid(OP, "rounds, bandwidth_mib must be ≥ 1 and min_sample_secs ≥ 0"));
+        }
+        if let Some(&(n, d)) = self.k_fractions.iter().find(|(n, d)| *d == 0 || n > d) {
+            return Err(invalid(OP, format!("k fraction {n}/{d} must lie in [0, 1]")));
+        }
+        if let Some(&l) = self.lengths.iter().find(|&&l| l == 0) {
+            return Err(invalid(OP, format!("cache length {l} must be ≥ 1")));
+        }
+        AttnConfig::new(self.q_heads, self.kv_heads, self.head_dims[0]).map_err(kernel_err)?;
+        Ok(())
+    }
+
+    fn ks(&self, d: usize) -> Vec<usize> {
+        self.k_fractions.iter().map(|&(n, den)| d * n / den).collect()
+    }
+}
+
+fn kernel_err(e: attn_kernels::Error) -> Error {
+    invalid("bench-attn", e.to_string())
+}
+
+/// Runs the whole benchmark and returns one JSON object of figures and ratios.
+///
+/// # Errors
+/// [`Error::InvalidInput`] for an empty or out-of-range option or a kernel error;
+/// [`Error::Torch`] if libtorch fails.
+pub fn run(opts: &BenchAttnOptions) -> Result<Json> {
+    opts.validate()?;
+    let _guard = tch::no_grad_guard();
+    let mut engines = Vec::new();
+    for &t in &opts.threads {
+        let attn = CpuAttention::new(t).map_err(kernel_err)?;
+        let bw =
+            bandwidth::measure(attn.pool(), opts.bandwidth_mib << 20, 3).map_err(kernel_err)?;
+        engines.push(Engine { attn, bw });
+    }
+    let mut points = Vec::new();
+    for &d in &opts.head_dims {
+        for &len in &opts.lengths {
+            let inputs = Inputs::build(opts, d, len)?;
+            for e in &mut engines {
+                points.push(measure_point(opts, e, &inputs)?);
+            }
+        }
+    }
+    let crossover = crossover::run(opts, &mut engines[0].attn)?;
+    let targets = targets(opts, &points, &crossover);
+    Ok(json!({
+        "machine": machine(&engines),
+        "options": opts,
+        "results": points,
+        "crossover": crossover,
+        "targets": targets,
+    }))
+}
+
+/// Our kernels on one thread count, with the bandwidth measured on the same threads.
+struct Engine {
+    attn: CpuAttention,
+    bw: bandwidth::Bandwidth,
+}
+
+fn machine(engines: &[Engine]) -> Json {
+    let bw: Vec<Json> = engines
+        .iter()
+        .map(|e| {
+            json!({
+                "threads": e.bw.threads,
+                "copy_gb_per_s": e.bw.copy_bytes_per_s / 1e9,
+                "read_gb_per_s": e.bw.read_bytes_per_s / 1e9,
+                "buffer_bytes": e.bw.bytes,
+            })
+        })
+        .collect();
+    json!({
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "isa": engines.first().map(|e| e.attn.isa().to_string()),
+        "libtorch_threads_default": tch::get_num_threads(),
+        "bandwidth": bw,
+    })
+}
+
+/// The hybrid caches of one (k, format) for every kv-head.
+enum HybridSet {
+    F16(Vec<HybridCache<u8, f16, f16>>),
+    Fp8(Vec<HybridCache<u8, Fp8E4M3, f16>>),
+}
+
+impl HybridSet {
+    fn build(
+        opts: &BenchAttnOptions,
+        d: usize,
+        len: usize,
+        k: usize,
+        fmt: SparseValues,
+    ) -> Result<Self> {
+        fn heads<V: Value>(
+            o: &BenchAttnOptions,
+            d: usize,
+            len: usize,
+            k: usize,
+        ) -> Result<Vec<HybridCache<u8, V, f16>>> {
+            (0..o.kv_heads as u64)
+                .map(|h| synth::hybrid_cache(d, o.buffer, k, len, o.seed + h).map_err(kernel_err))
+                .collect()
+        }
+        Ok(match fmt {
+            SparseValues::F16 => Self::F16(heads(opts, d, len, k)?),
+            SparseValues::Fp8 => Self::Fp8(heads(opts, d, len, k)?),
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::F16(c) => c.iter().map(|c| c.memory().held_bytes()).sum(),
+            Self::Fp8(c) => c.iter().map(|c| c.memory().held_bytes()).sum(),
+        }
+    }
+
+    fn decode(
+        &self,
+        attn: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        match self {
+            Self::F16(c) => attn.hybrid(cfg, q, c, out),
+            Self::Fp8(c) => attn.hybrid(cfg, q, c, out),
+        }
+        .map_err(kernel_err)
+    }
+}
+
+/// libtorch copies of the dense cache: q `[kv, g, d]`, K and V `[kv, L, d]`.
+struct TorchKv {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+}
+
+impl TorchKv {
+    fn new(q: &[f32], k: &[f32], v: &[f32], shape: [i64; 3], g: i64, kind: Kind) -> Result<Self> {
+        let to = |x: &[f32], s: [i64; 3]| -> Result<Tensor> {
+            Tensor::from_slice(x).f_view(s).op("view")?.f_to_kind(kind).op("to_kind")
+        };
+        Ok(Self { q: to(q, [shape[0], g, shape[2]])?, k: to(k, shape)?, v: to(v, shape)? })
+    }
+
+    /// `softmax(scale · q Kᵀ) V`, `[kv, g, d]`.
+    fn attend(&self, scale: f64) -> Result<Tensor> {
+        let kt = self.k.f_transpose(1, 2).op("transpose")?;
+        let s = self.q.f_matmul(&kt).op("matmul")?.f_mul_scalar(scale).op("mul")?;
+        let p = s.f_softmax(-1, s.kind()).op("softmax")?;
+        p.f_matmul(&self.v).op("matmul")
+    }
+
+    fn bytes(&self) -> usize {
+        2 * self.k.numel() * self.k.kind().elt_size_in_bytes()
+    }
+}
+
+/// Keys and values of one kv-head, f16 row-major.
+type DenseHead = (Vec<f16>, Vec<f16>);
+
+/// Everything one grid point (d, L) times.
+struct Inputs {
+    cfg: AttnConfig,
+    len: usize,
+    q: Vec<f32>,
+    dense: Vec<DenseHead>,
+    torch: Vec<(&'static str, TorchKv)>,
+    hybrids: Vec<(usize, SparseValues, HybridSet)>,
+}
+
+impl Inputs {
+    fn build(opts: &BenchAttnOptions, d: usize, len: usize) -> Result<Self> {
+        let cfg = AttnConfig::new(opts.q_heads, opts.kv_heads, d).map_err(kernel_err)?;
+        let q = synth::values(cfg.q_len(), opts.seed ^ 0x51);
+        let kv = opts.kv_heads as u64;
+        let dense: Vec<DenseHead> = (0..kv)
+            .map(|h| (synth::dense_rows(len, d, 2 * h), synth::dense_rows(len, d, 2 * h + 1)))
+            .collect();
+        let flat = |f: fn(&DenseHead) -> &Vec<f16>| -> Vec<f32> {
+            dense.iter().flat_map(|p| f(p).iter().map(|x| x.to_f32())).collect()
+        };
+        let (kf, vf) = (flat(|p| &p.0), flat(|p| &p.1));
+        let shape = [kv as i64, len as i64, d as i64];
+        let g = cfg.group_size() as i64;
+        let mut torch = Vec::new();
+        for (name, on, kind) in [
+            ("torch_f32", opts.torch_f32, Kind::Float),
+            ("torch_bf16", opts.torch_bf16, Kind::BFloat16),
+        ] {
+            if on {
+                torch.push((name, TorchKv::new(&q, &kf, &vf, shape, g, kind)?));
+            }
+        }
+        let mut hybrids = Vec::new();
+        for k in opts.ks(d) {
+            for &fmt in &opts.formats {
+                hybrids.push((k, fmt, HybridSet::build(opts, d, len, k, fmt)?));
+            }
+        }
+        Ok(Self { cfg, len, q, dense, torch, hybrids })
+    }
+
+    fn dense_bytes(&self) -> usize {
+        self.dense.iter().map(|(k, v)| 2 * (k.len() + v.len())).sum()
+    }
+}
+
+/// Best per-call seconds of `f` over `rounds`, each round repeating `f` for at least
+/// `min_secs` (one call when `min_secs` is 0).
+fn time_best(min_secs: f64, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let start = Instant::now();
+    let mut calls = 0u32;
+    loop {
+        f()?;
+        calls += 1;
+        let el = start.elapsed().as_secs_f64();
+        if el >= min_secs {
+            return Ok(el / f64::from(calls));
+        }
+    }
+}
+
+/// Times every kernel of a grid point on one engine, in interleaved rounds.
+fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<Json> {
+    tch::set_num_threads(e.bw.threads as i32);
+    let d = x.cfg.head_dim();
+    let kv: Vec<DenseKv<'_, f16>> = x.dense.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+    let mut out = vec![0.0f32; x.cfg.q_len()];
+    let n = 1 + x.torch.len() + x.hybrids.len();
+    let mut best = vec![f64::INFINITY; n];
+    let scale = f64::from(x.cfg.scale());
+    for _ in 0..opts.rounds {
+        let mut i = 0;
+        let mut record = |t: f64| {
+            best[i] = best[i].min(t);
+            i += 1;
+        };
+        record(time_best(opts.min_sample_secs, || {
+            e.attn.dense(&x.cfg, &x.q, &kv, &mut out).map_err(kernel_err)
+        })?);
+        for (_, t) in &x.torch {
+            record(time_best(opts.min_sample_secs, || t.attend(scale).map(drop))?);
+        }
+        for (_, _, h) in &x.hybrids {
+            record(time_best(opts.min_sample_secs, || {
+                h.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+            })?);
+        }
+    }
+    let torch_check = torch_agreement(e, x, &kv, scale)?;
+    Ok(point_json(e, x, &best, torch_check))
+}
+
+/// Largest |ours − libtorch f32| over the outputs (a check that both compute the same).
+fn torch_agreement(
+    e: &mut Engine,
+    x: &Inputs,
+    kv: &[DenseKv<'_, f16>],
+    scale: f64,
+) -> Result<Option<f64>> {
+    let Some((_, t)) = x.torch.iter().find(|(n, _)| *n == "torch_f32") else { return Ok(None) };
+    let mut ours = vec![0.0f32; x.cfg.q_len()];
+    e.attn.dense(&x.cfg, &x.q, kv, &mut ours).map_err(kernel_err)?;
+    let theirs =
+        Vec::<f32>::try_from(t.attend(scale)?.f_flatten(0, -1).op("flatten")?).op("to vec")?;
+    Ok(Some(ours.iter().zip(&theirs).map(|(a, b)| f64::from((a - b).abs())).fold(0.0, f64::max)))
+}
+
+/// Time, bytes, bandwidth and its fractions of one kernel.
+fn figures(e: &Engine, secs: f64, bytes: usize) -> Json {
+    let rate = bytes as f64 / secs;
+    json!({
+        "ms": secs * 1e3,
+        "bytes": bytes,
+        "gb_per_s": rate / 1e9,
+        "frac_copy_bw": rate / e.bw.copy_bytes_per_s,
+        "frac_read_bw": rate / e.bw.read_bytes_per_s,
+    })
+}
+
+fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) -> Json {
+    let dense = best[0];
+    let mut p = json!({
+        "threads": e.bw.threads,
+        "head_dim": x.cfg.head_dim(),
+        "len": x.len,
+        "dense_f16": figures(e, dense, x.dense_bytes()),
+        "dense_f16_vs_torch_f32_max_abs_diff": torch_check,
+    });
+    let mut torch_secs = serde_json::Map::new();
+    for (i, (name, t)) in x.torch.iter().enumerate() {
+        let secs = best[1 + i];
+        let mut f = figures(e, secs, t.bytes());
+        f["dense_f16_speedup"] = json!(secs / dense);
+        p[*name] = f;
+        torch_secs.insert((*name).to_string(), json!(secs));
+    }
+    let off = 1 + x.torch.len();
+    let hybrids: Vec<Json> = x
+        .hybrids
+        .iter()
+        .enumerate()
+        .map(|(i, (k, fmt, h))| {
+            let secs = best[off + i];
+            let mut f = figures(e, secs, h.bytes());
+            f["values"] = json!(fmt);
+            f["k"] = json!(k);
+            f["speedup_vs_dense_f16"] = json!(dense / secs);
+            for (name, t) in &torch_secs {
+                f[format!("speedup_vs_{name}")] = json!(t.as_f64().unwrap_or(f64::NAN) / secs);
+            }
+            f
+        })
+        .collect();
+    p["hybrid"] = json!(hybrids);
+    p
+}
+
+/// The targets, evaluated on the measured figures.
+fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json) -> Json {
+    let max_len = opts.lengths.iter().copied().max().unwrap_or(0);
+    let headline: Vec<Json> = points
+        .iter()
+        .filter(|p| p["len"] == json!(max_len))
+        .flat_map(|p| {
+            let d = p["head_dim"].as_u64().unwrap_or(0);
+            let rows = p["hybrid"].as_array().cloned().unwrap_or_default();
+            let p = p.clone();
+            rows.into_iter()
+                .filter(move |h| h["values"] == json!("fp8") && h["k"].as_u64() == Some(d / 2))
+                .map(move |h| {
+                    let (vd, vt) =
+                        (h["speedup_vs_dense_f16"].as_f64(), h["speedup_vs_torch_f32"].as_f64());
+                    json!({
+                        "threads": p["threads"], "head_dim": d, "len": max_len,
+                        "speedup_vs_dense_f16": vd, "target_vs_dense_f16": 1.5,
+                        "speedup_vs_torch_f32": vt, "target_vs_torch_f32": 5.0,
+                        "met": vd.is_some_and(|v| v >= 1.5) && vt.is_some_and(|v| v >= 5.0),
+                    })
+                })
+        })
+        .collect();
+    json!({
+        "hybrid_fp8_half_k_longest": headline,
+        "bandwidth_at_16k_or_more": bandwidth_target(points),
+        "crossover_within_2x": crossover_target(crossover),
+    })
+}
+
+/// The smallest fraction of copy bandwidth any kernel reaches at L ≥ 16k (target ≥ 0.5).
+fn bandwidth_target(points: &[Json]) -> Json {
+    let mut worst: Option<(f64, String)> = None;
+    for p in points.iter().filter(|p| p["len"].as_u64().is_some_and(|l| l >= 16384)) {
+        let tag = format!("t{} d{} L{}", p["threads"], p["head_dim"], p["len"]);
+        let mut kernels = vec![("dense_f16".to_string(), p["dense_f16"].clone())];
+        for h in p["hybrid"].as_array().into_iter().flatten() {
+            kernels.push((
+                format!("hybrid_{}_k{}", h["values"].as_str().unwrap_or("?"), h["k"]),
+                h.clone(),
+            ));
+        }
+        for (name, f) in kernels {
+            let frac = f["frac_copy_bw"].as_f64().unwrap_or(0.0);
+            if worst.as_ref().is_none_or(|(w, _)| frac < *w) {
+                worst = Some((frac, format!("{name} {tag}")));
+            }
+        }
+    }
+    match worst {
+        Some((frac, at)) => {
+            json!({"min_frac_copy_bw": frac, "at": at, "target": 0.5, "met": frac >= 0.5})
+        }
+        None => {
+            json!({"min_frac_copy_bw": null, "note": "no length ≥ 16k in the grid", "met": null})
+        }
+    }
+}
+
+fn crossover_target(crossover: &Json) -> Json {
+    let rows = crossover.as_array().cloned().unwrap_or_default();
+    let within = rows.iter().filter(|r| r["within_2x"] == json!(true)).count();
+    json!({"within": within, "of": rows.len(), "met": !rows.is_empty() && within == rows.len()})
+}
+
+/// SWAN's compute break-even, measured (Appendix A.2): a full SWAN decode step — rotate
+/// the new query and key by `P_QK` (the `d_h²` overhead of the formula), then the hybrid
+/// kernel — against the dense kernel, over a ladder `L = b + 16·2^i`.
+mod crossover {
+    use projection::{ModelDims, ProjectionSet};
+
+    use super::*;
+
+    fn proj_err(e: projection::Error) -> Error {
+        invalid("bench-attn crossover", e.to_string())
+    }
+
+    /// One row per (d, k, format), single engine (the first thread count).
+    pub(super) fn run(opts: &BenchAttnOptions, attn: &mut CpuAttention) -> Result<Json> {
+        if opts.crossover_max_len == 0 {
+            return Ok(json!([]));
+        }
+        let mut rows = Vec::new();
+        for &d in &opts.head_dims {
+            let dims = ModelDims::new(1, opts.q_heads, opts.kv_heads, d).map_err(proj_err)?;
+            let set = ProjectionSet::random(dims, "bench-attn", opts.seed).map_err(proj_err)?;
+            for k in opts.ks(d) {
+                for &fmt in &opts.formats {
+                    rows.push(one(opts, attn, &set, (d, k, fmt))?);
+                }
+            }
+        }
+        Ok(json!(rows))
+    }
+
+    fn ladder(opts: &BenchAttnOptions) -> Vec<usize> {
+        (0..)
+            .map(|i| opts.buffer + (16 << i))
+            .take_while(|&l| l <= opts.crossover_max_len.max(opts.buffer + 16))
+            .collect()
+    }
+
+    /// Seconds of one dense step and one SWAN step (rotation + hybrid) at length `len`.
+    fn step_times(
+        opts: &BenchAttnOptions,
+        attn: &mut CpuAttention,
+        set: &ProjectionSet,
+        (d, k, fmt): (usize, usize, SparseValues),
+        len: usize,
+    ) -> Result<(f64, f64)> {
+        let cfg = AttnConfig::new(opts.q_heads, opts.kv_heads, d).map_err(kernel_err)?;
+        let q = synth::values(cfg.q_len(), opts.seed ^ 0x51);
+        let key = synth::values(opts.kv_heads * d, opts.seed ^ 0x52);
+        let dense: Vec<DenseHead> = (0..opts.kv_heads as u64)
+            .map(|h| (synth::dense_rows(len, d, 2 * h), synth::dense_rows(len, d, 2 * h + 1)))
+            .collect();
+        let kv: Vec<DenseKv<'_, f16>> = dense.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+        let hybrid = HybridSet::build(opts, d, len, k, fmt)?;
+        let (mut out, mut qh, mut kh) =
+            (vec![0.0; cfg.q_len()], vec![0.0; q.len()], vec![0.0; key.len()]);
+        let (mut td, mut ts) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..opts.rounds {
+            td = td.min(time_best(opts.min_sample_secs, || {
+                attn.dense(&cfg, &q, &kv, &mut out).map_err(kernel_err)
+            })?);
+            ts = ts.min(time_best(opts.min_sample_secs, || {
+                set.rotate_queries_into(0, 1, &q, &mut qh).map_err(proj_err)?;
+                set.rotate_keys_into(0, 1, &key, &mut kh).map_err(proj_err)?;
+                hybrid.decode(attn, &cfg, &qh, &mut out)
+            })?);
+        }
+        Ok((td, ts))
+    }
+
+    fn one(
+        opts: &BenchAttnOptions,
+        attn: &mut CpuAttention,
+        set: &ProjectionSet,
+        (d, k, fmt): (usize, usize, SparseValues),
+    ) -> Result<Json> {
+        let formula = kv_sparse::memory::break_even_len(d, opts.buffer, k);
+        let mut points = Vec::new();
+        for len in ladder(opts) {
+            let (dense, swan) = step_times(opts, attn, set, (d, k, fmt), len)?;
+            points.push((len, dense, swan));
+        }
+        let measured = crossing(&points);
+        let ratio = measured.zip(formula).map(|(m, f)| m / f);
+        Ok(json!({
+            "head_dim": d, "k": k, "values": fmt, "buffer": opts.buffer,
+            "formula_len": formula,
+            "measured_len": measured,
+            "measured_over_formula": ratio,
+            "within_2x": ratio.map(|r| (0.5..=2.0).contains(&r)),
+            "points": points.iter().map(|&(l, a, b)| json!({"len": l, "dense_ms": a * 1e3, "swan_ms": b * 1e3})).collect::<Vec<_>>(),
+        }))
+    }
+
+    /// The length from which SWAN stays faster: log-interpolated between the last ladder
+    /// point where it is slower and the next; the first point if it is never slower;
+    /// `None` if it is still slower at the longest point.
+    pub(super) fn crossing(points: &[(usize, f64, f64)]) -> Option<f64> {
+        let faster = |p: &(usize, f64, f64)| p.2 < p.1;
+        let last_slow = points.iter().rposition(|p| !faster(p));
+        match last_slow {
+            None => points.first().map(|p| p.0 as f64),
+            Some(i) if i + 1 == points.len() => None,
+            Some(i) => {
+                let (a, b) = (points[i], points[i + 1]);
+                let (ra, rb) = ((a.2 / a.1).ln(), (b.2 / b.1).ln());
+                let t = if ra > rb { ra / (ra - rb) } else { 0.5 };
+                Some(((a.0 as f64).ln() + t * ((b.0 as f64).ln() - (a.0 as f64).ln())).exp())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crossing_interpolates_the_last_sign_change() {
+        use crossover::crossing;
+        assert_eq!(crossing(&[(100, 1.0, 0.5), (200, 2.0, 1.0)]), Some(100.0));
+        assert_eq!(crossing(&[(100, 1.0, 2.0), (200, 2.0, 3.0)]), None);
+        let x = crossing(&[(100, 1.0, 2.0), (400, 2.0, 1.0)]).unwrap();
+        assert!((x - 200.0).abs() < 1e-9, "{x}");
+    }
+
+    #[test]
+    fn bad_options_are_errors() {
+        let mut o = BenchAttnOptions::quick();
+        o.lengths.clear();
+        assert!(matches!(run(&o), Err(Error::InvalidInput { .. })));
+        let mut o = BenchAttnOptions::quick();
+        o.k_fractions = vec![(3, 2)];
+        assert!(matches!(run(&o), Err(Error::InvalidInput { .. })));
+        let mut o = BenchAttnOptions::quick();
+        o.kv_heads = 3;
+        assert!(matches!(run(&o), Err(Error::InvalidInput { .. })));
+    }
+
+    /// The full grid, printed: `cargo test -p models --release --lib
+    /// bench_attn::tests::full_grid -- --ignored --nocapture` (what `kvtide bench-attn`
+    /// prints; `KVTIDE_BENCH_QUICK=1` for the quick grid).
+    #[test]
+    #[ignore = "takes minutes; prints the bench-attn JSON"]
+    fn full_grid() {
+        let quick = std::env::var_os("KVTIDE_BENCH_QUICK").is_some();
+        let opts = if quick { BenchAttnOptions::quick() } else { BenchAttnOptions::full() };
+        let r = run(&opts).unwrap();
+        println!("{}", serde_json::to_string_pretty(&r).unwrap());
+    }
+
+    #[test]
+    fn quick_run_reports_every_figure() {
+        let mut o = BenchAttnOptions::quick();
+        o.lengths = vec![300];
+        o.crossover_max_len = 200;
+        o.min_sample_secs = 0.0;
+        o.rounds = 1;
+        let r = run(&o).unwrap();
+        assert!(r["machine"]["bandwidth"][0]["copy_gb_per_s"].as_f64().unwrap() > 0.0);
+        let p = &r["results"][0];
+        assert_eq!(p["len"], json!(300));
+        assert!(p["dense_f16"]["ms"].as_f64().unwrap() > 0.0);
+        assert!(p["torch_f32"]["dense_f16_speedup"].as_f64().unwrap() > 0.0);
+        assert!(p["dense_f16_vs_torch_f32_max_abs_diff"].as_f64().unwrap() < 1e-3);
+        assert_eq!(p["hybrid"][0]["k"], json!(32));
+        assert!(p["hybrid"][0]["speedup_vs_torch_f32"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["crossover"][0]["formula_len"], json!(128.0 + 64.0 * 64.0 / 32.0));
+        assert!(r["targets"]["hybrid_fp8_half_k_longest"][0]["met"].is_boolean());
+    }
+}
