@@ -48,7 +48,9 @@
 //!
 //! A fault-injecting wrapper ([`FaultyTier`]) shows how to decorate any tier; hardening tests
 //! use it to prove that failed moves lose neither a CPU copy nor a residency entry.
+//! [`contract::check_contract`] is a conformance check to run against any new tier.
 
+pub mod contract;
 mod fault;
 mod host;
 
@@ -307,6 +309,48 @@ pub trait Tier: Send + Sync + 'static {
         keys: &mut [u8],
         values: &mut [u8],
     ) -> Result<(), TierError>;
+
+    /// Reads rows of a device page back (verification; not on any hot path). The default
+    /// copies from [`ArenaRead::host_bytes`]; device tiers override it with a D2H copy.
+    ///
+    /// # Errors
+    /// As [`write_device`](Tier::write_device); [`TierError::Backend`] if the arena is not
+    /// host-addressable and the tier does not override this method.
+    fn read_device(
+        &self,
+        page: &DevicePage,
+        first_row: usize,
+        keys: &mut [u8],
+        values: &mut [u8],
+    ) -> Result<(), TierError> {
+        const OP: &str = "read_device";
+        let spec = *self.pools().get(page.pool()).ok_or(TierError::Bounds {
+            op: OP,
+            what: "pool",
+            got: page.pool(),
+            limit: self.pools().len(),
+        })?;
+        check_rows(OP, &spec, first_row, keys.len(), values.len())?;
+        let arena = self.arena(page.pool(), page.layer());
+        let (kb, vb) = arena.host_bytes().ok_or(TierError::Backend {
+            op: OP,
+            message: "arena is not host-addressable".into(),
+        })?;
+        let row = page.index() as usize * spec.page_rows + first_row;
+        let (k0, v0) = (row * spec.key_row_bytes, row * spec.value_row_bytes);
+        let (k, v) = (kb.get(k0..k0 + keys.len()), vb.get(v0..v0 + values.len()));
+        let (Some(k), Some(v)) = (k, v) else {
+            return Err(TierError::Bounds {
+                op: OP,
+                what: "page",
+                got: page.index() as usize,
+                limit: kb.len() / spec.page_key_bytes().max(1),
+            });
+        };
+        keys.copy_from_slice(k);
+        values.copy_from_slice(v);
+        Ok(())
+    }
 
     /// Copies rows `0..rows` of `src` into rows `0..rows` of `dst`, possibly asynchronously.
     ///
