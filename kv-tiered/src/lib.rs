@@ -9,12 +9,19 @@
 //! Layers, from the bottom:
 //! * [`tier`]: where bytes live — the [`Tier`] trait (device arenas, pinned host pool, async
 //!   copies with events, move-only pages handed back on failure), [`HostTier`] (default, CPU),
-//!   [`tier::FaultyTier`] (fault injection); [`cuda::CudaTier`] (feature `cuda`) implements
-//!   the same trait on GPU memory.
+//!   [`tier::FaultyTier`] (fault injection), [`tier::contract`] (conformance check);
+//!   [`cuda::CudaTier`] (feature `cuda`) implements the same trait on GPU memory.
 //! * [`roles`], [`scores`], [`retention`], [`layout`]: calibration and geometry.
+//! * [`rows`]: dense rows (lossless f32, or f16/bf16) and SWAN sparse fp8 rows.
 //! * [`policy`]: WnW and the baselines decide placement and recall.
-//! * [`TieredStore`]: owns the rows, runs a policy, gives attention kernels per-head views
-//!   ([`HeadView`]), recalls on a worker thread, reports [`metrics`].
+//! * [`TieredStore`]: owns the rows, runs a policy, gives attention kernels zero-copy per-head
+//!   views ([`HeadView`], `attn_kernels::GatheredKv`), recalls on a worker thread, reports
+//!   [`metrics`], checks itself ([`TieredStore::audit`]).
+//! * [`sim`]: a synthetic Voxtral-scale workload for benches and smoke tests.
+//!
+//! Lossless setting: dense f32 rows, δ = ∞ ([`policy::EvictionLag::Never`]), every chunk
+//! selected and retention 1 — gathered attention then equals dense attention
+//! (`tests/lossless.rs`).
 //!
 //! ```
 //! use kv_tiered::{AudioLayout, DenseKv, HeadRoles, StoreConfig, TieredStore, TriageConfig};
