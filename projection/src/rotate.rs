@@ -18,7 +18,8 @@ use crate::mat::Mat;
 /// (picked from `cargo bench -p projection --bench rotate`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
-/// Output columns accumulated in registers at once by the forward row kernel.
+/// Output columns per register block of the portable forward kernel (the AVX2 build uses
+/// 64 for one row and 32 per row for row pairs: 8 ymm accumulators either way).
 const BLOCK: usize = 32;
 
 /// Lanes of the inverse kernel's dot-product accumulators.
@@ -42,28 +43,46 @@ pub enum Direction {
     Inverse,
 }
 
-/// `out = x·P` for one row (`x`, `out`: `d` floats; `p`: `d × d` row-major).
 #[inline(always)]
-fn row_kernel<const FMA: bool>(x: &[f32], p: &[f32], out: &mut [f32]) {
-    let d = x.len();
+fn madd<const FMA: bool>(acc: f32, x: f32, p: f32) -> f32 {
+    if FMA { x.mul_add(p, acc) } else { acc + x * p }
+}
+
+/// `outs[r] = xs[r]·P` for `R` rows at once (`p`: `d × d` row-major). Output columns are
+/// produced in blocks of `B` register accumulators per row, and each loaded element of `P`
+/// is used by all `R` rows (the rows of one GQA group share their basis).
+#[inline(always)]
+fn block_kernel<const FMA: bool, const R: usize, const B: usize>(
+    xs: [&[f32]; R],
+    p: &[f32],
+    outs: &mut [&mut [f32]; R],
+) {
+    let d = xs[0].len();
     let mut c0 = 0;
-    while c0 + BLOCK <= d {
-        let mut acc = [0.0f32; BLOCK];
-        for (i, &xi) in x.iter().enumerate() {
-            let row = &p[i * d + c0..i * d + c0 + BLOCK];
-            for (a, &pv) in acc.iter_mut().zip(row) {
-                *a = if FMA { xi.mul_add(pv, *a) } else { *a + xi * pv };
+    while c0 + B <= d {
+        let mut acc = [[0.0f32; B]; R];
+        for i in 0..d {
+            let row = &p[i * d + c0..][..B];
+            for r in 0..R {
+                let xi = xs[r][i];
+                for (a, &pv) in acc[r].iter_mut().zip(row) {
+                    *a = madd::<FMA>(*a, xi, pv);
+                }
             }
         }
-        out[c0..c0 + BLOCK].copy_from_slice(&acc);
-        c0 += BLOCK;
+        for r in 0..R {
+            outs[r][c0..c0 + B].copy_from_slice(&acc[r]);
+        }
+        c0 += B;
     }
     if c0 < d {
-        let tail = &mut out[c0..d];
-        tail.fill(0.0);
-        for (i, &xi) in x.iter().enumerate() {
-            for (o, &pv) in tail.iter_mut().zip(&p[i * d + c0..(i + 1) * d]) {
-                *o = if FMA { xi.mul_add(pv, *o) } else { *o + xi * pv };
+        for r in 0..R {
+            let tail = &mut outs[r][c0..d];
+            tail.fill(0.0);
+            for (i, &xi) in xs[r].iter().enumerate() {
+                for (o, &pv) in tail.iter_mut().zip(&p[i * d + c0..(i + 1) * d]) {
+                    *o = madd::<FMA>(*o, xi, pv);
+                }
             }
         }
     }
@@ -87,8 +106,10 @@ fn row_kernel_inverse<const FMA: bool>(x: &[f32], p: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Applies the forward (`INV = false`) or inverse kernel to `xr.n` strided rows; forward
+/// rows go two at a time (blocks of `B2` columns) with a single-row tail (blocks of `B1`).
 #[inline(always)]
-fn rows_kernel<const FMA: bool, const INV: bool>(
+fn rows_kernel<const FMA: bool, const INV: bool, const B1: usize, const B2: usize>(
     x: &[f32],
     xr: Rows,
     p: &[f32],
@@ -96,13 +117,22 @@ fn rows_kernel<const FMA: bool, const INV: bool>(
     or: Rows,
 ) {
     let d = p.len().isqrt();
-    for r in 0..xr.n {
-        let src = &x[xr.offset + r * xr.stride..][..d];
+    let src = |r: usize| &x[xr.offset + r * xr.stride..][..d];
+    let mut r = 0;
+    while !INV && r + 2 <= xr.n {
+        let (o0, o1) = (or.offset + r * or.stride, or.offset + (r + 1) * or.stride);
+        // Two disjoint output rows (or.stride >= d, checked by the callers' shapes).
+        let (head, rest) = out.split_at_mut(o1);
+        let mut outs = [&mut head[o0..o0 + d], &mut rest[..d]];
+        block_kernel::<FMA, 2, B2>([src(r), src(r + 1)], p, &mut outs);
+        r += 2;
+    }
+    for r in r..xr.n {
         let dst = &mut out[or.offset + r * or.stride..][..d];
         if INV {
-            row_kernel_inverse::<FMA>(src, p, dst);
+            row_kernel_inverse::<FMA>(src(r), p, dst);
         } else {
-            row_kernel::<FMA>(src, p, dst);
+            block_kernel::<FMA, 1, B1>([src(r)], p, &mut [dst]);
         }
     }
 }
@@ -118,7 +148,7 @@ unsafe fn rows_kernel_avx2<const INV: bool>(
     out: &mut [f32],
     or: Rows,
 ) {
-    rows_kernel::<true, INV>(x, xr, p, out, or);
+    rows_kernel::<true, INV, 64, 32>(x, xr, p, out, or);
 }
 
 /// Which implementation rotates a batch of rows.
@@ -171,9 +201,9 @@ pub(crate) fn rotate_strided(
         return;
     }
     if inverse {
-        rows_kernel::<false, true>(x, xr, p.as_slice(), out, or);
+        rows_kernel::<false, true, BLOCK, BLOCK>(x, xr, p.as_slice(), out, or);
     } else {
-        rows_kernel::<false, false>(x, xr, p.as_slice(), out, or);
+        rows_kernel::<false, false, BLOCK, BLOCK>(x, xr, p.as_slice(), out, or);
     }
 }
 
@@ -270,7 +300,7 @@ mod tests {
                     assert!((a - b).abs() < 1e-5, "d {d} n {n}: {a} vs {b}");
                 }
                 let all = Rows { offset: 0, stride: d, n };
-                rows_kernel::<false, false>(&x, all, p.as_slice(), &mut fast, all);
+                rows_kernel::<false, false, BLOCK, 16>(&x, all, p.as_slice(), &mut fast, all);
                 for (a, b) in fast.iter().zip(&slow) {
                     assert!((a - b).abs() < 1e-5, "portable kernel d {d} n {n}: {a} vs {b}");
                 }
@@ -282,7 +312,7 @@ mod tests {
                         assert!((a - b).abs() < 1e-5, "inverse {kernel:?} d {d} n {n}: {a} vs {b}");
                     }
                 }
-                rows_kernel::<false, true>(&x, all, p.as_slice(), &mut fast, all);
+                rows_kernel::<false, true, BLOCK, BLOCK>(&x, all, p.as_slice(), &mut fast, all);
                 for (a, b) in fast.iter().zip(&slow) {
                     assert!((a - b).abs() < 1e-5, "portable inverse d {d} n {n}: {a} vs {b}");
                 }
