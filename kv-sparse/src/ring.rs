@@ -51,8 +51,31 @@ impl<D: Value> DenseRing<D> {
     /// # Ok::<(), kv_sparse::Error>(())
     /// ```
     pub fn new(head_dim: usize, capacity: usize) -> Self {
-        let elements = head_dim.checked_mul(capacity).expect("DenseRing::new: size overflows");
+        Self::with_allocated(head_dim, capacity, capacity)
+    }
+
+    /// An empty ring of `capacity` rows with storage for only `rows` of them allocated now;
+    /// the rest is allocated as rows arrive. For rings whose capacity comes from untrusted
+    /// input (a cache file), so memory follows the rows actually held.
+    ///
+    /// # Panics
+    /// As [`DenseRing::new`], for `head_dim · min(rows, capacity)`.
+    pub(crate) fn with_allocated(head_dim: usize, capacity: usize, rows: usize) -> Self {
+        let elements =
+            head_dim.checked_mul(rows.min(capacity)).expect("DenseRing::new: size overflows");
         Self { head_dim, capacity, data: vec![D::default(); elements], head: 0, len: 0 }
+    }
+
+    /// Makes sure slot `slot` is allocated (only grows rings built by
+    /// [`DenseRing::with_allocated`]: slots are filled in order until the ring first wraps,
+    /// so the next slot is always the first unallocated one). Grows geometrically.
+    fn allocate_slot(&mut self, slot: usize) {
+        let d = self.head_dim;
+        if (slot + 1) * d > self.data.len() {
+            let rows = (self.data.len() / d.max(1) * 2).clamp(slot + 1, self.capacity);
+            self.data.reserve_exact(rows * d - self.data.len());
+            self.data.resize(rows * d, D::default());
+        }
     }
 
     /// Pushes a row (encoded as `D`). When the ring is full, the oldest row is first
@@ -90,6 +113,7 @@ impl<D: Value> DenseRing<D> {
             return;
         }
         let slot = (self.head + self.len) % self.capacity;
+        self.allocate_slot(slot);
         let d = self.head_dim;
         for (dst, &x) in self.data[slot * d..(slot + 1) * d].iter_mut().zip(row) {
             *dst = D::from_f32(x);
@@ -104,6 +128,7 @@ impl<D: Value> DenseRing<D> {
             return;
         }
         let slot = (self.head + self.len) % self.capacity;
+        self.allocate_slot(slot);
         let d = self.head_dim;
         self.data[slot * d..(slot + 1) * d].copy_from_slice(row);
         self.advance_tail();

@@ -299,3 +299,21 @@ fn invalid_contents_with_valid_checksums() {
     }
     assert!(MappedCache::from_bytes(&clean).is_ok());
 }
+
+/// Regression (found by the in-tree property fuzzing): a checksummed file claiming a buffer
+/// capacity of 2^40 rows made `load` allocate the whole ring up front and abort the
+/// process; the loaded buffer now holds storage for its rows only and grows on append.
+#[test]
+fn a_huge_claimed_buffer_capacity_is_not_allocated_on_load() {
+    let c = cache::<u8, f16, f16>(HybridConfig::new(8, 2, 3), 5);
+    let mut bytes = persist::encode_views(1, 1, &[(*c.config(), c.view())]).unwrap();
+    put_u64(&mut bytes, 128 + 32, 1 << 40); // the head entry's buffer_capacity
+    fix_crcs(&mut bytes);
+    let mapped = MappedCache::from_bytes(&bytes).unwrap();
+    assert_eq!(mapped.config(0, 0).unwrap().buffer, 1 << 40);
+    let mut loaded = mapped.load::<u8, f16, f16>(0, 0).unwrap();
+    for t in 5..40 {
+        loaded.append(&row(t, 8, 0), &row(t, 8, 1)).unwrap();
+    }
+    assert_eq!((loaded.sparse_len(), loaded.buffer_len()), (3, 37));
+}

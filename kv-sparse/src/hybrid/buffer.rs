@@ -20,10 +20,12 @@ pub(crate) struct DenseBuffer<D> {
 }
 
 impl<D: Value> DenseBuffer<D> {
-    pub(crate) fn new(head_dim: usize, capacity: usize) -> Self {
+    /// A buffer of `capacity` rows with storage for `allocated` of them reserved now (see
+    /// [`DenseRing::with_allocated`]).
+    pub(crate) fn new(head_dim: usize, capacity: usize, allocated: usize) -> Self {
         Self {
-            keys: DenseRing::new(head_dim, capacity),
-            values: DenseRing::new(head_dim, capacity),
+            keys: DenseRing::with_allocated(head_dim, capacity, allocated),
+            values: DenseRing::with_allocated(head_dim, capacity, allocated),
             evicted_key: Vec::with_capacity(head_dim),
             evicted_value: Vec::with_capacity(head_dim),
         }

@@ -64,22 +64,31 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
     pub fn new(cfg: HybridConfig) -> Result<Self> {
         cfg.validate::<I, D>()?;
         let store = || CsrStore::with_block_rows(cfg.head_dim, cfg.rows_per_block);
-        Ok(Self::from_stores(cfg, store()?, store()?))
+        Ok(Self::from_stores(cfg, store()?, store()?, cfg.buffer))
     }
 
-    fn from_stores(cfg: HybridConfig, keys: CsrStore<I, V>, values: CsrStore<I, V>) -> Self {
+    /// A cache over the given histories whose buffer has storage for `buffer_rows` rows
+    /// allocated up front (the rest as rows arrive).
+    fn from_stores(
+        cfg: HybridConfig,
+        keys: CsrStore<I, V>,
+        values: CsrStore<I, V>,
+        buffer_rows: usize,
+    ) -> Self {
         let sparse = SparseHistory::new(keys, values, (cfg.k_key, cfg.k_value), cfg.scales());
         Self {
             cfg,
             sparse,
-            buffer: DenseBuffer::new(cfg.head_dim, cfg.buffer),
+            buffer: DenseBuffer::new(cfg.head_dim, cfg.buffer, buffer_rows),
             staged_key: Vec::with_capacity(cfg.head_dim),
             staged_value: Vec::with_capacity(cfg.head_dim),
         }
     }
 
     /// Rebuilds an owned cache from a view with config `cfg` (e.g. a view of a mapped file,
-    /// to keep appending to a persisted prefix). The rows are copied.
+    /// to keep appending to a persisted prefix). The rows are copied; buffer storage is
+    /// allocated for the rows the view holds and grows as rows are appended (up to
+    /// `cfg.buffer`), so a huge claimed capacity costs nothing until it is used.
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] when the view does not fit `cfg` (head_dim, rows per block,
@@ -110,8 +119,10 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
             });
         }
         let (keys, values) = (view.sparse_keys, view.sparse_values);
-        let mut cache =
-            Self::from_stores(cfg, CsrStore::from_view(keys), CsrStore::from_view(values));
+        // Allocate the buffer for the rows the view holds, not its capacity: `cfg` may come
+        // from an untrusted file claiming a huge buffer (memory follows the rows held).
+        let (k, v) = (CsrStore::from_view(keys), CsrStore::from_view(values));
+        let mut cache = Self::from_stores(cfg, k, v, view.buffer_len());
         let d = cfg.head_dim;
         for (k, v) in buffer_rows(view.buffer_keys, d).zip(buffer_rows(view.buffer_values, d)) {
             cache.buffer.keys.push_raw(k);
