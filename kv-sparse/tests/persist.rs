@@ -300,6 +300,24 @@ fn invalid_contents_with_valid_checksums() {
     assert!(MappedCache::from_bytes(&clean).is_ok());
 }
 
+/// Regression (found by `fuzz/` in-tree property fuzzing): a checksummed file whose f32
+/// buffer holds a finite value too large for the f16 sparse format used to be accepted, and
+/// the loaded cache then refused every append (evicting that row overflowed).
+#[test]
+fn buffer_rows_that_cannot_be_evicted_are_rejected() {
+    let c = cache::<u8, f16, f32>(HybridConfig::new(8, 2, 3), 5);
+    let clean = persist::encode_views(1, 1, &[(*c.config(), c.view())]).unwrap();
+    let mut loaded = MappedCache::from_bytes(&clean).unwrap().load::<u8, f16, f32>(0, 0).unwrap();
+    loaded.append(&row(5, 8, 0), &row(5, 8, 1)).unwrap();
+    // The last buffered key row starts 32 bytes before the buffer values (the file's end).
+    let newest_key = clean.len() - 64 - 32;
+    let mut bad = clean.clone();
+    bad[newest_key..newest_key + 4].copy_from_slice(&1.0e6f32.to_le_bytes());
+    fix_crcs(&mut bad);
+    let e = MappedCache::from_bytes(&bad).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }) && e.to_string().contains("f16"), "{e}");
+}
+
 /// Regression (found by the in-tree property fuzzing): a checksummed file claiming a buffer
 /// capacity of 2^40 rows made `load` allocate the whole ring up front and abort the
 /// process; the loaded buffer now holds storage for its rows only and grows on append.
@@ -316,4 +334,18 @@ fn a_huge_claimed_buffer_capacity_is_not_allocated_on_load() {
         loaded.append(&row(t, 8, 0), &row(t, 8, 1)).unwrap();
     }
     assert_eq!((loaded.sparse_len(), loaded.buffer_len()), (3, 37));
+}
+
+/// Regression (found by the in-tree property fuzzing): a checksummed file with an fp8 key
+/// scale near `f32::MAX` was accepted, and its sparse keys then decoded to ∞.
+#[test]
+fn scales_that_overflow_decoded_values_are_rejected() {
+    let cfg = HybridConfig { fp8_scale: Some((0.5, 2.0)), ..HybridConfig::new(8, 1, 3) };
+    let c = cache::<u8, Fp8E4M3, f16>(cfg, 6);
+    let mut bytes = persist::encode_views(1, 1, &[(*c.config(), c.view())]).unwrap();
+    // The head entry's key_scale (f32) sits 56 bytes into the entry at 128.
+    bytes[128 + 56..128 + 60].copy_from_slice(&1.0e38f32.to_le_bytes());
+    fix_crcs(&mut bytes);
+    let e = MappedCache::from_bytes(&bytes).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }) && e.to_string().contains("scale"), "{e}");
 }

@@ -39,7 +39,8 @@ impl Backing {
 /// file, the payload CRC, every head's config, that every section derived from the
 /// counts lies inside the file, and every CSR invariant ([`CsrView::from_parts`]:
 /// offsets, block extents, strictly ascending indices below head_dim, finite values) plus
-/// finite buffer values. Any failure is a typed [`Error`] — never a panic or UB.
+/// finite buffer values that fit the sparse value format once evicted, and sparse values
+/// that stay finite once scaled. Any failure is a typed [`Error`] — never a panic or UB.
 ///
 /// **Allocation bound**: besides the mapping (or, for [`MappedCache::read`], one buffer of
 /// the file's actual size), opening allocates one small layout record (≤ 256 bytes) per
@@ -212,6 +213,47 @@ impl MappedCache {
             };
             if !finite {
                 return Err(corrupt(format!("head {h}: non-finite dense buffer value")));
+            }
+        }
+        let fits = match self.format.value {
+            ValueFormat::F32 => self.check_decoded_ranges::<f32>(h),
+            ValueFormat::F16 => self.check_decoded_ranges::<half::f16>(h),
+            ValueFormat::Bf16 => self.check_decoded_ranges::<half::bf16>(h),
+            ValueFormat::Fp8E4M3 => self.check_decoded_ranges::<Fp8E4M3>(h),
+        };
+        fits.map_err(context)
+    }
+
+    /// Ranges an in-memory cache guarantees: sparse values decode (`value · scale`) to
+    /// finite numbers, and buffered rows fit the sparse value format once evicted (after the
+    /// head's scale) — otherwise a loaded cache could never take another row (every append
+    /// would fail evicting the oldest one).
+    fn check_decoded_ranges<V: Value>(&self, h: usize) -> Result<()> {
+        let (cfg, layout) = (&self.configs[h], &self.layouts[h]);
+        let (key_scale, value_scale) = cfg.scales();
+        for (what, s, scale) in
+            [("key", &layout.keys, key_scale), ("value", &layout.values, value_scale)]
+        {
+            let m = max_abs::<V>(self.section(&s.values)?);
+            if !(m * scale).is_finite() {
+                return Err(corrupt(format!(
+                    "sparse {what} value {m} × scale {scale} overflows f32"
+                )));
+            }
+        }
+        let parts = [
+            (&layout.buffer_keys, cfg.k_key, key_scale),
+            (&layout.buffer_values, cfg.k_value, value_scale),
+        ];
+        for (range, k, scale) in parts {
+            if k > 0 {
+                let max_abs = match self.format.dense {
+                    ValueFormat::F32 => max_abs::<f32>(self.section(range)?),
+                    ValueFormat::F16 => max_abs::<half::f16>(self.section(range)?),
+                    ValueFormat::Bf16 => max_abs::<half::bf16>(self.section(range)?),
+                    ValueFormat::Fp8E4M3 => max_abs::<Fp8E4M3>(self.section(range)?),
+                };
+                crate::value::check_overflow::<V>("MappedCache::open", max_abs / scale)?;
             }
         }
         Ok(())
@@ -403,4 +445,8 @@ impl MappedCache {
 
 fn all_finite<D: Value>(values: &[D]) -> bool {
     values.iter().all(|v| v.to_f32().is_finite())
+}
+
+fn max_abs<D: Value>(values: &[D]) -> f32 {
+    values.iter().fold(0.0, |m, v| m.max(v.to_f32().abs()))
 }
