@@ -218,7 +218,12 @@ impl<'a, T: Tier> Builder<'a, T> {
         let (l, k) = (h / c.kv_heads, h % c.kv_heads);
         let (keys, values) = (kv.keys(l, k), kv.values(l, k));
         let audio_pool = usize::from(c.rows.sparse.is_some() && !plan.exact);
-        let mut t = self.tables();
+        // The tables join the builder before any page is allocated, so a failure below hands
+        // every page already taken back to the tier (the builder's `Drop`).
+        debug_assert_eq!(self.layers[l].len(), k);
+        let tables = self.tables();
+        self.layers[l].push(tables);
+        let t = &mut self.layers[l][k];
         let a0 = c.layout.audio_start() as u32;
         // Permanent rows, pool by pool, positions ascending.
         for pool in 0..c.rows.num_pools() {
@@ -237,7 +242,7 @@ impl<'a, T: Tier> Builder<'a, T> {
             self.bufs.encode(c.rows.codecs(pool), keys, values, d)?;
             write_permanent(
                 self.tier,
-                &mut t,
+                t,
                 pool,
                 l,
                 &self.bufs.positions,
@@ -247,9 +252,6 @@ impl<'a, T: Tier> Builder<'a, T> {
             self.run.prefill_device_bytes += (self.bufs.keys.len() + self.bufs.values.len()) as u64;
         }
         self.counts.device_audio += plan.device.len() as u64;
-        let pushed = self.layers[l].len();
-        self.layers[l].push(t);
-        debug_assert_eq!(pushed, k);
         self.host_units(h, plan, audio_pool, keys, values)?;
         Ok(HeadMeta { audio_pool: audio_pool as u8 })
     }
