@@ -40,16 +40,28 @@ fn dense_case<D: Value>(layout: (usize, usize), d: usize, rows: usize, split: us
     }
 }
 
+/// Runs `$f::<T>(args)` for every value format.
+macro_rules! for_each_format {
+    ($f:ident($($arg:expr),* $(,)?)) => {{
+        $f::<f32>($($arg),*);
+        $f::<f16>($($arg),*);
+        $f::<bf16>($($arg),*);
+        $f::<Fp8E4M3>($($arg),*);
+    }};
+}
+
 #[test]
-fn dense_all_formats_layouts_and_lengths() {
+fn dense_every_format_layout_and_length() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         let seed = 100 * i as u64;
-        dense_case::<f32>(layout, 64, 100, 30, seed);
-        dense_case::<f16>(layout, 64, 1, 0, seed + 1);
-        dense_case::<bf16>(layout, 24, 77, 77, seed + 2);
-        dense_case::<Fp8E4M3>(layout, 128, 33, 5, seed + 3);
+        // (d, rows, ring split): L = 1, a contiguous cache, a ring split mid-way, d % 8 ≠ 0.
+        for (j, (d, rows, split)) in
+            [(64, 1, 0), (64, 100, 100), (128, 77, 30), (24, 33, 5)].into_iter().enumerate()
+        {
+            for_each_format!(dense_case(layout, d, rows, split, seed + j as u64));
+        }
     }
-    for d in [1, 5, 8, 17, 128] {
+    for d in [1, 5, 8, 17] {
         dense_case::<f16>((4, 2), d, 40, 13, d as u64);
     }
 }
@@ -91,15 +103,24 @@ fn sparse_case<I: SparseIndex, V: Value>(
     }
 }
 
+fn sparse_edge_cases<V: Value>(layout: (usize, usize), seed: u64) {
+    // (d, rows, (k_key, k_value)): L = 1 with k = d, k = 0 keys, mixed k, k = 0 values.
+    for (j, (d, rows, k)) in
+        [(64, 1, (64, 64)), (64, 45, (0, 32)), (128, 70, (64, 16)), (32, 33, (32, 0))]
+            .into_iter()
+            .enumerate()
+    {
+        sparse_case::<u8, V>(layout, d, rows, k, seed + j as u64);
+    }
+}
+
 #[test]
-fn sparse_all_formats_layouts_and_k() {
+fn sparse_every_format_layout_and_k() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         let seed = 1000 + 100 * i as u64;
-        sparse_case::<u8, f16>(layout, 64, 90, (32, 16), seed);
-        sparse_case::<u8, bf16>(layout, 64, 1, (0, 64), seed + 1);
-        sparse_case::<u8, Fp8E4M3>(layout, 128, 70, (64, 64), seed + 2);
-        sparse_case::<u8, f32>(layout, 32, 45, (32, 0), seed + 3);
-        sparse_case::<u16, f16>(layout, 300, 20, (150, 37), seed + 4);
+        for_each_format!(sparse_edge_cases(layout, seed));
+        sparse_case::<u16, f16>(layout, 300, 20, (150, 37), seed + 50);
+        sparse_case::<u16, Fp8E4M3>(layout, 260, 9, (260, 1), seed + 51);
     }
 }
 
@@ -141,15 +162,25 @@ fn hybrid_case<I: SparseIndex, V: Value, D: Value>(
     }
 }
 
+/// Hybrid edge cases for sparse values `V` over a dense buffer `D`.
+fn hybrid_edge_cases<V: Value, D: Value>(layout: (usize, usize), seed: u64) {
+    hybrid_case::<u8, V, D>(layout, 128, 150, 16, (64, 64), seed); // typical
+    hybrid_case::<u8, V, D>(layout, 64, 60, 0, (32, 48), seed + 1); // b = 0
+    hybrid_case::<u8, V, D>(layout, 64, 5, 8, (16, 16), seed + 2); // L = 0 sparse
+    hybrid_case::<u8, V, D>(layout, 32, 1, 0, (32, 32), seed + 3); // L = 1, k = d
+    hybrid_case::<u8, V, D>(layout, 64, 40, 1, (0, 0), seed + 4); // k = 0
+    hybrid_case::<u8, V, D>(layout, 24, 30, 30, (12, 12), seed + 5); // L = 0 sparse, buffer full
+}
+
 #[test]
-fn hybrid_all_formats_layouts_and_edges() {
+fn hybrid_every_format_layout_and_edge() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         let seed = 2000 + 100 * i as u64;
-        hybrid_case::<u8, Fp8E4M3, f16>(layout, 128, 150, 16, (64, 64), seed);
-        hybrid_case::<u8, f16, f16>(layout, 64, 60, 0, (32, 48), seed + 1); // b = 0
-        hybrid_case::<u8, bf16, bf16>(layout, 64, 5, 8, (16, 16), seed + 2); // L = 0 sparse
-        hybrid_case::<u8, f32, f32>(layout, 32, 1, 0, (32, 32), seed + 3); // L = 1, k = d
-        hybrid_case::<u8, Fp8E4M3, bf16>(layout, 64, 40, 1, (0, 0), seed + 4); // k = 0
+        hybrid_edge_cases::<f32, f32>(layout, seed);
+        hybrid_edge_cases::<f16, f16>(layout, seed + 10);
+        hybrid_edge_cases::<bf16, bf16>(layout, seed + 20);
+        hybrid_edge_cases::<Fp8E4M3, f16>(layout, seed + 30);
+        hybrid_edge_cases::<Fp8E4M3, bf16>(layout, seed + 40);
     }
     hybrid_case::<u16, f16, f32>((8, 2), 260, 30, 4, (100, 260), 77);
 }
@@ -195,14 +226,16 @@ fn gathered_case<D: Value>(layout: (usize, usize), d: usize, slab: usize, rows: 
     }
 }
 
+fn gathered_edge_cases<D: Value>(layout: (usize, usize), seed: u64) {
+    gathered_case::<D>(layout, 32, 1, 1, seed); // L = 1
+    gathered_case::<D>(layout, 64, 120, 100, seed + 1);
+    gathered_case::<D>(layout, 24, 50, 50, seed + 2);
+}
+
 #[test]
-fn gathered_all_formats_layouts_with_weights() {
+fn gathered_every_format_layout_with_weights() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
-        let seed = 3000 + 100 * i as u64;
-        gathered_case::<f16>(layout, 64, 120, 100, seed);
-        gathered_case::<f32>(layout, 32, 1, 1, seed + 1);
-        gathered_case::<bf16>(layout, 24, 50, 50, seed + 2);
-        gathered_case::<Fp8E4M3>(layout, 128, 40, 33, seed + 3);
+        for_each_format!(gathered_edge_cases(layout, 3000 + 100 * i as u64));
     }
 }
 
