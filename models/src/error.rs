@@ -157,6 +157,12 @@ pub enum Error {
     /// A decode-attention kernel rejected its input.
     #[error("attn-kernels: {0}")]
     Attention(#[from] attn_kernels::Error),
+    /// The projection crate rejected an operation (basis file, rotation, absorption).
+    #[error("projection: {0}")]
+    Projection(#[from] projection::Error),
+    /// The tiered store rejected an operation.
+    #[error("kv-tiered: {0}")]
+    Tiered(#[from] kv_tiered::Error),
     /// A cache specification string could not be parsed.
     #[error("cache spec `{spec}`: {reason}")]
     CacheSpec {

@@ -12,6 +12,7 @@
 pub mod audio; // audio engineer (issue 8): audio front end and audio-LLM forwards
 pub mod bench_attn;
 pub mod cache;
+pub mod calibrate;
 pub mod chat;
 pub mod checkpoint;
 pub mod config;
@@ -24,6 +25,7 @@ pub mod paths;
 pub mod rope;
 pub mod score;
 pub mod session;
+pub mod spec;
 pub mod text;
 pub mod tokenizer;
 pub mod weights;

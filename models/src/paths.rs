@@ -33,3 +33,13 @@ pub fn plays_dir() -> PathBuf {
 pub fn default_play() -> PathBuf {
     plays_dir().join(DEFAULT_PLAY)
 }
+
+/// Where `kvtide calibrate` writes (and `swan` caches look for) a model's projection set:
+/// `$KVTIDE_CACHE/projections/<model>.safetensors`, the name made file-system safe.
+pub fn projection_file(model: &str) -> PathBuf {
+    let safe: String = model
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .collect();
+    cache_dir().join("projections").join(format!("{safe}.safetensors"))
+}

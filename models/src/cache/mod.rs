@@ -15,8 +15,12 @@
 //! [`crate::session::Session`]; the cache never sees weights.
 
 mod dense;
+mod swan;
+pub mod tiered;
 
 pub use dense::DenseCache;
+pub use swan::{Fp8Scale, SwanCache, SwanConfig};
+pub use tiered::{TieredCache, TieredSpec};
 
 use std::ops::Range;
 
@@ -110,6 +114,18 @@ impl CacheShape {
     }
 }
 
+/// Prefill attention a cache asks for: the softmax weights from every query row in
+/// `queries` to every key position in `keys`, summed over the rows, per q-head. WnW's
+/// text→audio score is `keys` = the audio span, `queries` = the text after it; SnapKV-style
+/// policies use the last `w` prompt rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttentionRequest {
+    /// Key positions (columns).
+    pub keys: Range<usize>,
+    /// Query positions (rows) whose weights are summed.
+    pub queries: Range<usize>,
+}
+
 /// Bytes a cache holds, split by tier.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheBytes {
@@ -177,15 +193,17 @@ pub trait KvCache: Send {
     /// [`crate::Error::InvalidInput`] on a length mismatch; storage errors.
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()>;
 
-    /// Positions whose received prefill attention this cache wants (`None`: none).
-    fn attention_span(&self) -> Option<Range<usize>> {
+    /// Which prefill attention statistics this cache wants for a prompt of `prompt_len`
+    /// tokens (`None`: none). Asked once, before the first layer.
+    fn attention_request(&mut self, prompt_len: usize) -> Option<AttentionRequest> {
+        let _ = prompt_len;
         None
     }
 
-    /// Receives, for one layer, the attention each q-head paid during prefill from every
-    /// position outside [`KvCache::attention_span`] to each position inside it, summed over
-    /// those query positions: `[q_heads][span_len]`. Called before [`KvCache::prefill`] of
-    /// the same layer.
+    /// Receives, for one layer, the attention each q-head paid during prefill from the
+    /// requested query rows to each requested key position, summed over those rows:
+    /// `[q_heads][keys.len()]` (see [`AttentionRequest`]). Called before
+    /// [`KvCache::prefill`] of the same layer.
     ///
     /// # Errors
     /// Implementations reject wrong lengths or non-finite sums.
@@ -211,4 +229,9 @@ pub trait KvCache: Send {
 
     /// Bytes currently held.
     fn bytes(&self) -> CacheBytes;
+
+    /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`); none by default.
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
 }

@@ -10,7 +10,7 @@ use std::ops::Range;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::cache::{KvCache, LayerKv, StepQkv};
+use crate::cache::{AttentionRequest, KvCache, LayerKv, StepQkv};
 use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp};
 use crate::host::{HostTensor, f32_slice};
@@ -223,9 +223,9 @@ impl Attention {
     }
 
     /// Full causal attention over `x` (`[tokens, hidden]`): returns the layer output
-    /// (`[tokens, hidden]`) and the tensors observers see. With `span`, also the
-    /// attention each q-head received at each span position from the positions after the
-    /// span, summed (`[q_heads, span_len]`).
+    /// (`[tokens, hidden]`) and the tensors observers see. With `request`, also the
+    /// attention each q-head paid from the requested rows to the requested keys, summed over
+    /// the rows (`[q_heads, keys]`).
     ///
     /// # Errors
     /// [`crate::Error::Torch`] on shape errors.
@@ -234,12 +234,12 @@ impl Attention {
         x: &Tensor,
         rope: &Rope,
         (cos, sin): (&Tensor, &Tensor),
-        span: Option<Range<usize>>,
+        request: Option<&AttentionRequest>,
     ) -> Result<(Tensor, AttentionTensors, Option<Tensor>)> {
         let (q, k, v) = self.heads(x, rope, cos, sin)?;
         let probs = self.probs(&q, &k)?;
-        let received = match span {
-            Some(s) => Some(received(&probs, s)?),
+        let received = match request {
+            Some(r) => Some(received(&probs, r)?),
             None => None,
         };
         let o = self.context(&probs, &v)?;
@@ -278,15 +278,16 @@ impl Attention {
     }
 }
 
-/// `[q_heads, span_len]`: attention paid to the span by the rows after it.
-fn received(probs: &Tensor, span: Range<usize>) -> Result<Tensor> {
+/// `[q_heads, keys]`: attention paid to `request.keys` by `request.queries`, summed.
+fn received(probs: &Tensor, request: &AttentionRequest) -> Result<Tensor> {
     let t = probs.size()[1] as usize;
-    let (start, end) = (span.start.min(t) as i64, span.end.min(t) as i64);
-    let rows = probs.f_narrow(1, end, t as i64 - end).op("span rows")?;
-    rows.f_narrow(2, start, end - start)
-        .op("span cols")?
+    let clamp = |r: &Range<usize>| (r.start.min(t) as i64, r.end.clamp(r.start.min(t), t) as i64);
+    let ((k0, k1), (q0, q1)) = (clamp(&request.keys), clamp(&request.queries));
+    let rows = probs.f_narrow(1, q0, q1 - q0).op("request rows")?;
+    rows.f_narrow(2, k0, k1 - k0)
+        .op("request cols")?
         .f_sum_dim_intlist(&[1i64][..], false, Kind::Float)
-        .op("span sum")
+        .op("request sum")
 }
 
 /// Splits `[kv_heads, tokens, head_dim]` K and V into the cache's prefill block.

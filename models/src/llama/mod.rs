@@ -3,6 +3,7 @@
 //! [`Llama::prefill`] runs the prompt with full causal attention and fills the cache,
 //! [`Llama::decode`] runs one token through the cache (`papers/swan.txt`, "decode step").
 
+mod absorb;
 mod attention;
 mod mlp;
 mod norm;
@@ -269,11 +270,11 @@ impl Llama {
         let mut h = h.to_kind(Kind::Float);
         obs.hidden("embed", &h)?;
         let mut cache = cache;
+        let request = cache.as_mut().and_then(|c| c.attention_request(n as usize));
         for (i, block) in self.blocks.iter().enumerate() {
-            let span = cache.as_ref().and_then(|c| c.attention_span());
             let x = block.input_norm.forward(&h)?;
             let (attn_out, tensors, received) =
-                block.attn.prefill(&x, &self.rope, (&tables.0, &tables.1), span)?;
+                block.attn.prefill(&x, &self.rope, (&tables.0, &tables.1), request.as_ref())?;
             obs.attention(i, &tensors)?;
             obs.hidden(&format!("layer{i}.attn_out"), &attn_out)?;
             if let Some(c) = cache.as_mut() {

@@ -1,0 +1,215 @@
+//! `kvtide eval-ppl` (and the no-argument demo): teacher-forced perplexity through the
+//! decode path for several cache configurations on one text, with the KV bytes each holds
+//! at the end, the ratio to dense 16-bit K/V of the same tokens, and decode tokens/s —
+//! all measured in one run. Also `kvtide bench-attn`, which runs `models::bench_attn`.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use kv_sparse::ValueFormat;
+use kv_sparse::memory::dense_row_bytes;
+use models::spec::{CacheKind, CacheSpec};
+use models::{Checkpoint, Result, Session};
+use serde_json::{Value, json};
+
+use crate::calibrate::CalibrateArgs;
+use crate::common::{ModelArgs, bar, human_bytes, print_json, read_text, tokenizer};
+use crate::generate::stats_json;
+
+/// Arguments of `kvtide eval-ppl`.
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Text to score (`.md` plays are stripped; default: the default play).
+    #[arg(long)]
+    text: Option<PathBuf>,
+    /// Tokens scored (from the start of the text).
+    #[arg(long, default_value_t = 1024)]
+    tokens: usize,
+    /// Tokens prefilled with libtorch before the decode path takes over.
+    #[arg(long, default_value_t = 128)]
+    prefix: usize,
+    /// Cache specifications, each evaluated in turn (repeatable).
+    #[arg(long = "cache", default_values_t = default_caches())]
+    caches: Vec<CacheSpec>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn default_caches() -> Vec<CacheSpec> {
+    ["dense", "swan"].iter().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// The demo's configurations: the dense baseline, SWAN at the paper's operating point and
+/// around it, and the random-basis ablation.
+const DEMO_CACHES: [&str; 5] = [
+    "dense:format=f16",
+    "swan:k=32,value=fp8,b=128",
+    "swan:k=16,value=fp8,b=128",
+    "swan:k=48,value=f16,b=128",
+    "swan:k=32,value=fp8,b=128,basis=random:1",
+];
+
+/// One configuration's results.
+struct Row {
+    label: String,
+    ppl: f64,
+    bytes: usize,
+    tokens_per_s: f64,
+    stats: Value,
+}
+
+fn evaluate(ckpt: &Checkpoint, spec: &CacheSpec, ids: &[u32], prefix: usize) -> Result<Row> {
+    let (model, cache) = spec.build(&ckpt.model)?;
+    let mut session = Session::new(model, cache)?;
+    let progress = bar(ids.len() - prefix, &format!("{spec}"));
+    let scores = models::score(&mut session, ids, prefix, &mut |_, _| Ok(()), &mut |n| {
+        progress.set_position(n as u64)
+    })?;
+    progress.finish_and_clear();
+    let cache = session.cache();
+    Ok(Row {
+        label: cache.label(),
+        ppl: scores.perplexity(),
+        bytes: cache.bytes().total(),
+        tokens_per_s: scores.decode_tokens_per_s(),
+        stats: stats_json(cache),
+    })
+}
+
+/// Dense 16-bit K/V bytes for `tokens` tokens — the reference of every ratio.
+fn dense16_bytes(cfg: &models::ModelConfig, tokens: usize) -> usize {
+    2 * cfg.num_layers * cfg.num_kv_heads * tokens * dense_row_bytes(cfg.head_dim, ValueFormat::F16)
+}
+
+fn print_rows(rows: &[Row], dense: usize, header: &str) {
+    println!("{header}");
+    println!(
+        "{:<58} {:>10} {:>12} {:>8} {:>8}",
+        "cache", "perplexity", "KV bytes", "vs f16", "tok/s"
+    );
+    for r in rows {
+        let ratio = r.bytes as f64 / dense as f64;
+        println!(
+            "{:<58} {:>10.3} {:>12} {:>8.3} {:>8.1}",
+            r.label,
+            r.ppl,
+            human_bytes(r.bytes as f64),
+            ratio,
+            r.tokens_per_s
+        );
+    }
+}
+
+fn rows_json(rows: &[Row], dense: usize) -> Vec<Value> {
+    rows.iter()
+        .map(|r| json!({"cache": r.label, "perplexity": r.ppl, "kv_bytes": r.bytes, "ratio_to_dense_f16": r.bytes as f64 / dense as f64, "decode_tokens_per_s": r.tokens_per_s, "stats": r.stats}))
+        .collect()
+}
+
+fn eval_all(
+    ckpt: &Checkpoint,
+    caches: &[CacheSpec],
+    text: (&PathBuf, &str),
+    tokens: usize,
+    prefix: usize,
+    json_out: bool,
+) -> Result<()> {
+    let ids = tokenizer(ckpt, "eval-ppl")?.encode(text.1)?;
+    let n = tokens.min(ids.len());
+    if prefix == 0 || prefix >= n {
+        return Err(models::Error::InvalidInput {
+            op: "eval-ppl",
+            reason: format!("prefix {prefix} must be in 1..{n}"),
+        });
+    }
+    let rows =
+        caches.iter().map(|c| evaluate(ckpt, c, &ids[..n], prefix)).collect::<Result<Vec<_>>>()?;
+    let dense = dense16_bytes(&ckpt.config, n);
+    if json_out {
+        print_json(
+            &json!({"model": ckpt.config.name, "text": text.0, "tokens": n, "prefix": prefix, "dense_f16_bytes": dense, "results": rows_json(&rows, dense)}),
+        );
+    } else {
+        let header = format!(
+            "{} on {} — {n} tokens ({prefix} prefilled, {} scored through the decode path)",
+            ckpt.config.name,
+            text.0.display(),
+            n - prefix
+        );
+        print_rows(&rows, dense, &header);
+    }
+    Ok(())
+}
+
+/// Runs `kvtide eval-ppl`.
+pub fn run(a: &EvalArgs) -> Result<()> {
+    let ckpt = a.model.load()?;
+    let (path, text) = read_text(a.text.as_deref())?;
+    ensure_projection(&ckpt, &a.caches)?;
+    eval_all(&ckpt, &a.caches, (&path, &text), a.tokens, a.prefix, a.json)
+}
+
+/// Calibrates the default projection file if a cache needs it and it is missing.
+fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
+    let needs = caches.iter().any(|c| match &c.kind {
+        CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => {
+            s.proj.is_none() && s.basis.name() != "identity" && s.basis.name() != "random"
+        }
+        _ => false,
+    });
+    let path = models::paths::projection_file(&ckpt.config.name);
+    if needs && !path.is_file() {
+        eprintln!("no projection file at {}: calibrating first", path.display());
+        let args = CalibrateArgs {
+            model: ModelArgs { model: None },
+            texts: Vec::new(),
+            tokens: 16384,
+            window: 512,
+            out: Some(path),
+            json: false,
+        };
+        crate::calibrate::calibrate(&args, ckpt)?;
+    }
+    Ok(())
+}
+
+/// The no-argument demo: dense vs SWAN settings on the default model and play.
+pub fn demo() -> Result<()> {
+    println!(
+        "kvtide {} — dense vs SWAN on the default model and play (see `kvtide --help`)",
+        env!("CARGO_PKG_VERSION")
+    );
+    let ckpt = ModelArgs { model: None }.load()?;
+    let caches: Vec<CacheSpec> = DEMO_CACHES.iter().map(|s| s.parse()).collect::<Result<_>>()?;
+    ensure_projection(&ckpt, &caches)?;
+    let (path, text) = read_text(None)?;
+    eval_all(&ckpt, &caches, (&path, &text), 1024, 128, false)
+}
+
+/// Arguments of `kvtide bench-attn`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// A seconds-long smoke run of one small shape instead of the full grid.
+    #[arg(long)]
+    quick: bool,
+    /// Output is always one JSON object; accepted for symmetry with the other commands.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `kvtide bench-attn` (`models::bench_attn`).
+pub fn bench(a: &BenchArgs) -> Result<()> {
+    let opts = if a.quick {
+        models::bench_attn::BenchAttnOptions::quick()
+    } else {
+        models::bench_attn::BenchAttnOptions::full()
+    };
+    let spinner = crate::common::spinner("bench-attn: timing kernels");
+    let out = models::bench_attn::run(&opts);
+    spinner.finish_and_clear();
+    print_json(&out?);
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! `kvtide info`: the model's shape and what one token costs in KV memory for every cache
+//! format — dense rows (`2·d_h` bytes per vector at 16 bits) and SWAN sparse rows (`3k+2`
+//! bytes at 16 bits, `2k+2` at fp8; `papers/swan.txt`, memory section) — with SWAN's
+//! compute break-even length `b + d_h²/(d_h − k)` for `b = 128`.
+
+use clap::Args;
+use kv_sparse::ValueFormat;
+use kv_sparse::memory::{break_even_len, dense_row_bytes, sparse_row_bytes};
+use models::{ModelConfig, Result};
+use serde_json::json;
+
+use crate::common::{ModelArgs, print_json};
+
+/// Arguments of `kvtide info`.
+#[derive(Args, Debug)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+const BUFFER: usize = 128;
+
+/// Parameters implied by the configuration.
+fn parameters(c: &ModelConfig) -> usize {
+    let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
+    let attn = h * d * (2 * c.num_heads + 2 * c.num_kv_heads);
+    let layer = attn + 3 * h * i + 2 * h;
+    let embed = c.vocab_size * h * if c.tie_word_embeddings { 1 } else { 2 };
+    embed + c.num_layers * layer + h
+}
+
+/// `(label, bytes per token, break-even L)` rows: dense formats, then SWAN settings.
+fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
+    let vectors = 2 * c.num_layers * c.num_kv_heads;
+    let d = c.head_dim;
+    let mut out: Vec<_> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
+        .into_iter()
+        .map(|f| (format!("dense {f}"), vectors * dense_row_bytes(d, f), None))
+        .collect();
+    for f in [ValueFormat::F16, ValueFormat::Fp8E4M3] {
+        for k in [d / 4, d / 2, 3 * d / 4, d] {
+            let label = format!("swan k={k}/{d} {f}");
+            out.push((label, vectors * sparse_row_bytes(k, f, 1), break_even_len(d, BUFFER, k)));
+        }
+    }
+    out
+}
+
+/// Runs `kvtide info`.
+pub fn run(a: &InfoArgs) -> Result<()> {
+    let ckpt = a.model.load()?;
+    let c = &ckpt.config;
+    let dense16 =
+        (2 * c.num_layers * c.num_kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
+    let table = rows(c);
+    if a.json {
+        let formats: Vec<_> = table
+            .iter()
+            .map(|(l, b, be)| json!({"format": l, "bytes_per_token": b, "ratio_to_dense_f16": *b as f64 / dense16, "break_even_len": be}))
+            .collect();
+        print_json(&json!({
+            "model": c.name, "source": ckpt.source, "architecture": c.arch.name(), "layers": c.num_layers,
+            "hidden": c.hidden_size, "q_heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "vocab": c.vocab_size, "rope_theta": c.rope.theta, "tied_embeddings": c.tie_word_embeddings,
+            "parameters": parameters(c), "kv_bytes_per_token": formats, "swan_buffer": BUFFER,
+        }));
+        return Ok(());
+    }
+    println!("{} ({}), {}", c.name, c.arch.name(), ckpt.source);
+    println!(
+        "{} layers, hidden {}, {} q heads / {} kv heads (group {}), head_dim {}, vocab {}, rope θ {}, {:.1} M parameters{}",
+        c.num_layers,
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.group_size(),
+        c.head_dim,
+        c.vocab_size,
+        c.rope.theta,
+        parameters(c) as f64 / 1e6,
+        if c.tie_word_embeddings { ", tied embeddings" } else { "" }
+    );
+    println!(
+        "\nKV bytes per token (all layers, keys + values; SWAN = sparse history rows, b = {BUFFER}):"
+    );
+    println!("{:<22} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
+    for (label, bytes, be) in table {
+        let be = be.map_or("—".to_string(), |l| format!("{l:.0}"));
+        println!("{label:<22} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
+    }
+    Ok(())
+}

@@ -1,0 +1,71 @@
+//! The `kvtide` command-line interface: inspect a model's KV footprint (`info`), generate
+//! text through any cache (`generate`), calibrate SWAN projections (`calibrate`), measure
+//! perplexity, KV bytes and speed of cache configurations through the decode path
+//! (`eval-ppl`), benchmark the attention kernels (`bench-attn`) and transcribe audio
+//! (`transcribe`). With no command it runs the demo: dense vs SWAN settings on the default
+//! model and play (calibrating first if no projection file exists).
+//!
+//! Defaults come from the cache `scripts/setup.sh` fills (`$KVTIDE_CACHE`, default
+//! `~/.cache/kvtide`): the SmolLM2-135M-Instruct Q4_1 GGUF and `text/plays/hamlet.md`,
+//! markdown stripped by the rule in `models::text` (headings, speaker names and stage
+//! directions dropped, escapes removed, lines joined with spaces).
+
+mod calibrate;
+mod common;
+mod eval;
+mod generate;
+mod info;
+
+use clap::{Parser, Subcommand};
+
+/// kvtide: KV-cache toolkit for LLM inference (SWAN sparse caches, WnW tiered caches).
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// libtorch intra-op threads (default: all cores).
+    #[arg(long, global = true)]
+    torch_threads: Option<i32>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Model, heads and KV bytes per token for every cache format.
+    Info(info::InfoArgs),
+    /// Generate text (greedy) through a cache.
+    Generate(Box<generate::GenerateArgs>),
+    /// Calibrate SWAN projections on text and write the ProjectionSet file.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Perplexity, KV bytes and decode speed of cache configurations on a text.
+    EvalPpl(Box<eval::EvalArgs>),
+    /// Decode-attention kernels vs libtorch vs memory bandwidth (one JSON object).
+    BenchAttn(eval::BenchArgs),
+    /// Transcribe a WAV file with an audio LLM (Voxtral or Qwen2.5-Omni thinker checkpoint).
+    // Added by the audio engineer (issue 8).
+    Transcribe(models::audio::cli::TranscribeArgs),
+}
+
+fn run(cli: Cli) -> models::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i32);
+    tch::set_num_threads(cli.torch_threads.unwrap_or(cores).max(1));
+    tch::set_num_interop_threads(1);
+    match cli.command {
+        None => eval::demo(),
+        Some(Command::Info(a)) => info::run(&a),
+        Some(Command::Generate(a)) => generate::run(&a),
+        Some(Command::Calibrate(a)) => calibrate::run(&a),
+        Some(Command::EvalPpl(a)) => eval::run(&a),
+        Some(Command::BenchAttn(a)) => eval::bench(&a),
+        Some(Command::Transcribe(a)) => {
+            models::audio::cli::run(&a).and_then(|r| models::audio::cli::print(&r, a.json))
+        }
+    }
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("kvtide: {e}");
+        std::process::exit(1);
+    }
+}

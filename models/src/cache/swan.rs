@@ -1,0 +1,222 @@
+//! `swan`: SWAN's hybrid cache (`papers/swan.txt`, method section and Algorithm 1).
+//!
+//! Keys arrive RoPE'd and are rotated here by `P_QK` (it cannot be absorbed: RoPE is
+//! position-dependent); values arrive already rotated (`Ŵ_V = W_V·P_VO` is absorbed into the
+//! model, see [`crate::llama::Llama::absorb_vo`]). Each (layer, kv-head) keeps the last `b`
+//! rows dense and every older row as its top-`k` magnitude components in CSR form
+//! (`kv-sparse`); attention runs directly on the sparse rows with one softmax over history
+//! and buffer (`attn-kernels` hybrid kernel). The output is in the rotated value basis, which
+//! the absorbed `Ŵ_O` maps back.
+//!
+//! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
+//! orthogonal basis then reproduces dense attention to float rounding.
+
+use std::sync::Arc;
+
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention};
+use kv_sparse::hybrid::{HybridCache, HybridConfig, MultiHeadCache};
+use kv_sparse::{Value, ValueFormat};
+use projection::ProjectionSet;
+
+use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
+use crate::error::{Result, invalid};
+
+/// How sparse fp8 values are scaled (`kv-sparse`'s per-head `fp8_scale`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fp8Scale {
+    /// No scale (1.0).
+    None,
+    /// Per (layer, kv-head, keys|values): the power of two that maps the prompt's largest
+    /// magnitude just below 448 (computed at prefill; 1.0 for heads decoded without one).
+    Auto,
+}
+
+/// The knobs of a SWAN cache.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SwanConfig {
+    /// Kept key components per sparse row.
+    pub k_key: usize,
+    /// Kept value components per sparse row.
+    pub k_value: usize,
+    /// Dense buffer rows `b`.
+    pub buffer: usize,
+    /// Sparse value format (`V`).
+    pub value: ValueFormat,
+    /// Dense buffer format (`D`).
+    pub buffer_format: ValueFormat,
+    /// fp8 scaling (ignored for 16/32-bit values).
+    pub fp8_scale: Fp8Scale,
+}
+
+impl SwanConfig {
+    /// The lossless setting: every component kept, f32 values and buffer.
+    pub fn lossless(head_dim: usize, buffer: usize) -> Self {
+        Self {
+            k_key: head_dim,
+            k_value: head_dim,
+            buffer,
+            value: ValueFormat::F32,
+            buffer_format: ValueFormat::F32,
+            fp8_scale: Fp8Scale::None,
+        }
+    }
+
+    fn hybrid(&self, head_dim: usize, scale: Option<(f32, f32)>) -> HybridConfig {
+        HybridConfig {
+            k_key: self.k_key,
+            k_value: self.k_value,
+            fp8_scale: scale,
+            ..HybridConfig::new(head_dim, self.buffer, 0)
+        }
+    }
+}
+
+/// SWAN's hybrid cache for a whole model (u8 indices, sparse values `V`, buffer `D`).
+pub struct SwanCache<V: Value, D: Value> {
+    shape: CacheShape,
+    cfg: SwanConfig,
+    attn: AttnConfig,
+    kernel: CpuAttention,
+    set: Arc<ProjectionSet>,
+    caches: MultiHeadCache<u8, V, D>,
+    q_rot: Vec<f32>,
+    k_rot: Vec<f32>,
+    prefill_rot: Vec<f32>,
+}
+
+impl<V: Value, D: Value> SwanCache<V, D> {
+    /// An empty cache rotating with `set` (which must match `shape`), attention on
+    /// `threads` threads.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if `set` was built for other dimensions or the formats
+    /// differ from `V`/`D`; [`crate::Error::Sparse`] for an invalid `k` or buffer;
+    /// [`crate::Error::Attention`] for a bad layout or thread count.
+    pub fn new(
+        shape: CacheShape,
+        cfg: SwanConfig,
+        set: Arc<ProjectionSet>,
+        threads: usize,
+    ) -> Result<Self> {
+        let dims = set.dims();
+        let want = (shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim);
+        if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
+            return Err(invalid(
+                "swan cache",
+                format!("projection set is for {dims:?}, model is {shape:?}"),
+            ));
+        }
+        if (cfg.value, cfg.buffer_format) != (V::FORMAT, D::FORMAT) {
+            return Err(invalid(
+                "swan cache",
+                format!("config formats {:?} do not match the cache type", cfg),
+            ));
+        }
+        let caches =
+            MultiHeadCache::new(shape.layers, shape.kv_heads, cfg.hybrid(shape.head_dim, None))?;
+        Ok(Self {
+            shape,
+            cfg,
+            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
+            kernel: CpuAttention::new(threads)?,
+            set,
+            caches,
+            q_rot: vec![0.0; shape.q_heads * shape.head_dim],
+            k_rot: vec![0.0; shape.kv_heads * shape.head_dim],
+            prefill_rot: Vec::new(),
+        })
+    }
+
+    /// Replaces the empty caches of `layer` by ones whose fp8 scales fit `keys`/`values`.
+    fn rescale(&mut self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
+        let n = kv.tokens * self.shape.head_dim;
+        for h in 0..self.shape.kv_heads {
+            let max = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let ks = kv_sparse::fp8::scale_for_max_abs(max(&self.prefill_rot[h * n..(h + 1) * n]))?;
+            let vs = kv_sparse::fp8::scale_for_max_abs(max(&kv.values[h * n..(h + 1) * n]))?;
+            let head = self
+                .caches
+                .head_mut(layer, h)
+                .ok_or_else(|| invalid("swan prefill", "head out of range"))?;
+            if !head.is_empty() {
+                return Err(invalid("swan prefill", format!("layer {layer} already holds tokens")));
+            }
+            *head = HybridCache::new(self.cfg.hybrid(self.shape.head_dim, Some((ks, vs))))?;
+        }
+        Ok(())
+    }
+}
+
+impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
+    fn label(&self) -> String {
+        let c = &self.cfg;
+        let scale = if V::FORMAT == ValueFormat::Fp8E4M3 && c.fp8_scale == Fp8Scale::Auto {
+            " scaled"
+        } else {
+            ""
+        };
+        format!(
+            "swan k={}/{} {}{scale} b={} ({}) basis={}",
+            c.k_key,
+            c.k_value,
+            V::FORMAT,
+            c.buffer,
+            D::FORMAT,
+            self.set.provenance().kind
+        )
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        self.caches.layer_len(self.shape.layers - 1).unwrap_or(0)
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        for l in 0..self.shape.layers {
+            for h in 0..self.shape.kv_heads {
+                if let Some(c) = self.caches.head_mut(l, h) {
+                    c.reserve(tokens);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        self.shape.check_prefill(layer, &kv)?;
+        let (d, n) = (self.shape.head_dim, kv.tokens * self.shape.head_dim);
+        self.prefill_rot.resize(kv.keys.len(), 0.0);
+        for h in 0..self.shape.kv_heads {
+            let p = self.set.qk(layer, h)?;
+            projection::rotate_rows(
+                &kv.keys[h * n..(h + 1) * n],
+                p,
+                &mut self.prefill_rot[h * n..(h + 1) * n],
+            )?;
+        }
+        if V::FORMAT == ValueFormat::Fp8E4M3 && self.cfg.fp8_scale == Fp8Scale::Auto {
+            self.rescale(layer, &kv)?;
+        }
+        debug_assert_eq!(self.prefill_rot.len() % d, 0);
+        self.caches.extend_layer(layer, &self.prefill_rot, kv.values)?;
+        Ok(())
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        self.set.rotate_queries_into(layer, 1, step.q, &mut self.q_rot)?;
+        self.set.rotate_keys_into(layer, 1, step.k, &mut self.k_rot)?;
+        self.caches.append_token(layer, &self.k_rot, step.v)?;
+        let heads =
+            self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
+        self.kernel.hybrid(&self.attn, &self.q_rot, heads, out)?;
+        Ok(())
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        CacheBytes { resident: self.caches.memory().held_bytes(), offloaded: 0 }
+    }
+}

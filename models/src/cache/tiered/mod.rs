@@ -1,0 +1,368 @@
+//! `tiered` and `swan+tiered`: WnW's store (`kv-tiered`) over a marked span of the prompt
+//! (`papers/wnw.txt` §2.3; the paper's audio span, here any span a user marks).
+//!
+//! Prefill: the model reports each layer's prefill attention from the text rows to the span
+//! (or the last-window rows for the SnapKV-style baselines) and the layer's K/V; after the
+//! last layer the cache triages heads, solves the retention schedule and builds the store.
+//! Decode: each layer's new k/v are appended (always resident), attention runs over the
+//! resident rows with `attn-kernels`' gathered kernel, which also returns the softmax
+//! weights the anchor heads feed back (Eq. 2); `end_step` lets the policy recall and release.
+//!
+//! `swan+tiered` additionally rotates q/k by `P_QK` (values come rotated from the absorbed
+//! `Ŵ_V`) and stores non-anchor span rows as SWAN sparse fp8 rows, cutting recall bytes.
+//! Heads holding sparse rows are decoded to f32 for the gathered kernel (a CPU fallback:
+//! `attn-kernels` has no kernel over mixed dense + `kv-tiered` sparse rows yet).
+
+mod prompt;
+mod spec;
+
+pub use spec::{PolicyKind, RolesSource, TieredSpec};
+
+use std::sync::Arc;
+
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, GatheredKv};
+use kv_sparse::Value;
+use kv_tiered::policy::StepSignal;
+use kv_tiered::{StepMetrics, TieredStore};
+use projection::ProjectionSet;
+
+use self::prompt::Prompt;
+use super::{AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, SwanConfig};
+use crate::error::{Result, invalid};
+
+impl TieredSpec {
+    /// The cache this spec describes, with dense rows in the spec's format; `swan` adds the
+    /// SWAN rotation and sparse span rows.
+    ///
+    /// # Errors
+    /// As [`TieredCache::new`].
+    pub fn build(
+        &self,
+        shape: CacheShape,
+        swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
+        use half::{bf16, f16};
+        use kv_sparse::ValueFormat;
+        let spec = self.clone();
+        Ok(match self.format {
+            ValueFormat::F32 => Box::new(TieredCache::<f32>::new(shape, spec, swan, threads)?),
+            ValueFormat::Bf16 => Box::new(TieredCache::<bf16>::new(shape, spec, swan, threads)?),
+            _ => Box::new(TieredCache::<f16>::new(shape, spec, swan, threads)?),
+        })
+    }
+}
+
+/// Per-head f32 rows decoded from a store with sparse rows (reused every step).
+#[derive(Default)]
+struct Decoded {
+    positions: Vec<u32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
+/// A WnW tiered store behind the [`KvCache`] interface; `D` is the dense row format.
+pub struct TieredCache<D: Value> {
+    shape: CacheShape,
+    spec: TieredSpec,
+    swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+    attn: AttnConfig,
+    kernel: CpuAttention,
+    prompt: Option<Prompt>,
+    store: Option<TieredStore>,
+    reserved: usize,
+    appended: usize,
+    q_rot: Vec<f32>,
+    k_rot: Vec<f32>,
+    weights: Vec<f32>,
+    decoded: Vec<Decoded>,
+    last: StepMetrics,
+    _format: std::marker::PhantomData<D>,
+}
+
+impl<D: Value> TieredCache<D> {
+    /// An empty cache; `swan` adds the SWAN rotation and sparse span rows.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if the format is not `D` or the projection set does not
+    /// fit `shape`; [`crate::Error::Attention`] for a bad layout or thread count.
+    pub fn new(
+        shape: CacheShape,
+        spec: TieredSpec,
+        swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+        threads: usize,
+    ) -> Result<Self> {
+        if spec.format != D::FORMAT {
+            return Err(invalid(
+                "tiered cache",
+                format!("format {} is not the cache's {}", spec.format, D::FORMAT),
+            ));
+        }
+        if let Some((cfg, set)) = &swan {
+            let full = cfg.k_key == shape.head_dim && cfg.k_value == shape.head_dim;
+            if cfg.value != kv_sparse::ValueFormat::Fp8E4M3
+                && !(full && cfg.value == kv_sparse::ValueFormat::F32)
+            {
+                let reason = "kv-tiered stores sparse rows as fp8: use value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
+                return Err(invalid("swan+tiered cache", reason));
+            }
+            let d = set.dims();
+            if (d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())
+                != (shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim)
+            {
+                return Err(invalid(
+                    "tiered cache",
+                    format!("projection set is for {d:?}, model is {shape:?}"),
+                ));
+            }
+        }
+        Ok(Self {
+            shape,
+            spec,
+            swan,
+            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
+            kernel: CpuAttention::new(threads)?,
+            prompt: None,
+            store: None,
+            reserved: 0,
+            appended: 0,
+            q_rot: vec![0.0; shape.q_heads * shape.head_dim],
+            k_rot: vec![0.0; shape.kv_heads * shape.head_dim],
+            weights: Vec::new(),
+            decoded: (0..shape.kv_heads).map(|_| Decoded::default()).collect(),
+            last: StepMetrics::default(),
+            _format: std::marker::PhantomData,
+        })
+    }
+
+    /// The store, once prefill has completed.
+    pub fn store(&self) -> Option<&TieredStore> {
+        self.store.as_ref()
+    }
+
+    fn prompt_mut(&mut self, tokens: usize) -> Result<&mut Prompt> {
+        if self.store.is_some() {
+            return Err(invalid("tiered prefill", "the store is already built; prefill runs once"));
+        }
+        if self.prompt.is_none() {
+            self.prompt = Some(Prompt::new(self.shape, self.spec.span(tokens)?, tokens)?);
+        }
+        self.prompt.as_mut().ok_or_else(|| invalid("tiered prefill", "no prompt"))
+    }
+
+    /// Rotates one token's q and k into the SWAN basis (no-op without SWAN).
+    fn rotate_step(&mut self, layer: usize, step: &StepQkv<'_>) -> Result<bool> {
+        let Some((_, set)) = &self.swan else { return Ok(false) };
+        set.rotate_queries_into(layer, 1, step.q, &mut self.q_rot)?;
+        set.rotate_keys_into(layer, 1, step.k, &mut self.k_rot)?;
+        Ok(true)
+    }
+
+    fn store_mut(&mut self) -> Result<&mut TieredStore> {
+        self.store.as_mut().ok_or_else(|| {
+            invalid("tiered decode", "the tiered cache needs a prefill covering its span first")
+        })
+    }
+}
+
+impl<D: Value> KvCache for TieredCache<D> {
+    fn label(&self) -> String {
+        let swan = self.swan.as_ref().map_or(String::new(), |(c, s)| {
+            format!("swan k={}/{} basis={} + ", c.k_key, c.k_value, s.provenance().kind)
+        });
+        let s = &self.spec;
+        format!(
+            "{swan}tiered {:?} r_gpu={} span={}..{} ({})",
+            s.policy,
+            s.r_gpu,
+            s.span_start,
+            s.span_end.map_or(String::new(), |e| e.to_string()),
+            D::FORMAT
+        )
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        self.store.as_ref().map_or(0, |s| s.config().layout.seq_len() + self.appended)
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        self.reserved = self.reserved.max(tokens);
+        Ok(())
+    }
+
+    fn attention_request(&mut self, prompt_len: usize) -> Option<AttentionRequest> {
+        let signal = self.spec.prefill_signal();
+        let prompt = self.prompt_mut(prompt_len).ok()?;
+        prompt.request(signal)
+    }
+
+    fn prefill_attention(&mut self, layer: usize, received: &[f32]) -> Result<()> {
+        let prompt = self
+            .prompt
+            .as_mut()
+            .ok_or_else(|| invalid("tiered prefill", "attention before the request"))?;
+        prompt.add_scores(layer, received)
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        self.shape.check_prefill(layer, &kv)?;
+        let set = self.swan.as_ref().map(|(_, s)| s.clone());
+        let prompt = self.prompt_mut(kv.tokens)?;
+        prompt.add_layer(layer, &kv, set.as_deref())?;
+        if layer + 1 == self.shape.layers {
+            let prompt =
+                self.prompt.take().ok_or_else(|| invalid("tiered prefill", "no prompt"))?;
+            let capacity = if self.reserved > 0 {
+                self.reserved.saturating_sub(kv.tokens).max(1)
+            } else {
+                self.spec.max_new
+            };
+            // Sparse span rows only for fp8 values; f32 with every component kept is the
+            // lossless setting and stays dense (rotated).
+            let swan = self
+                .swan
+                .as_ref()
+                .map(|(c, _)| *c)
+                .filter(|c| c.value == kv_sparse::ValueFormat::Fp8E4M3);
+            self.store = Some(prompt.build_store(&self.spec, swan, capacity)?);
+            self.weights.reserve(self.shape.kv_heads * (kv.tokens + capacity));
+        }
+        Ok(())
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        let rotated = self.rotate_step(layer, &step)?;
+        let Self { store, q_rot, k_rot, kernel, attn, weights, decoded, .. } = self;
+        let store = store.as_mut().ok_or_else(|| {
+            invalid("tiered decode", "the tiered cache needs a prefill covering its span first")
+        })?;
+        let (q, k) = if rotated { (&q_rot[..], &k_rot[..]) } else { (step.q, step.k) };
+        store.append(layer, k, step.v)?;
+        store.observe_queries(layer, q)?;
+        let want_weights = store.policy().step_signal() == StepSignal::AnchorWeights;
+        if store.config().rows.sparse.is_none() {
+            attend_gathered::<D>(store, layer, (kernel, attn), q, out, weights, want_weights)?;
+        } else {
+            attend_decoded(store, layer, (kernel, attn), q, out, (weights, decoded), want_weights)?;
+        }
+        if layer + 1 == self.shape.layers {
+            self.appended += 1;
+        }
+        Ok(())
+    }
+
+    fn end_step(&mut self) -> Result<()> {
+        self.last = *self.store_mut()?.end_step()?;
+        Ok(())
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        match (&self.store, &self.prompt) {
+            (Some(store), _) => store_bytes(store),
+            (None, Some(p)) => CacheBytes { resident: p.bytes(), offloaded: 0 },
+            (None, None) => CacheBytes::default(),
+        }
+    }
+
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let Some(store) = &self.store else { return Vec::new() };
+        let run = store.run_metrics();
+        vec![
+            ("r_gpu", store.r_gpu()),
+            ("r_gpu_cpu", store.r_gpu_cpu()),
+            ("mean_r_gpu", run.mean_r_gpu()),
+            ("h2d_bytes_per_step", run.mean_bytes_per_step()),
+            ("recalls", run.recalls as f64),
+            ("releases", run.releases as f64),
+            ("policy_us_per_step", run.mean_policy_time().as_secs_f64() * 1e6),
+        ]
+    }
+}
+
+/// Attention over the zero-copy dense views of one layer; feeds the anchor weights back.
+fn attend_gathered<D: Value>(
+    store: &mut TieredStore,
+    layer: usize,
+    (kernel, attn): (&mut CpuAttention, &AttnConfig),
+    q: &[f32],
+    out: &mut [f32],
+    weights: &mut Vec<f32>,
+    want_weights: bool,
+) -> Result<()> {
+    {
+        let view = store.layer_view(layer)?;
+        let mut list: Vec<GatheredKv<'_, D>> = Vec::with_capacity(view.num_heads());
+        view.gathered_into(&mut list)?;
+        weights.resize(list.iter().map(GatheredKv::num_rows).sum(), 0.0);
+        kernel.gathered(attn, q, &list, out, want_weights.then_some(&mut weights[..]))?;
+    }
+    if want_weights {
+        store.add_gathered_weights(layer, weights)?;
+    }
+    Ok(())
+}
+
+/// Attention over rows decoded to f32 (stores with SWAN sparse rows).
+fn attend_decoded(
+    store: &mut TieredStore,
+    layer: usize,
+    (kernel, attn): (&mut CpuAttention, &AttnConfig),
+    q: &[f32],
+    out: &mut [f32],
+    (weights, decoded): (&mut Vec<f32>, &mut [Decoded]),
+    want_weights: bool,
+) -> Result<()> {
+    {
+        let view = store.layer_view(layer)?;
+        for (h, d) in decoded.iter_mut().enumerate() {
+            let head = view
+                .head(h)
+                .ok_or_else(|| invalid("tiered decode", format!("kv-head {h} missing")))?;
+            head.decode_into(&mut d.positions, &mut d.keys, &mut d.values)?;
+        }
+    }
+    let dim = attn.head_dim();
+    let list: Vec<GatheredKv<'_, f32>> =
+        decoded.iter().map(|d| GatheredKv::new(dim, &d.positions, &d.keys, &d.values)).collect();
+    weights.resize(decoded.iter().map(|d| d.positions.len()).sum(), 0.0);
+    kernel.gathered(attn, q, &list, out, want_weights.then_some(&mut weights[..]))?;
+    if want_weights {
+        let mut off = 0;
+        for (h, d) in decoded.iter().enumerate() {
+            let n = d.positions.len();
+            if store.is_anchor(layer, h) {
+                store.add_anchor_weights(layer, h, &d.positions, &weights[off..off + n])?;
+            }
+            off += n;
+        }
+    }
+    Ok(())
+}
+
+/// Resident bytes (rows attention reads, by pool format) and the host copies.
+fn store_bytes(store: &TieredStore) -> CacheBytes {
+    let cfg = store.config();
+    let d = cfg.rows.head_dim;
+    let row = |pool: usize| {
+        let (k, v) = cfg.rows.codecs(pool);
+        k.row_bytes(d) + v.row_bytes(d)
+    };
+    let (dense, sparse) = (row(0), row(1));
+    let mut resident = 0;
+    for layer in 0..cfg.layers {
+        if let Ok(view) = store.layer_view(layer) {
+            for h in 0..view.num_heads() {
+                if let Some(head) = view.head(h) {
+                    resident +=
+                        head.dense.positions.len() * dense + head.sparse.positions.len() * sparse;
+                }
+            }
+        }
+    }
+    CacheBytes { resident, offloaded: store.run_metrics().prefill_host_bytes as usize }
+}

@@ -1,0 +1,339 @@
+//! Caches chosen at run time by name and parameters: `NAME[:key=value,...]`.
+//!
+//! | spec | cache |
+//! |---|---|
+//! | `dense[:format=f16\|bf16\|f32]` | [`DenseCache`] (default f16) |
+//! | `swan[:k=32,kv=32,b=128,value=fp8\|f16\|bf16\|f32,buffer=f16\|bf16\|f32,scale=auto\|none,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
+//! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
+//!
+//! Every cache also takes `threads=N` (attention threads; default: all cores). SWAN
+//! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
+//! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
+//! (needs a `ProjectionSet` file: `proj=PATH`, default `$KVTIDE_CACHE/projections/<model>.safetensors`
+//! as written by `kvtide calibrate`), `identity`, `random[:seed]`, or an ablation of the
+//! calibrated file: `layer-shuffle[:seed]`, `head-shuffle[:seed]`, `kv-shuffle`
+//! (`papers/swan.txt`, projection ablations).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+use kv_sparse::ValueFormat;
+use kv_sparse::fp8::Fp8E4M3;
+use projection::{BasisKind, ModelDims, ProjectionSet};
+
+use crate::cache::TieredSpec;
+use crate::cache::{CacheShape, DenseCache, Fp8Scale, KvCache, SwanCache, SwanConfig};
+use crate::error::{Error, Result};
+use crate::llama::Llama;
+
+/// SWAN parameters of a spec (`k`/`kv` default to half the head when `None`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SwanSpec {
+    /// Kept key components (`k`).
+    pub k_key: Option<usize>,
+    /// Kept value components (`kv`).
+    pub k_value: Option<usize>,
+    /// Dense buffer rows (`b`).
+    pub buffer: usize,
+    /// Sparse value format (`value`).
+    pub value: ValueFormat,
+    /// Buffer format (`buffer`).
+    pub buffer_format: ValueFormat,
+    /// fp8 scaling (`scale`).
+    pub scale: Fp8Scale,
+    /// Which basis (`basis`).
+    pub basis: BasisKind,
+    /// Projection file for calibrated bases and their ablations (`proj`).
+    pub proj: Option<PathBuf>,
+}
+
+impl Default for SwanSpec {
+    fn default() -> Self {
+        Self {
+            k_key: None,
+            k_value: None,
+            buffer: 128,
+            value: ValueFormat::Fp8E4M3,
+            buffer_format: ValueFormat::F16,
+            scale: Fp8Scale::Auto,
+            basis: BasisKind::Calibrated,
+            proj: None,
+        }
+    }
+}
+
+/// What kind of cache a spec names.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CacheKind {
+    /// Full K/V in one format.
+    Dense(ValueFormat),
+    /// SWAN hybrid cache.
+    Swan(SwanSpec),
+    /// WnW tiered store.
+    Tiered(TieredSpec),
+    /// SWAN rotation and sparse rows inside the WnW store.
+    SwanTiered(SwanSpec, TieredSpec),
+}
+
+/// A parsed cache specification.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheSpec {
+    /// The cache and its parameters.
+    pub kind: CacheKind,
+    /// Attention threads (`None`: all cores).
+    pub threads: Option<usize>,
+    text: String,
+}
+
+pub(crate) fn spec_err(spec: &str, reason: impl Into<String>) -> Error {
+    Error::CacheSpec { spec: spec.to_string(), reason: reason.into() }
+}
+
+/// `key=value` pairs of a spec, each consumed at most once; leftovers are an error.
+pub(crate) struct Params<'a> {
+    spec: &'a str,
+    pairs: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Params<'a> {
+    fn parse(spec: &'a str, body: &'a str) -> Result<Self> {
+        let mut pairs = Vec::new();
+        for item in body.split(',').filter(|s| !s.is_empty()) {
+            let (k, v) = item.split_once('=').unwrap_or((item, ""));
+            if pairs.iter().any(|(seen, _)| *seen == k) {
+                return Err(spec_err(spec, format!("`{k}` given twice")));
+            }
+            pairs.push((k.trim(), v.trim()));
+        }
+        Ok(Self { spec, pairs })
+    }
+
+    /// Removes and returns the raw value of `key`.
+    pub(crate) fn take(&mut self, key: &str) -> Option<&'a str> {
+        let i = self.pairs.iter().position(|(k, _)| *k == key)?;
+        Some(self.pairs.remove(i).1)
+    }
+
+    /// Removes `key` and parses its value.
+    pub(crate) fn parse_opt<T: FromStr>(&mut self, key: &str) -> Result<Option<T>> {
+        let spec = self.spec;
+        self.take(key)
+            .map(|v| {
+                v.parse().map_err(|_| spec_err(spec, format!("`{key}={v}` is not a valid value")))
+            })
+            .transpose()
+    }
+
+    /// The spec text, for errors.
+    pub(crate) fn spec(&self) -> &'a str {
+        self.spec
+    }
+
+    fn finish(self) -> Result<()> {
+        match self.pairs.first() {
+            Some((k, _)) => Err(spec_err(self.spec, format!("unknown parameter `{k}`"))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn format_param(
+    p: &mut Params<'_>,
+    key: &str,
+    allowed: &[ValueFormat],
+) -> Result<Option<ValueFormat>> {
+    let Some(v) = p.take(key) else { return Ok(None) };
+    let f = match v {
+        "f32" => ValueFormat::F32,
+        "f16" => ValueFormat::F16,
+        "bf16" => ValueFormat::Bf16,
+        "fp8" | "e4m3" => ValueFormat::Fp8E4M3,
+        _ => return Err(spec_err(p.spec(), format!("`{key}={v}`: unknown format"))),
+    };
+    if !allowed.contains(&f) {
+        return Err(spec_err(p.spec(), format!("`{key}={v}` is not allowed here")));
+    }
+    Ok(Some(f))
+}
+
+const DENSE_FORMATS: [ValueFormat; 3] = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16];
+const VALUE_FORMATS: [ValueFormat; 4] =
+    [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16, ValueFormat::Fp8E4M3];
+
+impl SwanSpec {
+    pub(crate) fn parse(p: &mut Params<'_>) -> Result<Self> {
+        let d = Self::default();
+        let basis = match p.take("basis") {
+            Some(b) => {
+                b.parse::<BasisKind>().map_err(|e| spec_err(p.spec(), format!("basis: {e}")))?
+            }
+            None => d.basis,
+        };
+        let scale = match p.take("scale") {
+            None | Some("auto") => Fp8Scale::Auto,
+            Some("none") => Fp8Scale::None,
+            Some(v) => {
+                return Err(spec_err(p.spec(), format!("`scale={v}`: expected auto or none")));
+            }
+        };
+        Ok(Self {
+            k_key: p.parse_opt("k")?,
+            k_value: p.parse_opt("kv")?,
+            buffer: p.parse_opt("b")?.unwrap_or(d.buffer),
+            value: format_param(p, "value", &VALUE_FORMATS)?.unwrap_or(d.value),
+            buffer_format: format_param(p, "buffer", &DENSE_FORMATS)?.unwrap_or(d.buffer_format),
+            scale,
+            basis,
+            proj: p.take("proj").map(PathBuf::from),
+        })
+    }
+
+    /// The cache knobs for heads of width `head_dim`.
+    pub fn config(&self, head_dim: usize) -> SwanConfig {
+        SwanConfig {
+            k_key: self.k_key.unwrap_or(head_dim / 2),
+            k_value: self.k_value.or(self.k_key).unwrap_or(head_dim / 2),
+            buffer: self.buffer,
+            value: self.value,
+            buffer_format: self.buffer_format,
+            fp8_scale: self.scale,
+        }
+    }
+
+    /// Builds (or loads) the projection set this spec names for `model`.
+    ///
+    /// # Errors
+    /// [`Error::Projection`] if the file is missing, corrupt or for another model.
+    pub fn projection(&self, model: &Llama) -> Result<ProjectionSet> {
+        let cfg = model.config();
+        let dims = ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)?;
+        let load = || {
+            let path =
+                self.proj.clone().unwrap_or_else(|| crate::paths::projection_file(&cfg.name));
+            ProjectionSet::load_for(&path, &dims, None).map_err(|e| Error::CacheSpec {
+                spec: format!("proj={}", path.display()),
+                reason: format!("{e} (run `kvtide calibrate` first)"),
+            })
+        };
+        Ok(match self.basis {
+            BasisKind::Identity => ProjectionSet::identity(dims, &cfg.name)?,
+            BasisKind::Random { seed } => ProjectionSet::random(dims, &cfg.name, seed)?,
+            BasisKind::Calibrated => load()?,
+            kind => load()?.ablation(kind)?,
+        })
+    }
+}
+
+impl FromStr for CacheSpec {
+    type Err = Error;
+
+    /// # Examples
+    /// ```
+    /// use models::spec::{CacheKind, CacheSpec};
+    /// let s: CacheSpec = "swan:k=32,value=fp8,b=128,basis=random:7".parse()?;
+    /// assert!(matches!(s.kind, CacheKind::Swan(ref w) if w.k_key == Some(32) && w.buffer == 128));
+    /// assert!("swan:q=3".parse::<CacheSpec>().is_err());
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    fn from_str(text: &str) -> Result<Self> {
+        let (name, body) = text.split_once(':').unwrap_or((text, ""));
+        let mut p = Params::parse(text, body)?;
+        let threads = p.parse_opt::<usize>("threads")?;
+        if threads == Some(0) {
+            return Err(spec_err(text, "threads must be ≥ 1"));
+        }
+        let kind = match name {
+            "dense" => CacheKind::Dense(
+                format_param(&mut p, "format", &DENSE_FORMATS)?.unwrap_or(ValueFormat::F16),
+            ),
+            "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
+            "tiered" => CacheKind::Tiered(TieredSpec::parse(&mut p)?),
+            "swan+tiered" => {
+                let swan = SwanSpec::parse(&mut p)?;
+                CacheKind::SwanTiered(swan, TieredSpec::parse(&mut p)?)
+            }
+            other => {
+                return Err(spec_err(
+                    text,
+                    format!("unknown cache `{other}` (dense, swan, tiered, swan+tiered)"),
+                ));
+            }
+        };
+        p.finish()?;
+        Ok(Self { kind, threads, text: text.to_string() })
+    }
+}
+
+impl std::fmt::Display for CacheSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+impl CacheSpec {
+    /// Builds the cache for `model` and the model it must run with (SWAN needs `P_VO`
+    /// absorbed; other caches use `model` as is — its weights are shared, not copied).
+    ///
+    /// # Errors
+    /// Projection loading and absorption errors; the caches' parameter errors.
+    pub fn build(&self, model: &Llama) -> Result<(Llama, Box<dyn KvCache>)> {
+        let shape = CacheShape::of(model.config());
+        let threads = self.threads.unwrap_or_else(default_threads);
+        match &self.kind {
+            CacheKind::Dense(format) => Ok((model.clone(), dense(shape, *format, threads)?)),
+            CacheKind::Swan(swan) => {
+                let set = Arc::new(swan.projection(model)?);
+                let cache = swan_cache(shape, swan.config(shape.head_dim), set.clone(), threads)?;
+                Ok((model.absorb_vo(&set)?, cache))
+            }
+            CacheKind::Tiered(t) => Ok((model.clone(), t.build(shape, None, threads)?)),
+            CacheKind::SwanTiered(swan, t) => {
+                let set = Arc::new(swan.projection(model)?);
+                let cache =
+                    t.build(shape, Some((swan.config(shape.head_dim), set.clone())), threads)?;
+                Ok((model.absorb_vo(&set)?, cache))
+            }
+        }
+    }
+}
+
+fn dense(shape: CacheShape, format: ValueFormat, threads: usize) -> Result<Box<dyn KvCache>> {
+    Ok(match format {
+        ValueFormat::F32 => Box::new(DenseCache::<f32>::new(shape, threads)?),
+        ValueFormat::Bf16 => Box::new(DenseCache::<bf16>::new(shape, threads)?),
+        _ => Box::new(DenseCache::<f16>::new(shape, threads)?),
+    })
+}
+
+fn swan_cache(
+    shape: CacheShape,
+    cfg: SwanConfig,
+    set: Arc<ProjectionSet>,
+    threads: usize,
+) -> Result<Box<dyn KvCache>> {
+    fn with_buffer<V: kv_sparse::Value>(
+        shape: CacheShape,
+        cfg: SwanConfig,
+        set: Arc<ProjectionSet>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
+        Ok(match cfg.buffer_format {
+            ValueFormat::F32 => Box::new(SwanCache::<V, f32>::new(shape, cfg, set, threads)?),
+            ValueFormat::Bf16 => Box::new(SwanCache::<V, bf16>::new(shape, cfg, set, threads)?),
+            _ => Box::new(SwanCache::<V, f16>::new(shape, cfg, set, threads)?),
+        })
+    }
+    match cfg.value {
+        ValueFormat::F32 => with_buffer::<f32>(shape, cfg, set, threads),
+        ValueFormat::F16 => with_buffer::<f16>(shape, cfg, set, threads),
+        ValueFormat::Bf16 => with_buffer::<bf16>(shape, cfg, set, threads),
+        ValueFormat::Fp8E4M3 => with_buffer::<Fp8E4M3>(shape, cfg, set, threads),
+    }
+}
