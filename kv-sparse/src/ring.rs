@@ -115,9 +115,7 @@ impl<D: Value> DenseRing<D> {
         let slot = (self.head + self.len) % self.capacity;
         self.allocate_slot(slot);
         let d = self.head_dim;
-        for (dst, &x) in self.data[slot * d..(slot + 1) * d].iter_mut().zip(row) {
-            *dst = D::from_f32(x);
-        }
+        D::encode_into(row, &mut self.data[slot * d..(slot + 1) * d]);
         self.advance_tail();
     }
 
@@ -146,8 +144,8 @@ impl<D: Value> DenseRing<D> {
     pub fn oldest_into(&self, out: &mut Vec<f32>) -> bool {
         match self.row(0) {
             Some(row) => {
-                out.clear();
-                out.extend(row.iter().map(|v| v.to_f32()));
+                out.resize(row.len(), 0.0);
+                D::decode_into(row, out);
                 true
             }
             None => false,
@@ -214,12 +212,12 @@ impl<D: Value> DenseRing<D> {
         self.len = 0;
     }
 
-    /// Bytes held: filled rows as `dense_bytes`, empty slots as capacity slack.
+    /// Bytes held: filled rows as `dense_bytes`, allocated empty slots as capacity slack.
     pub fn memory(&self) -> MemoryReport {
-        let row = self.head_dim * D::FORMAT.bytes();
+        let dense_bytes = self.len * self.head_dim * D::FORMAT.bytes();
         MemoryReport {
-            dense_bytes: self.len * row,
-            capacity_slack_bytes: (self.capacity - self.len) * row,
+            dense_bytes,
+            capacity_slack_bytes: self.data.capacity() * D::FORMAT.bytes() - dense_bytes,
             ..MemoryReport::default()
         }
     }

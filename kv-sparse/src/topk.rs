@@ -2,9 +2,13 @@
 //!
 //! SWAN (method section, "The pruning process is based on magnitude"): when a vector leaves
 //! the dense buffer, keep the k dimensions with the largest absolute values and discard the
-//! rest. Selection is O(d): a linear-time partition (`select_nth_unstable`) finds the k-th
-//! largest magnitude, then one ordered pass emits the indices ascending — no sort. Ties at
-//! the threshold go to the lower index, so the result is a deterministic function of `x`.
+//! rest. Selection is O(d) with no sort, no scratch and no data-dependent branches in its
+//! loops. For non-NaN floats, `bits & 0x7fff_ffff` (the "key") orders exactly like `|x|`,
+//! so the k-th largest key is found radix-style, fixing its bits from the top, each bit by
+//! one vectorizable counting pass (`#{i : key_i ≥ candidate}`) and stopping early once
+//! exactly k keys lie at or above the candidate (typically after ~12 passes for d ≤ 128).
+//! One branch-free compaction pass then emits the indices ascending. Ties at the threshold
+//! go to the lower index, so the result is a deterministic function of `x`.
 
 use crate::{Error, Result};
 
@@ -17,11 +21,62 @@ fn magnitude_key(x: f32) -> u32 {
 
 const NAN_THRESHOLD: u32 = 0x7f80_0000;
 
+/// Number of elements whose key is at least `threshold`. Counts in `u32` lanes so the loop
+/// vectorizes (callers guarantee `x.len() < 2³²`).
+#[inline(always)]
+fn count_at_least(x: &[f32], threshold: u32) -> usize {
+    let mut n = 0u32;
+    for v in x {
+        n += u32::from(magnitude_key(*v) >= threshold);
+    }
+    n as usize
+}
+
+/// The largest key (vectorizes).
+fn max_key(x: &[f32]) -> u32 {
+    x.iter().fold(0, |m, v| m.max(magnitude_key(*v)))
+}
+
+/// The selection for `1 ≤ k < x.len()` given the largest key `max`: `(t, ties)` such that
+/// the kept set is every key `> t` plus the first `ties` keys `== t` (in index order).
+fn threshold(x: &[f32], k: usize, max: u32) -> (u32, usize) {
+    // Invariant: count(key ≥ t) ≥ k. Bits above the largest key's top bit stay 0.
+    let mut t = 0u32;
+    for bit in (0..32 - max.leading_zeros()).rev() {
+        let candidate = t | (1 << bit);
+        let count = count_at_least(x, candidate);
+        if count >= k {
+            t = candidate;
+            if count == k {
+                return (t - 1, 0); // exactly the keys ≥ t, i.e. all keys > t - 1
+            }
+        }
+    }
+    // t is now the k-th largest key itself; keep the lowest-index ties.
+    (t, k - count_at_least(x, t + 1))
+}
+
+/// Appends to `out` (cleared) the indices of keys `> t` and of the first `ties` keys
+/// `== t`, ascending, without branching on the data.
+fn emit(x: &[f32], t: u32, mut ties: usize, out: &mut Vec<usize>) {
+    out.clear();
+    out.resize(x.len(), 0);
+    let mut n = 0;
+    for (i, v) in x.iter().enumerate() {
+        let m = magnitude_key(*v);
+        let tie = usize::from(m == t) & usize::from(ties > 0);
+        out[n] = i;
+        n += usize::from(m > t) | tie;
+        ties -= tie;
+    }
+    out.truncate(n);
+}
+
 /// Writes into `out` the indices of the `k` entries of `x` with largest `|x|` (ties → lower
 /// index), ascending. `k = 0` gives an empty list, `k = x.len()` all indices.
 ///
-/// O(d) expected time. `out` doubles as scratch: once its capacity reaches `x.len()` the
-/// call does not allocate, so a reused `out` keeps hot paths allocation-free.
+/// O(d) time (at most 33 vectorized passes and one compaction pass). Once `out`'s capacity reaches `x.len()`
+/// the call does not allocate, so a reused `out` keeps hot paths allocation-free.
 ///
 /// # Errors
 /// [`Error::NonFinite`] when `x` contains a NaN (infinities are ordinary, largest
@@ -42,7 +97,17 @@ pub fn top_k_magnitude(x: &[f32], k: usize, out: &mut Vec<usize>) -> Result<()> 
     if k > d {
         return Err(Error::KTooLarge { op: "top_k_magnitude", k, head_dim: d });
     }
-    if let Some(position) = x.iter().position(|v| magnitude_key(*v) > NAN_THRESHOLD) {
+    if x.len() > u32::MAX as usize {
+        // Counting passes use u32 lanes; no head dimension comes near this.
+        return Err(Error::HeadDimOutOfRange {
+            op: "top_k_magnitude",
+            head_dim: d,
+            max: u32::MAX as usize,
+        });
+    }
+    let max = max_key(x);
+    if max > NAN_THRESHOLD {
+        let position = x.iter().position(|v| v.is_nan()).unwrap_or_default();
         return Err(Error::NonFinite { op: "top_k_magnitude", position, value: x[position] });
     }
     if k == 0 {
@@ -52,22 +117,8 @@ pub fn top_k_magnitude(x: &[f32], k: usize, out: &mut Vec<usize>) -> Result<()> 
         out.extend(0..d);
         return Ok(());
     }
-    // Use `out` as the magnitude scratch, find the k-th largest key, then emit indices.
-    out.extend(x.iter().map(|v| magnitude_key(*v) as usize));
-    let (_, &mut threshold, _) = out.select_nth_unstable_by(k - 1, |a, b| b.cmp(a));
-    let threshold = threshold as u32;
-    let above = x.iter().filter(|v| magnitude_key(**v) > threshold).count();
-    let mut ties_left = k - above;
-    out.clear();
-    for (i, v) in x.iter().enumerate() {
-        let m = magnitude_key(*v);
-        if m > threshold {
-            out.push(i);
-        } else if m == threshold && ties_left > 0 {
-            out.push(i);
-            ties_left -= 1;
-        }
-    }
+    let (t, ties) = threshold(x, k, max);
+    emit(x, t, ties, out);
     debug_assert_eq!(out.len(), k);
     Ok(())
 }

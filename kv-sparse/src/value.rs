@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use half::slice::HalfFloatSliceExt;
+
 use crate::fp8::Fp8E4M3;
 use crate::{Error, Result};
 
@@ -99,6 +101,25 @@ pub trait Value:
     fn from_f32(x: f32) -> Self;
     /// Decodes to `f32` (exact for every format).
     fn to_f32(self) -> f32;
+
+    /// Encodes the first `min(src.len(), dst.len())` elements of `src` into `dst`, as
+    /// [`Value::from_f32`] would — vectorized where the format allows (f16 uses F16C
+    /// instructions when the CPU has them).
+    #[inline]
+    fn encode_into(src: &[f32], dst: &mut [Self]) {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
+
+    /// Decodes the first `min(src.len(), dst.len())` elements of `src` into `dst`, as
+    /// [`Value::to_f32`] would (vectorized where the format allows).
+    #[inline]
+    fn decode_into(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
 }
 
 impl Value for f32 {
@@ -125,6 +146,16 @@ impl Value for half::f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         half::f16::to_f32(self)
+    }
+    #[inline]
+    fn encode_into(src: &[f32], dst: &mut [Self]) {
+        let n = src.len().min(dst.len());
+        dst[..n].convert_from_f32_slice(&src[..n]);
+    }
+    #[inline]
+    fn decode_into(src: &[Self], dst: &mut [f32]) {
+        let n = src.len().min(dst.len());
+        src[..n].convert_to_f32_slice(&mut dst[..n]);
     }
 }
 
@@ -166,16 +197,20 @@ pub fn value_bytes<V: Value>(values: &[V]) -> &[u8] {
     bytemuck::cast_slice(values)
 }
 
+/// The largest magnitude of `x` as its bit pattern (`0x7f80_0000` or more when `x` holds
+/// a NaN or an infinity). Integer max over masked bits: vectorizes, no branches.
+pub(crate) fn max_magnitude_bits(x: &[f32]) -> u32 {
+    x.iter().fold(0, |m, v| m.max(v.to_bits() & 0x7fff_ffff))
+}
+
 /// Returns the largest magnitude of `x`, or [`Error::NonFinite`] for the first NaN/±∞.
 pub(crate) fn check_finite(op: &'static str, x: &[f32]) -> Result<f32> {
-    let mut max_abs = 0.0f32;
-    for (position, &value) in x.iter().enumerate() {
-        if !value.is_finite() {
-            return Err(Error::NonFinite { op, position, value });
-        }
-        max_abs = max_abs.max(value.abs());
+    let max = max_magnitude_bits(x);
+    if max < 0x7f80_0000 {
+        return Ok(f32::from_bits(max));
     }
-    Ok(max_abs)
+    let position = x.iter().position(|v| !v.is_finite()).unwrap_or_default();
+    Err(Error::NonFinite { op, position, value: x[position] })
 }
 
 /// [`Error::Overflow`] when `max_abs` would not encode to a finite `V`.

@@ -23,7 +23,10 @@ pub struct CsrStore<I, V> {
     offsets: Vec<u16>,
     indices: Vec<I>,
     values: Vec<V>,
+    /// Top-k indices of the row being pushed.
     scratch: Vec<usize>,
+    /// The kept values of the row being pushed, gathered for bulk encoding.
+    gathered: Vec<f32>,
 }
 
 impl<I, V> std::fmt::Debug for CsrStore<I, V> {
@@ -77,6 +80,7 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
             indices: Vec::new(),
             values: Vec::new(),
             scratch: Vec::with_capacity(head_dim),
+            gathered: Vec::with_capacity(head_dim),
         })
     }
 
@@ -90,6 +94,7 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
             indices: view.indices().to_vec(),
             values: view.values().to_vec(),
             scratch: Vec::with_capacity(view.head_dim()),
+            gathered: Vec::with_capacity(view.head_dim()),
         }
     }
 
@@ -121,9 +126,13 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
             check_overflow::<V>(OP, max_abs)?;
         }
         top_k_magnitude(x, k, &mut self.scratch)?;
+        self.gathered.clear();
+        self.gathered.extend(self.scratch.iter().map(|&i| x[i]));
         self.begin_row();
         self.indices.extend(self.scratch.iter().map(|&i| I::from_usize(i)));
-        self.values.extend(self.scratch.iter().map(|&i| V::from_f32(x[i])));
+        let start = self.values.len();
+        self.values.resize(start + k, V::default());
+        V::encode_into(&self.gathered, &mut self.values[start..]);
         Ok(())
     }
 
@@ -159,7 +168,9 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
         }
         self.begin_row();
         self.indices.extend(indices.iter().map(|&i| I::from_usize(i)));
-        self.values.extend(values.iter().map(|&v| V::from_f32(v)));
+        let start = self.values.len();
+        self.values.resize(start + values.len(), V::default());
+        V::encode_into(values, &mut self.values[start..]);
         Ok(())
     }
 
@@ -298,7 +309,8 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
             + (self.indices.capacity() - nnz) * I::BYTES
             + (self.offsets.capacity() - rows) * 2
             + (self.block_bases.capacity() - blocks) * 8
-            + self.scratch.capacity() * std::mem::size_of::<usize>();
+            + self.scratch.capacity() * std::mem::size_of::<usize>()
+            + self.gathered.capacity() * std::mem::size_of::<f32>();
         MemoryReport {
             value_bytes: nnz * V::FORMAT.bytes(),
             index_bytes: nnz * I::BYTES,

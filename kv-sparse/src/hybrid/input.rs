@@ -5,12 +5,16 @@
 //! `append`/`extend` are all-or-nothing.
 
 use super::NonFinitePolicy;
-use crate::value::check_overflow;
+use crate::value::{check_overflow, max_magnitude_bits};
 use crate::{Error, Result, Value};
 
 /// Scans a row under `policy`: the largest finite magnitude and whether any element is
 /// non-finite (only possible under [`NonFinitePolicy::Zero`]).
 pub(crate) fn scan(policy: NonFinitePolicy, op: &'static str, row: &[f32]) -> Result<(f32, bool)> {
+    let max = max_magnitude_bits(row);
+    if max < 0x7f80_0000 {
+        return Ok((f32::from_bits(max), false)); // all finite: the common, vectorized path
+    }
     let mut max_abs = 0.0f32;
     let mut dirty = false;
     for (position, &value) in row.iter().enumerate() {
