@@ -138,7 +138,17 @@ impl<T: Tier> Shared<T> {
 }
 
 /// The recall worker: runs jobs until the channel closes.
+///
+/// Before the loop it blocks once on the job channel with a short deadline. crossbeam
+/// allocates lazily the first time a thread blocks (its per-thread context and the slot in
+/// the channel's receiver list); doing that here, while the store is starting, keeps every
+/// later decode step allocation-free even when the worker only first runs dry mid-decode.
 pub(crate) fn worker_loop<T: Tier>(shared: Arc<Shared<T>>, jobs: Receiver<Job>) {
+    match jobs.recv_timeout(Duration::from_millis(2)) {
+        Ok(job) => shared.execute(job),
+        Err(crossbeam::channel::RecvTimeoutError::Timeout) => {}
+        Err(crossbeam::channel::RecvTimeoutError::Disconnected) => return,
+    }
     for job in jobs {
         shared.execute(job);
     }
