@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use kv_sparse::Value;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{HybridCache, HybridConfig};
@@ -30,7 +31,8 @@ fn rows(head_dim: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// Baseline: a dense f16 KV cache that appends rows to two `Vec`s.
+/// Baseline: a dense f16 KV cache that appends rows to two `Vec`s (with `half`'s bulk,
+/// F16C-accelerated conversion — the fastest plain dense append).
 fn dense_append(keys: &[f32], values: &[f32], head_dim: usize, iters: u64) -> Duration {
     let mut k_cache: Vec<f16> = Vec::with_capacity(keys.len());
     let mut v_cache: Vec<f16> = Vec::with_capacity(values.len());
@@ -40,8 +42,11 @@ fn dense_append(keys: &[f32], values: &[f32], head_dim: usize, iters: u64) -> Du
         v_cache.clear();
         let start = Instant::now();
         for (k, v) in keys.chunks_exact(head_dim).zip(values.chunks_exact(head_dim)).take(TOKENS) {
-            k_cache.extend(k.iter().map(|&x| f16::from_f32(x)));
-            v_cache.extend(v.iter().map(|&x| f16::from_f32(x)));
+            let start = k_cache.len();
+            k_cache.resize(start + head_dim, f16::ZERO);
+            v_cache.resize(start + head_dim, f16::ZERO);
+            k_cache[start..].convert_from_f32_slice(k);
+            v_cache[start..].convert_from_f32_slice(v);
         }
         total += start.elapsed();
         std::hint::black_box((&k_cache, &v_cache));

@@ -14,6 +14,8 @@
 //! | [`ring`] | dense ring buffer of recent rows | hybrid cache |
 //! | [`hybrid`] | [`hybrid::HybridCache`], [`hybrid::MultiHeadCache`], kernel views | Algorithm 1 |
 //! | [`memory`] | exact byte accounting, `3k+2` / `2k+2` / `2·d_h`, break-even length | memory, App. A.2 |
+//! | [`persist`] | on-disk format, [`persist::MappedCache`] (memmap2, validated, zero-copy) | hybrid cache (persisted) |
+//! | `strategies` | proptest strategies for rows and caches (feature `proptest`) | lossless property (App. A.1) |
 //!
 //! Element types are type parameters — `I`: [`SparseIndex`] (`u8` for `head_dim ≤ 256`,
 //! `u16` above), `V`: sparse [`Value`] format, `D`: dense buffer format — so hot loops never
@@ -23,6 +25,15 @@
 //! **Lossless setting**: `f32` values, `f32` buffer and `k = head_dim`
 //! ([`hybrid::HybridConfig::lossless`]) read every row back bit-exact, so a runtime can
 //! property-test itself against dense attention.
+//!
+//! **Kernels** read a [`hybrid::HybridView`]: two [`csr::CsrView`]s (keys, values) whose raw
+//! arrays — `u64` block bases, `u16` row offsets relative to their block, indices, values —
+//! are contiguous (one upload each for a device), plus the dense buffer as two row-major
+//! slices in token order. Mapped files give the very same view types.
+//!
+//! **Hot paths** (`append`, eviction, top-k) reuse scratch buffers and do not allocate in
+//! steady state beyond the sparse stores' amortized growth (`HybridCache::reserve`); this is
+//! tested with a counting allocator.
 //!
 //! ## Example
 //! ```
