@@ -1,0 +1,337 @@
+//! The `kvtide reproduce` driver: runs the studies in order, assembles the report, enforces
+//! the checks (lossless settings, fixture agreement, completeness) and writes the results.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use super::Context;
+use super::findings::{Check, Finding, checks_table, findings_table, lossless_check};
+use super::report::Report;
+use super::{audio_study, memory, premise_study, swan_report, swan_study, wnw_report, wnw_study};
+use crate::error::{Result, invalid};
+
+/// Arguments of `kvtide reproduce`.
+#[derive(Args, Debug, Clone)]
+pub struct ReproduceArgs {
+    /// CI-sized run (minutes on 2 cores); still enforces the lossless and completeness checks.
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory (JSON, Markdown, figures).
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// GGUF model (default: the SmolLM2 GGUF fetched by `scripts/setup.sh`).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Only these studies (comma-separated: memory, premise, swan, wnw, audio); the
+    /// completeness check then covers only them. For development; the default runs all.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+}
+
+/// The studies, in run order.
+const STUDIES: [&str; 5] = ["memory", "premise", "swan", "wnw", "audio"];
+
+/// Tables and figures each study must produce.
+fn expected(study: &str) -> (&'static [&'static str], &'static [&'static str]) {
+    match study {
+        "memory" => (&["memory_bytes_per_vector"], &["fig2a_bytes_per_vector"]),
+        "premise" => (
+            &["premise", "premise_vs_transformers"],
+            &["fig1a_premise_per_position", "fig1b_premise_cumulative"],
+        ),
+        "swan" => (&["swan_main", "swan_projection", "swan_kv_split"], &["swan_ppl_vs_memory"]),
+        "wnw" => (
+            &["wnw_main", "wnw_runs", "wnw_a1", "wnw_a3", "wnw_runtime"],
+            &[
+                "wnw_top1_vs_rgpu",
+                "wnw_ppl_vs_rgpu",
+                "fig4_kv_size_wnw",
+                "fig4_kv_size_adakv",
+                "fig4_kv_size_audiokv",
+                "fig4_kv_size_arkvale",
+                "fig4_kv_size_wnw_swan",
+            ],
+        ),
+        _ => (&["audio"], &[]),
+    }
+}
+
+/// What a run produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    /// Enforced checks.
+    pub checks: Vec<Check>,
+    /// Paper findings.
+    pub findings: Vec<Finding>,
+    /// Files written.
+    pub files: Vec<PathBuf>,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+impl Outcome {
+    /// Whether every check passed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+}
+
+/// Where and how the run happened.
+#[derive(Clone, Debug, Serialize)]
+struct RunInfo {
+    command: String,
+    quick: bool,
+    model: String,
+    cpu: String,
+    cores: usize,
+    memory_gib: f64,
+    unix_start: u64,
+    seconds: f64,
+    study_seconds: Vec<(String, f64)>,
+    version: &'static str,
+}
+
+fn machine() -> (String, usize, f64) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0 / 1024.0);
+    (cpu, std::thread::available_parallelism().map_or(1, |n| n.get()), mem)
+}
+
+fn progress(total: usize) -> ProgressBar {
+    let pb = ProgressBar::new(total as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} studies  {msg}")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Runs one study and adds its section, findings and checks.
+fn study(
+    name: &str,
+    ctx: &mut Context,
+    report: &mut Report,
+    findings: &mut Vec<Finding>,
+    checks: &mut Vec<Check>,
+) -> Result<()> {
+    match name {
+        "memory" => {
+            let (plot, table) = memory::figure(&[ctx.model.config().head_dim, 128]);
+            report.section("SWAN memory per stored vector (Figure 2(a))").table(table).plot(plot);
+        }
+        "premise" => {
+            let s = premise_study::run(ctx)?;
+            premise_study::section(
+                &s,
+                report.section("WnW premise: prefill vs decode attention (Figure 1)"),
+            );
+            findings.extend(premise_study::findings(&s));
+            checks.push(premise_study::check(&s));
+            report.record("premise", &s)?;
+        }
+        "swan" => {
+            let s = swan_study::run(ctx)?;
+            swan_report::section(
+                &s,
+                report.section("SWAN: perplexity vs KV memory (Tables 1–3, Figure 2(b))"),
+            );
+            findings.extend(swan_report::findings(&s));
+            checks.push(lossless_check(
+                "SWAN k = d_h, f32 values ≡ dense f32 (decode path)",
+                &s.lossless,
+            ));
+            report.record("swan", &s)?;
+        }
+        "wnw" => {
+            let s = wnw_study::run(ctx)?;
+            wnw_report::section(
+                &s,
+                report.section(
+                    "WnW: long-form copy task (Table 5 / Figure 3, Table 3, Table 4, Figure 4)",
+                ),
+            );
+            findings.extend(wnw_report::findings(&s));
+            checks.push(lossless_check(
+                "WnW lossless mode (f32) ≡ dense f32 (decode path)",
+                &s.lossless,
+            ));
+            checks.push(lossless_check(
+                "tiered Full policy (f16) ≡ dense f16 (decode path)",
+                &s.full_vs_dense,
+            ));
+            report.record("wnw", &s)?;
+        }
+        "audio" => {
+            let s = audio_study::run(ctx)?;
+            audio_study::section(
+                &s,
+                report.section("Audio: Voxtral-style pipeline end to end on LibriVox clips"),
+            );
+            checks.push(audio_study::check(&s));
+            report.record("audio", &s)?;
+        }
+        other => {
+            return Err(invalid(
+                "reproduce",
+                format!("unknown study `{other}` (memory, premise, swan, wnw, audio)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Every expected table has rows and every expected figure has a line.
+fn completeness(report: &Report, studies: &[&str]) -> Check {
+    let mut missing = Vec::new();
+    for s in studies {
+        let (tables, plots) = expected(s);
+        for t in tables {
+            if !report.tables().any(|x| x.name == *t && !x.rows.is_empty()) {
+                missing.push(format!("table {t}"));
+            }
+        }
+        for p in plots {
+            if !report.plots().any(|x| x.stem == *p && x.num_points() >= 2) {
+                missing.push(format!("figure {p}"));
+            }
+        }
+    }
+    let n: usize = studies.iter().map(|s| expected(s).0.len() + expected(s).1.len()).sum();
+    Check::new(
+        "every reported table and figure is present and non-empty",
+        missing.is_empty(),
+        if missing.is_empty() {
+            format!("{n} tables and figures")
+        } else {
+            format!("missing or empty: {}", missing.join(", "))
+        },
+    )
+}
+
+/// Runs `kvtide reproduce`.
+///
+/// # Errors
+/// Loading, study and writing errors (a failed *check* is not an error: see
+/// [`Outcome::passed`]).
+pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
+    let studies: Vec<&str> = if args.only.is_empty() {
+        STUDIES.to_vec()
+    } else {
+        STUDIES.iter().copied().filter(|s| args.only.iter().any(|o| o == s)).collect()
+    };
+    if studies.is_empty() {
+        return Err(invalid(
+            "reproduce --only",
+            format!("{:?} names no study (memory, premise, swan, wnw, audio)", args.only),
+        ));
+    }
+    let model = args.model.clone().unwrap_or_else(crate::paths::default_model);
+    let pb = progress(studies.len());
+    let mut ctx = Context::new(&model, args.quick, pb.clone())?;
+    let (mut report, mut findings, mut checks, mut times) =
+        (Report::default(), Vec::new(), Vec::new(), Vec::new());
+    let unix_start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for name in &studies {
+        ctx.tick(name);
+        let t0 = ctx.elapsed();
+        study(name, &mut ctx, &mut report, &mut findings, &mut checks)?;
+        times.push(((*name).to_owned(), ctx.elapsed() - t0));
+        ctx.log(&format!("{name}: done in {:.0} s", ctx.elapsed() - t0));
+    }
+    pb.finish_and_clear();
+    checks.push(completeness(&report, &studies));
+    let (cpu, cores, memory_gib) = machine();
+    let info = RunInfo {
+        command: std::env::args().collect::<Vec<_>>().join(" "),
+        quick: args.quick,
+        model: model.display().to_string(),
+        cpu,
+        cores,
+        memory_gib,
+        unix_start,
+        seconds: ctx.elapsed(),
+        study_seconds: times,
+        version: env!("CARGO_PKG_VERSION"),
+    };
+    report
+        .section("Findings and checks")
+        .table(findings_table(&findings))
+        .table(checks_table(&checks))
+        .text(format!(
+            "Run: `{}` on {} ({} cores, {:.0} GiB), {:.0} s.",
+            info.command, info.cpu, info.cores, info.memory_gib, info.seconds
+        ));
+    report.record("run", &info)?;
+    report.record("findings", &findings)?;
+    report.record("checks", &checks)?;
+    let heading = format!(
+        "kvtide reproduce — SWAN and WnW on SmolLM2-135M-Instruct ({})",
+        if args.quick { "quick" } else { "full run" }
+    );
+    let written = report.write(&args.out, &heading)?;
+    let unwritten: Vec<String> = written
+        .files
+        .iter()
+        .filter(|f| std::fs::metadata(f).map_or(true, |m| m.len() == 0))
+        .map(|f| f.display().to_string())
+        .collect();
+    checks.push(Check::new(
+        "every output file was written",
+        unwritten.is_empty(),
+        format!("{} files; empty or missing: {unwritten:?}", written.files.len()),
+    ));
+    Ok(Outcome { checks, findings, files: written.files, seconds: ctx.elapsed() })
+}
+
+/// `kvtide reproduce` as a command: runs, prints the checks and findings, and returns the
+/// process exit code (0 only if every check passed).
+pub fn cli(args: &ReproduceArgs) -> i32 {
+    match run(args) {
+        Ok(o) => {
+            for c in &o.checks {
+                println!("[{}] {}: {}", if c.passed { "pass" } else { "FAIL" }, c.name, c.detail);
+            }
+            for f in &o.findings {
+                println!(
+                    "[{}] {} ({})",
+                    if f.holds { "holds" } else { "does not hold" },
+                    f.claim,
+                    f.evidence
+                );
+            }
+            println!(
+                "kvtide reproduce: {} files in {} ({:.0} s)",
+                o.files.len(),
+                args.out.display(),
+                o.seconds
+            );
+            if o.passed() { 0 } else { 1 }
+        }
+        Err(e) => {
+            eprintln!("kvtide reproduce: {e}");
+            1
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! The WnW study on the text "transcription" task (`papers/wnw.txt` Table 5 / Figure 3,
+//! Table 3 (A1, A3), Figure 4, Table 4, by analogy).
+//!
+//! Each evaluation sequence is prefix + passage + instruction (the prompt; the passage is
+//! the span the tiered store manages, as audio is in the paper) followed by the passage
+//! again, teacher-forced token by token through the decode path. Predicting the second copy
+//! needs attention that sweeps the first copy in order, as ASR decoding sweeps audio; the
+//! metric is the second copy's top-1 accuracy and perplexity (the WER analogue), with the
+//! Full cache as reference. Head roles come from [`super::roles`] on disjoint passages; each
+//! configuration reports measured `r_GPU` (mean over decode steps) and `r_GPU+CPU`, recall
+//! bytes per step and ms per decoded token, and the first passage's cache size after every
+//! step (Figure 4).
+
+use std::path::PathBuf;
+
+use kv_tiered::RankingSignal;
+use serde::Serialize;
+
+use super::Context;
+use super::corpus::{CopyTask, Variant, WNW_CALIBRATION_PLAYS};
+use super::decode::{Agreement, StepSample, Trace, agreement, teacher_force};
+use super::grid::{Method, Signal, WnwRun};
+use super::roles::{RoleScores, calibrate};
+use crate::error::Result;
+use crate::session::Session;
+use crate::spec::CacheSpec;
+
+/// One configuration's figures over all evaluation passages.
+#[derive(Clone, Debug, Serialize)]
+pub struct WnwResult {
+    /// The configuration.
+    pub run: WnwRun,
+    /// Cache spec of the first passage (paths elided).
+    pub spec: String,
+    /// Scored tokens.
+    pub tokens: usize,
+    /// Arg-max accuracy on the second copy.
+    pub top1: f64,
+    /// Perplexity of the second copy.
+    pub perplexity: f64,
+    /// Measured on-device span retention, mean over decode steps and passages.
+    pub r_gpu: f64,
+    /// Resident-or-recallable span retention at the end (mean over passages).
+    pub r_gpu_cpu: f64,
+    /// Recall bytes per decode step.
+    pub bytes_per_step: f64,
+    /// Resident KV bytes at the end (mean over passages).
+    pub resident_bytes: f64,
+    /// Milliseconds per decoded token.
+    pub ms_per_token: f64,
+    /// Wall seconds.
+    pub seconds: f64,
+}
+
+/// Figure 4: one configuration's cache after every decode step of the first passage.
+#[derive(Clone, Debug, Serialize)]
+pub struct KvOverTime {
+    /// Policy.
+    pub method: Method,
+    /// Target r_GPU.
+    pub r_gpu: f64,
+    /// Samples.
+    pub samples: Vec<StepSample>,
+}
+
+/// Everything the WnW study measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct WnwStudy {
+    /// Passage length.
+    pub passage: usize,
+    /// Evaluation plays.
+    pub plays: Vec<&'static str>,
+    /// Calibrated scores.
+    pub scores: RoleScores,
+    /// Anchor heads (`layer.kv_head`) of the main roles.
+    pub anchors: Vec<String>,
+    /// Results, in plan order.
+    pub results: Vec<WnwResult>,
+    /// WnW lossless mode (f32) vs dense f32 on the first passage.
+    pub lossless: Agreement,
+    /// Tiered Full policy (f16) vs dense f16 on the first passage.
+    pub full_vs_dense: Agreement,
+    /// Figure 4 data.
+    pub kv_over_time: Vec<KvOverTime>,
+}
+
+impl WnwStudy {
+    /// The result of `study`/`method` at target `r`.
+    pub fn find(&self, study: &str, method: Method, r: f64) -> Option<&WnwResult> {
+        self.results.iter().find(|x| {
+            x.run.study == study && x.run.method == method && (x.run.r_gpu - r).abs() < 1e-9
+        })
+    }
+}
+
+fn ranking(signal: Signal) -> RankingSignal {
+    match signal {
+        Signal::VsHs => RankingSignal::VsHs,
+        Signal::Vs => RankingSignal::VsOnly,
+        Signal::Hs => RankingSignal::HsOnly,
+    }
+}
+
+fn signal_key(signal: Signal) -> &'static str {
+    match signal {
+        Signal::VsHs => "vshs",
+        Signal::Vs => "vs",
+        Signal::Hs => "hs",
+    }
+}
+
+/// Writes (once) the roles file for `n_voice` and `signal`; returns its path.
+fn roles_file(
+    ctx: &Context,
+    scores: &RoleScores,
+    n_voice: usize,
+    signal: Signal,
+) -> Result<PathBuf> {
+    let path = ctx.work.join(format!("roles-nv{n_voice}-{}.json", signal_key(signal)));
+    if !path.exists() {
+        let json = scores.roles(n_voice, ctx.plan.n_anchor, ranking(signal))?.to_json()?;
+        std::fs::write(&path, json).map_err(|source| crate::Error::Io {
+            op: "write",
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(path)
+}
+
+/// The cache spec of `run` for a task (`roles`: its roles file; `proj`: the SWAN basis).
+fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str) -> String {
+    let span = task.span();
+    let base = format!("span={}..{},format=f16,threads={}", span.start, span.end, ctx.plan.threads);
+    let r = run.r_gpu;
+    match run.method {
+        Method::Full => format!("tiered:{base},policy=full"),
+        Method::AdaKv => format!("tiered:{base},policy=adakv,r_gpu={r}"),
+        Method::AudioKv => format!("tiered:{base},policy=audiokv,r_gpu={r},roles={roles}"),
+        Method::ArkVale => format!("tiered:{base},policy=arkvale,r_gpu={r}"),
+        Method::Wnw => format!("tiered:{base},policy=wnw,r_gpu={r},roles={roles}"),
+        Method::WnwSwan => {
+            let k = ctx.model.config().head_dim / 2;
+            format!(
+                "swan+tiered:k={k},kv={k},value=fp8,basis=calibrated,proj={proj},{base},policy=wnw,r_gpu={r},roles={roles}"
+            )
+        }
+    }
+}
+
+fn decode_with(ctx: &Context, spec_text: &str, task: &CopyTask, sample: bool) -> Result<Trace> {
+    let spec: CacheSpec = spec_text.parse()?;
+    let (model, cache) = spec.build(&ctx.model)?;
+    let mut session = Session::new(model, cache)?;
+    teacher_force(&mut session, &task.prompt(), &task.passage, sample)
+}
+
+fn summarize(run: &WnwRun, spec: String, traces: &[Trace], seconds: f64) -> WnwResult {
+    let n: usize = traces.iter().map(|t| t.nll.len()).sum();
+    let steps: usize = traces.iter().map(|t| t.steps).sum();
+    let p = traces.len().max(1) as f64;
+    let mean = |f: &dyn Fn(&Trace) -> f64| traces.iter().map(f).sum::<f64>() / p;
+    WnwResult {
+        run: run.clone(),
+        spec,
+        tokens: n,
+        top1: traces.iter().map(Trace::hits).sum::<usize>() as f64 / n as f64,
+        perplexity: (traces.iter().map(Trace::nll_sum).sum::<f64>() / n as f64).exp(),
+        r_gpu: mean(&|t| t.stat("mean_r_gpu").unwrap_or(1.0)),
+        r_gpu_cpu: mean(&|t| t.stat("r_gpu_cpu").unwrap_or(1.0)),
+        bytes_per_step: mean(&|t| t.stat("h2d_bytes_per_step").unwrap_or(0.0)),
+        resident_bytes: mean(&|t| t.at_end.resident as f64),
+        ms_per_token: 1e3 * traces.iter().map(|t| t.decode_s).sum::<f64>() / steps.max(1) as f64,
+        seconds,
+    }
+}
+
+/// Calibrates head roles, then runs every configuration of the plan on every passage.
+///
+/// # Errors
+/// Corpus, calibration, cache and forward errors.
+pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
+    let (cal_n, cal_plays, groups) = ctx.plan.wnw_calibration.clone();
+    let cal_tasks = cal_plays
+        .iter()
+        .map(|p| ctx.corpus.copy_task(p, cal_n, Variant::Chat))
+        .collect::<Result<Vec<_>>>()?;
+    ctx.log(&format!(
+        "wnw: calibrating roles (VS, HS by autograd) on {} passages of {cal_n} tokens",
+        cal_tasks.len()
+    ));
+    let scores = calibrate(ctx.grad()?, &cal_tasks, groups, &mut |_| {})?;
+    debug_assert!(cal_plays.iter().all(|p| WNW_CALIBRATION_PLAYS.contains(p)));
+    let n = ctx.plan.wnw_passage;
+    let plays = ctx.plan.wnw_plays.clone();
+    let tasks = plays
+        .iter()
+        .map(|p| ctx.corpus.copy_task(p, n, Variant::Chat))
+        .collect::<Result<Vec<_>>>()?;
+    let proj = ctx.projection()?.display().to_string();
+    let (lossless, full_vs_dense) = checks(ctx, &tasks[0])?;
+    let runs = ctx.plan.wnw.clone();
+    let (mut results, mut kv_over_time) = (Vec::with_capacity(runs.len()), Vec::new());
+    let main_nv =
+        runs.iter().find(|r| r.method == Method::Wnw).map_or(ctx.plan.n_anchor + 1, |r| r.n_voice);
+    for (i, run) in runs.iter().enumerate() {
+        let t0 = std::time::Instant::now();
+        let nv = if run.method == Method::AudioKv {
+            main_nv
+        } else {
+            run.n_voice.max(ctx.plan.n_anchor + 1)
+        };
+        let roles = roles_file(ctx, &scores, nv, run.signal)?.display().to_string();
+        let mut traces = Vec::with_capacity(tasks.len());
+        for (j, task) in tasks.iter().enumerate() {
+            traces.push(decode_with(
+                ctx,
+                &spec(ctx, run, task, &roles, &proj),
+                task,
+                j == 0 && run.study == "main",
+            )?);
+        }
+        let shown = spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>");
+        let result = summarize(run, shown, &traces, t0.elapsed().as_secs_f64());
+        ctx.log(&format!(
+            "wnw [{}/{}] {} {} r={} nv={}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token",
+            i + 1,
+            runs.len(),
+            run.study,
+            run.method.name(),
+            run.r_gpu,
+            run.n_voice,
+            result.top1,
+            result.perplexity,
+            result.r_gpu,
+            result.bytes_per_step,
+            result.ms_per_token
+        ));
+        if run.study == "main" {
+            kv_over_time.push(KvOverTime {
+                method: run.method,
+                r_gpu: run.r_gpu,
+                samples: traces[0].samples.clone(),
+            });
+        }
+        results.push(result);
+    }
+    let anchors = scores
+        .roles(main_nv, ctx.plan.n_anchor, RankingSignal::VsHs)?
+        .heads_with(kv_tiered::Role::Anchor)
+        .map(|h| format!("{}.{}", h / scores.kv_heads, h % scores.kv_heads))
+        .collect();
+    Ok(WnwStudy {
+        passage: n,
+        plays,
+        scores,
+        anchors,
+        results,
+        lossless,
+        full_vs_dense,
+        kv_over_time,
+    })
+}
+
+/// WnW lossless (f32) vs dense f32, and the tiered Full policy vs dense f16.
+fn checks(ctx: &Context, task: &CopyTask) -> Result<(Agreement, Agreement)> {
+    let span = task.span();
+    let threads = ctx.plan.threads;
+    let dense32 = decode_with(ctx, &format!("dense:format=f32,threads={threads}"), task, false)?;
+    let lossless = decode_with(
+        ctx,
+        &format!("tiered:span={}..{},lossless,format=f32,threads={threads}", span.start, span.end),
+        task,
+        false,
+    )?;
+    let dense16 = decode_with(ctx, &format!("dense:format=f16,threads={threads}"), task, false)?;
+    let full = decode_with(
+        ctx,
+        &format!(
+            "tiered:span={}..{},policy=full,format=f16,threads={threads}",
+            span.start, span.end
+        ),
+        task,
+        false,
+    )?;
+    Ok((agreement(&lossless, &dense32)?, agreement(&full, &dense16)?))
+}
