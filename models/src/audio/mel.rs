@@ -63,15 +63,17 @@ pub fn mel_to_hz_slaney(mel: f64) -> f64 {
 /// ```
 pub fn mel_filters(n_mels: usize, n_fft: usize, sample_rate: u32, f_max: f64) -> Result<Vec<f64>> {
     let nyquist = f64::from(sample_rate) / 2.0;
-    if n_mels == 0 || n_fft < 2 || !(f_max > 0.0 && f_max <= nyquist) {
+    let n_freq = n_fft / 2 + 1;
+    // More bins than FFT frequencies would only add empty filters; the bound also keeps a
+    // bin count read from a config file from sizing an absurd allocation.
+    if n_mels == 0 || n_mels > n_freq || n_fft < 2 || !(f_max > 0.0 && f_max <= nyquist) {
         return Err(audio_err(
             "mel_filters",
             format!(
-                "n_mels {n_mels}, n_fft {n_fft}, f_max {f_max}: need n_mels ≥ 1, n_fft ≥ 2, 0 < f_max ≤ {nyquist}"
+                "n_mels {n_mels}, n_fft {n_fft}, f_max {f_max}: need 1 ≤ n_mels ≤ n_fft/2 + 1 = {n_freq}, n_fft ≥ 2, 0 < f_max ≤ {nyquist}"
             ),
         ));
     }
-    let n_freq = n_fft / 2 + 1;
     let mel_max = hz_to_mel_slaney(f_max);
     let centres: Vec<f64> = (0..n_mels + 2)
         .map(|i| mel_to_hz_slaney(mel_max * i as f64 / (n_mels + 1) as f64))
@@ -316,6 +318,18 @@ mod tests {
         let n = 5;
         let got: Vec<usize> = (-3..8).map(|i| reflect(i, n)).collect();
         assert_eq!(got, [3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]);
+    }
+
+    /// Regression found by the issue-10 fuzzing of `config.json`: a bin count read from a
+    /// config (`num_mel_bins`) of `usize::MAX` overflowed `n_mels + 2` (a panic); absurd
+    /// counts sized huge filter banks.
+    #[test]
+    fn more_bins_than_fft_frequencies_is_an_error() {
+        assert!(mel_filters(201, N_FFT, SAMPLE_RATE, 8000.0).is_ok());
+        for n_mels in [202, 1 << 40, usize::MAX] {
+            assert!(mel_filters(n_mels, N_FFT, SAMPLE_RATE, 8000.0).is_err(), "{n_mels}");
+            assert!(LogMelExtractor::new(n_mels).is_err(), "{n_mels}");
+        }
     }
 
     #[test]

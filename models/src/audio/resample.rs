@@ -11,11 +11,16 @@ use crate::Result;
 
 /// Input frames per FFT chunk.
 const CHUNK: usize = 1024;
+/// Sample rates `resample` accepts (Hz): telephone-band 1 kHz up to 768 kHz. The FFT
+/// resampler's buffers scale with `rate / gcd(rate_in, rate_out)` (and, below 1 kHz, with
+/// `16 kHz / rate`), so a rate read from a hostile file header must be bounded.
+pub const SUPPORTED_RATES: std::ops::RangeInclusive<u32> = 1_000..=768_000;
 
 /// Resamples mono `samples` from `rate_in` to `rate_out` Hz.
 ///
 /// # Errors
-/// [`crate::Error::Audio`] for a zero rate, empty input, or a resampler failure.
+/// [`crate::Error::Audio`] for a rate outside [`SUPPORTED_RATES`], empty input, a
+/// non-finite sample, or a resampler failure.
 ///
 /// # Examples
 /// ```
@@ -26,11 +31,18 @@ const CHUNK: usize = 1024;
 /// ```
 pub fn resample(samples: &[f32], rate_in: u32, rate_out: u32) -> Result<Vec<f32>> {
     const OP: &str = "resample";
-    if rate_in == 0 || rate_out == 0 {
-        return Err(audio_err(OP, format!("rates {rate_in} → {rate_out} Hz: need > 0")));
+    if !SUPPORTED_RATES.contains(&rate_in) || !SUPPORTED_RATES.contains(&rate_out) {
+        return Err(audio_err(
+            OP,
+            format!("rates {rate_in} → {rate_out} Hz: need {SUPPORTED_RATES:?} Hz"),
+        ));
     }
     if samples.is_empty() {
         return Err(audio_err(OP, "0 samples: need ≥ 1"));
+    }
+    // rubato panics on NaN/∞ (its inverse FFT reports them and it unwraps).
+    if let Some(i) = samples.iter().position(|x| !x.is_finite()) {
+        return Err(audio_err(OP, format!("sample {i} is not finite")));
     }
     if rate_in == rate_out {
         return Ok(samples.to_vec());
@@ -100,5 +112,21 @@ mod tests {
         assert!(resample(&[0.0], 0, 16_000).is_err());
         assert!(resample(&[], 8_000, 16_000).is_err());
         assert_eq!(resample(&[0.5], 16_000, 16_000).unwrap(), [0.5]);
+    }
+
+    /// Regressions found by the issue-10 fuzzing of WAV input: a NaN/∞ sample made rubato
+    /// panic (it unwraps its inverse FFT's "non-zero imaginary part" report), and a header
+    /// rate like 4 294 967 295 Hz sized FFT buffers of tens of GB.
+    #[test]
+    fn non_finite_samples_and_absurd_rates_are_errors() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let e = resample(&[0.1, bad, 0.2], 8_000, 16_000).unwrap_err();
+            assert!(e.to_string().contains("not finite"), "{e}");
+        }
+        for rate in [1, 999, 768_001, u32::MAX] {
+            assert!(resample(&[0.0; 4], rate, 16_000).is_err(), "{rate}");
+            assert!(resample(&[0.0; 4], 16_000, rate).is_err(), "{rate}");
+        }
+        assert_eq!(resample(&[0.0; 1000], 1_000, 16_000).unwrap().len(), 16_000);
     }
 }

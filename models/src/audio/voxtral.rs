@@ -61,7 +61,9 @@ impl VoxtralAudioConfig {
             max_source_positions: get("max_source_positions")?,
             projector_in: dims.ffn,
         };
-        if cfg.projector_in != STACK * dims.d_model {
+        // Checked: the counts come from a file (`4 · d_model` or `2 · max_source_positions`
+        // overflowing is a bad config, not a panic).
+        if dims.d_model.checked_mul(STACK) != Some(cfg.projector_in) {
             return Err(config_err(
                 "audio_config.intermediate_size",
                 format!("{} ≠ 4 × hidden_size {}", cfg.projector_in, dims.d_model),
@@ -70,6 +72,7 @@ impl VoxtralAudioConfig {
         if dims.heads == 0
             || !dims.d_model.is_multiple_of(dims.heads)
             || !cfg.max_source_positions.is_multiple_of(STACK)
+            || cfg.max_source_positions.checked_mul(2).is_none()
         {
             return Err(config_err(
                 "audio_config",
@@ -189,5 +192,25 @@ impl VoxtralAudio {
         Ok(Tensor::from_slice(&data)
             .view([n as i64, mel.n_mels() as i64, wf as i64])
             .to_kind(Kind::Float))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression found by the issue-10 fuzzing of `config.json`: `hidden_size = 2^62`
+    /// overflowed `4 · hidden_size` (a panic in debug builds, a wrapped comparison in
+    /// release); `max_source_positions` near `usize::MAX` overflowed `window_frames`.
+    #[test]
+    fn overflowing_sizes_are_config_errors() {
+        let cfg = |d_model: u64, ffn: u64, positions: u64| {
+            serde_json::json!({"num_mel_bins": 80, "hidden_size": d_model,
+                "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": ffn,
+                "max_source_positions": positions})
+        };
+        assert!(VoxtralAudioConfig::from_json(&cfg(8, 32, 16)).is_ok());
+        assert!(VoxtralAudioConfig::from_json(&cfg(1 << 62, 0, 16)).is_err());
+        assert!(VoxtralAudioConfig::from_json(&cfg(8, 32, u64::MAX - 3)).is_err());
     }
 }
