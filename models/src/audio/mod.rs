@@ -5,7 +5,12 @@
 //!
 //! Front end: [`read_wav`] / [`read_wav_from`] → [`Audio::to_16k`] (rubato) →
 //! [`mel::LogMelExtractor::compute`] (exactly `WhisperFeatureExtractor`).
+//! Tiered audio KV: [`tiered::AudioTiered`] (§2.3, §3.4). Role calibration (§2.2, Appendix E):
+//! [`calibrate`] over word alignments ([`WordAlignment`]) with the span-generic machinery of
+//! [`crate::roles_calibration`].
 
+mod align;
+pub mod calibrate;
 pub mod cli;
 mod encoder;
 pub mod mel;
@@ -14,10 +19,16 @@ pub mod mrope;
 mod names;
 pub mod omni;
 mod resample;
+pub mod roles_cli;
+pub mod tiered;
 pub mod transcribe;
 pub mod voxtral;
 mod wav;
 
+pub use align::{
+    AlignedAnswer, AnswerTokens, MIN_WORD_SCORE, UNIFORM_SPLIT, WordAlignment, WordSpan,
+    align_answer, parse_sphinx_transcripts,
+};
 pub use encoder::EncoderDims;
 pub use mel::{LogMel, LogMelExtractor};
 pub use model::{AudioLlm, Backbone, PromptIds};

@@ -61,6 +61,9 @@ pub struct Transcription {
     pub generation: Generation,
     /// Cache bytes after prefill.
     pub bytes_after_prefill: CacheBytes,
+    /// The cache's own figures after prefill ([`KvCache::stats`]: e.g. a tiered store's
+    /// prefill-time `r_gpu`).
+    pub stats_after_prefill: Vec<(&'static str, f64)>,
     /// Cache bytes at the end.
     pub bytes_at_end: CacheBytes,
 }
@@ -99,7 +102,7 @@ pub fn greedy(
         .f_squeeze_dim(0)
         .op("squeeze")?;
     let prefill_s = t0.elapsed().as_secs_f64();
-    let bytes_after_prefill = cache.bytes();
+    let (bytes_after_prefill, stats_after_prefill) = (cache.bytes(), cache.stats());
     let mut scratch = DecodeScratch::new(model.config())?;
     let t1 = Instant::now();
     let mut ids = Vec::with_capacity(max_new_tokens);
@@ -124,5 +127,10 @@ pub fn greedy(
     }
     let generation =
         Generation { ids, stop: stop_reason, prefill_s, decode_s: t1.elapsed().as_secs_f64() };
-    Ok(Transcription { generation, bytes_after_prefill, bytes_at_end: cache.bytes() })
+    Ok(Transcription {
+        generation,
+        bytes_after_prefill,
+        stats_after_prefill,
+        bytes_at_end: cache.bytes(),
+    })
 }
