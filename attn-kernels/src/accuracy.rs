@@ -6,7 +6,8 @@
 //! scaled) value entry the call attends over. An attention output is a convex combination
 //! of value rows, so `bound` is its natural scale; an error relative to each output element
 //! would be meaningless where the combination cancels to ≈ 0. For softmax weights
-//! ([`crate::DecodeAttention::gathered`]) the error is the plain absolute difference of each
+//! ([`crate::DecodeAttention::gathered`], [`crate::GatheredSparseAttention::gathered_sparse`])
+//! the error is the plain absolute difference of each
 //! per-row sum (a probability, at most the group size).
 //!
 //! **Where the error comes from.** The reference decodes exactly the stored values the
@@ -26,7 +27,8 @@
 
 use kv_sparse::ValueFormat;
 
-/// The four kernel families of [`crate::DecodeAttention`].
+/// The kernel families of [`crate::DecodeAttention`] and
+/// [`crate::GatheredSparseAttention`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     /// Dense K/V rows.
@@ -37,6 +39,9 @@ pub enum Kernel {
     Hybrid,
     /// Resident rows of a tiered store.
     Gathered,
+    /// Resident dense and sparse fp8 rows of a tiered store (the format is the dense
+    /// rows'; sparse values are always fp8).
+    GatheredSparse,
 }
 
 /// The tolerance of one optimized kernel against the reference.
@@ -56,11 +61,11 @@ const fn t(kernel: Kernel, format: ValueFormat, output: f32, weights: f32) -> To
     Tolerance { kernel, format, output, weights }
 }
 
-use Kernel::{Dense, Gathered, Hybrid, Sparse};
+use Kernel::{Dense, Gathered, GatheredSparse, Hybrid, Sparse};
 use ValueFormat::{Bf16, F16, F32, Fp8E4M3};
 
 /// Every (kernel, format) pair and its tolerance.
-pub const TABLE: [Tolerance; 16] = [
+pub const TABLE: [Tolerance; 20] = [
     t(Dense, F32, 4e-6, 0.0),
     t(Dense, F16, 4e-6, 0.0),
     t(Dense, Bf16, 4e-6, 0.0),
@@ -77,6 +82,10 @@ pub const TABLE: [Tolerance; 16] = [
     t(Gathered, F16, 4e-6, 1.5e-6),
     t(Gathered, Bf16, 4e-6, 1.5e-6),
     t(Gathered, Fp8E4M3, 4e-6, 1.5e-6),
+    t(GatheredSparse, F32, 4e-6, 1.5e-6),
+    t(GatheredSparse, F16, 4e-6, 1.5e-6),
+    t(GatheredSparse, Bf16, 4e-6, 1.5e-6),
+    t(GatheredSparse, Fp8E4M3, 4e-6, 1.5e-6),
 ];
 
 /// Lossless mode (`k = d_h`, `f32` values and buffer): the largest allowed difference
@@ -120,7 +129,7 @@ mod tests {
 
     #[test]
     fn table_covers_every_pair_once() {
-        for kernel in [Dense, Sparse, Hybrid, Gathered] {
+        for kernel in [Dense, Sparse, Hybrid, Gathered, GatheredSparse] {
             for format in ValueFormat::ALL {
                 let n = TABLE.iter().filter(|t| t.kernel == kernel && t.format == format).count();
                 assert_eq!(n, 1, "{kernel:?} {format}");

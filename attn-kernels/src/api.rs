@@ -11,13 +11,14 @@
 //! Paper map: `dense` is the baseline; `sparse` and `hybrid` are SWAN's decode step
 //! (method section, sparse-dense products over CSR rows, one softmax over sparse history
 //! and dense buffer); `gathered` is WnW's decode over resident positions with the
-//! anchor-head importance signal (§2.3, Eq. 2).
+//! anchor-head importance signal (§2.3, Eq. 2). [`GatheredSparseAttention`] extends the
+//! gathered kernel to a tiered store holding SWAN's sparse fp8 rows next to dense ones.
 
 use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::Result;
-use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
 
 /// One decode step of a layer's attention over each kind of KV cache.
 ///
@@ -69,6 +70,36 @@ pub trait DecodeAttention {
         cfg: &AttnConfig,
         q: &[f32],
         kv: &[GatheredKv<'_, D>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()>;
+}
+
+/// WnW's gathered decode over a tiered store that keeps some rows as SWAN sparse rows:
+/// per kv-head, dense resident rows ([`GatheredKv`]) and sparse resident rows
+/// ([`GatheredSparseKv`], fixed-width `u8` + fp8 rows in a slab) under ONE softmax. The
+/// sparse rows are read where they lie (scores gathered at their indices, outputs
+/// scattered), never densified. A separate trait from [`DecodeAttention`] so that
+/// implementations without this kernel (the GPU path) need not provide it.
+pub trait GatheredSparseAttention {
+    /// Attention over each kv-head's dense rows `dense[h]` and sparse rows `sparse[h]`
+    /// (disjoint positions; either part may be empty, not both). With `weights` (length =
+    /// Σ over kv-heads of dense + sparse rows), writes each row's softmax weight summed over
+    /// the q-heads of its group, per kv-head: its dense rows in list order, then its sparse
+    /// rows in list order (WnW Eq. 2's anchor signal).
+    ///
+    /// # Errors
+    /// As [`DecodeAttention::gathered`], plus [`crate::Error::LengthMismatch`] when
+    /// `sparse` does not hold one entry per kv-head, [`crate::Error::InvalidSlab`] for a
+    /// slab that is not whole rows, a `k` above `head_dim` or a `head_dim` above 256,
+    /// [`crate::Error::InvalidValueScale`] for a bad slab scale and
+    /// [`crate::Error::PositionsOverlap`] when a position is both dense and sparse.
+    fn gathered_sparse<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        sparse: &[GatheredSparseKv<'_>],
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()>;

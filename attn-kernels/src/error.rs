@@ -137,6 +137,36 @@ pub enum Error {
         /// Offending position.
         position: u32,
     },
+    /// A position is resident both as a dense and as a sparse row of one kv-head.
+    #[error("{op}: kv-head {kv_head}: position {position} is both a dense and a sparse row")]
+    PositionsOverlap {
+        /// Operation that failed.
+        op: &'static str,
+        /// Offending kv-head.
+        kv_head: usize,
+        /// The position listed twice.
+        position: u32,
+    },
+    /// A sparse slab cannot hold the rows it claims.
+    #[error(
+        "{op}: kv-head {kv_head}: {what} slab: {reason} (k {k}, head_dim {head_dim}, {len} bytes)"
+    )]
+    InvalidSlab {
+        /// Operation that failed.
+        op: &'static str,
+        /// Offending kv-head.
+        kv_head: usize,
+        /// `"key"` or `"value"`.
+        what: &'static str,
+        /// Kept dimensions per row.
+        k: usize,
+        /// The layer's head dimension.
+        head_dim: usize,
+        /// Bytes of the slab.
+        len: usize,
+        /// What is wrong.
+        reason: &'static str,
+    },
     /// A gathered slot points past the end of its slab.
     #[error(
         "{op}: kv-head {kv_head}: slot {slot} of row {row} is past the slab's {slab_rows} rows"

@@ -7,7 +7,9 @@
 //!
 //! * [`DecodeAttention`] — the one signature of every implementation: `dense`, `sparse`,
 //!   `hybrid`, `gathered`, each running one decode step of all heads of a layer (GQA-aware:
-//!   one pass over a kv-head's rows serves all q-heads of its group).
+//!   one pass over a kv-head's rows serves all q-heads of its group);
+//!   [`GatheredSparseAttention`] — the gathered kernel over a tiered store's dense *and*
+//!   SWAN sparse fp8 rows ([`GatheredSparseKv`], [`SparseSlab`]) under one softmax.
 //! * [`Reference`] — plain `f64` kernels, obviously correct, slow.
 //! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX2/FMA/F16C with
 //!   run-time detection ([`Isa`]) and a portable fallback, a persistent [`ThreadPool`]
@@ -19,8 +21,8 @@
 //!   [`synth`] — synthetic caches for tests and benchmarks.
 //!
 //! Inputs are borrowed views ([`DenseKv`], [`SparseKv`], any [`HybridSource`],
-//! [`GatheredKv`]) over row-major slices, so in-memory, memory-mapped and tiered stores are
-//! read without copies. Bad input is an [`Error`], never a panic.
+//! [`GatheredKv`], [`GatheredSparseKv`]) over row-major slices, so in-memory, memory-mapped
+//! and tiered stores are read without copies. Bad input is an [`Error`], never a panic.
 //!
 //! ```
 //! use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, Reference, synth};
@@ -54,10 +56,10 @@ pub mod synth;
 mod validate;
 mod views;
 
-pub use api::DecodeAttention;
+pub use api::{DecodeAttention, GatheredSparseAttention};
 pub use config::AttnConfig;
 pub use cpu::{CpuAttention, Isa};
 pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;
-pub use views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+pub use views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv, SparseSlab};

@@ -9,11 +9,11 @@
 use kv_sparse::csr::{CsrView, SparseRow};
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::DecodeAttention;
+use crate::api::{DecodeAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
 use crate::error::Result;
 use crate::validate;
-use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv, SparseSlab};
 
 /// The reference implementation of [`DecodeAttention`] (slow; for tests and checks).
 ///
@@ -80,6 +80,34 @@ impl Decoded {
         for (k, v) in keys.rows().zip(values.rows()) {
             Self::push_sparse_row(&mut self.keys, self.d, k, key_scale);
             Self::push_sparse_row(&mut self.values, self.d, v, value_scale);
+        }
+    }
+
+    fn push_slab_row(out: &mut Vec<f64>, d: usize, slab: &SparseSlab<'_>, row: usize) {
+        let start = out.len();
+        out.resize(start + d, 0.0);
+        let bytes = &slab.bytes[row * 2 * slab.k..(row + 1) * 2 * slab.k];
+        let (idx, codes) = bytes.split_at(slab.k);
+        for (&i, &c) in idx.iter().zip(codes) {
+            let x = kv_sparse::fp8::Fp8E4M3::from_bits(c).to_f32();
+            if let Some(o) = out[start..].get_mut(usize::from(i)) {
+                *o = f64::from(x) * f64::from(slab.scale);
+            }
+        }
+    }
+
+    fn push_gathered<D: Value>(&mut self, kv: &GatheredKv<'_, D>) {
+        let d = self.d;
+        for i in 0..kv.num_rows() {
+            let s = kv.slab_row(i);
+            self.push_dense(&kv.keys[s * d..(s + 1) * d], &kv.values[s * d..(s + 1) * d]);
+        }
+    }
+
+    fn push_gathered_sparse(&mut self, kv: &GatheredSparseKv<'_>) {
+        for i in 0..kv.num_rows() {
+            Self::push_slab_row(&mut self.keys, self.d, &kv.keys, kv.slab_row(i));
+            Self::push_slab_row(&mut self.values, self.d, &kv.values, kv.slab_row(i));
         }
     }
 
@@ -209,13 +237,37 @@ impl DecodeAttention for Reference {
         let (d, mut offset) = (cfg.head_dim(), 0);
         for (h, c) in kv.iter().enumerate() {
             let mut rows = Decoded::new(d);
-            for i in 0..c.num_rows() {
-                let s = c.slab_row(i);
-                rows.push_dense(&c.keys[s * d..(s + 1) * d], &c.values[s * d..(s + 1) * d]);
-            }
+            rows.push_gathered(c);
             let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + c.num_rows()]);
             attend_group(cfg, q, h, &rows, out, w);
             offset += c.num_rows();
+        }
+        Ok(())
+    }
+}
+
+impl GatheredSparseAttention for Reference {
+    fn gathered_sparse<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        sparse: &[GatheredSparseKv<'_>],
+        out: &mut [f32],
+        mut weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "Reference::gathered_sparse";
+        let total = validate::gathered_sparse_call(OP, cfg, q, out, dense, sparse)?;
+        validate::weights(OP, weights.as_deref(), total)?;
+        let mut offset = 0;
+        for (h, (dk, sk)) in dense.iter().zip(sparse).enumerate() {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_gathered(dk);
+            rows.push_gathered_sparse(sk);
+            let n = rows.rows();
+            let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + n]);
+            attend_group(cfg, q, h, &rows, out, w);
+            offset += n;
         }
         Ok(())
     }

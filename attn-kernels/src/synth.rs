@@ -1,11 +1,13 @@
 //! Synthetic, seeded KV caches for tests and benchmarks: Gaussian rows stored in any value
 //! format, pruned to SWAN's top-`k` CSR rows (method section: magnitude pruning of evicted
-//! vectors) or kept in a hybrid cache with a dense buffer of `b` recent rows.
+//! vectors) or kept in a hybrid cache with a dense buffer of `b` recent rows, or as the
+//! fixed-width `u8` + fp8 slab rows of a tiered store ([`crate::SparseSlab`]).
 //!
 //! Same seed, same data — on every machine — so benchmark runs and failing test cases can
 //! be reproduced.
 
 use kv_sparse::csr::CsrStore;
+use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{HybridCache, HybridConfig};
 use kv_sparse::{SparseIndex, Value};
 use rand::SeedableRng;
@@ -93,4 +95,35 @@ pub fn hybrid_cache_with<I: SparseIndex, V: Value, D: Value>(
     let vals = values(len * cfg.head_dim, seed ^ 0x9e37_79b9_7f4a_7c15);
     cache.extend(&keys, &vals)?;
     Ok(cache)
+}
+
+/// A [`crate::SparseSlab`]'s bytes: `rows` standard-normal vectors, each pruned to its `k`
+/// largest-magnitude components and stored as `k` `u8` indices then `k` fp8 E4M3FN codes
+/// of `value / scale` (`kv-tiered`'s sparse row format).
+///
+/// # Errors
+/// [`crate::Error::Sparse`] if `k > head_dim`.
+///
+/// # Examples
+/// ```
+/// let bytes = attn_kernels::synth::sparse_slab(5, 64, 16, 0.5, 1)?;
+/// assert_eq!(bytes.len(), 5 * 2 * 16);
+/// assert!(bytes.chunks(32).all(|r| r[..16].iter().all(|&i| i < 64)));
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+pub fn sparse_slab(
+    rows: usize,
+    head_dim: usize,
+    k: usize,
+    scale: f32,
+    seed: u64,
+) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(rows * 2 * k);
+    let mut top = Vec::with_capacity(k);
+    for row in values(rows * head_dim, seed).chunks_exact(head_dim.max(1)) {
+        kv_sparse::topk::top_k_magnitude(row, k, &mut top)?;
+        out.extend(top.iter().map(|&i| i as u8));
+        out.extend(top.iter().map(|&i| Fp8E4M3::from_f32(row[i] / scale).to_bits()));
+    }
+    Ok(out)
 }

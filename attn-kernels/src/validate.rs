@@ -8,7 +8,7 @@ use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
-use crate::views::{DenseKv, GatheredKv, SparseKv};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, SparseKv, SparseSlab};
 
 /// Query and output lengths, the number of per-kv-head caches, a finite query.
 pub(crate) fn call(
@@ -147,12 +147,33 @@ pub(crate) fn gathered<D: Value>(
     kv_head: usize,
     kv: &GatheredKv<'_, D>,
 ) -> Result<usize> {
+    non_empty(op, kv_head, gathered_rows(op, d, kv_head, kv)?)
+}
+
+/// A gathered kv-head's dense part; returns its resident rows (may be 0).
+fn gathered_rows<D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &GatheredKv<'_, D>,
+) -> Result<usize> {
     head_dim(op, kv_head, d, kv.head_dim)?;
     let k = ring_rows(op, kv_head, ["keys", "keys"], (kv.keys, &[]), d)?;
     let v = ring_rows(op, kv_head, ["values", "values"], (kv.values, &[]), d)?;
     let slab_rows = same_rows(op, kv_head, "gathered slab", k, v)?;
-    let rows = kv.positions.len();
-    match kv.slots {
+    resident(op, kv_head, kv.positions, kv.slots, slab_rows)
+}
+
+/// A resident list: slots inside the slab, positions strictly ascending; returns its rows.
+fn resident(
+    op: &'static str,
+    kv_head: usize,
+    positions: &[u32],
+    slots: Option<&[u32]>,
+    slab_rows: usize,
+) -> Result<usize> {
+    let rows = positions.len();
+    match slots {
         Some(slots) if slots.len() != rows => {
             return Err(Error::LengthMismatch {
                 op,
@@ -178,9 +199,80 @@ pub(crate) fn gathered<D: Value>(
         }
         None => {}
     }
-    if let Some(row) = kv.positions.windows(2).position(|w| w[1] <= w[0]) {
-        let position = kv.positions[row + 1];
+    if let Some(row) = positions.windows(2).position(|w| w[1] <= w[0]) {
+        let position = positions[row + 1];
         return Err(Error::PositionsNotAscending { op, kv_head, row: row + 1, position });
+    }
+    Ok(rows)
+}
+
+/// A sparse slab for head dimension `d`; returns its rows (`usize::MAX` when `k = 0`:
+/// rows of no bytes, any slot reads nothing).
+fn slab(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    what: &'static str,
+    s: &SparseSlab<'_>,
+) -> Result<usize> {
+    let bad = |reason| {
+        let (k, len) = (s.k, s.bytes.len());
+        Err(Error::InvalidSlab { op, kv_head, what, k, head_dim: d, len, reason })
+    };
+    if d > 256 {
+        return bad("u8 indices reach head_dim ≤ 256 only");
+    }
+    if s.k > d {
+        return bad("k must be ≤ head_dim");
+    }
+    match s.num_rows() {
+        None if !s.bytes.is_empty() => bad("k = 0 rows hold no bytes"),
+        None => Ok(usize::MAX),
+        Some(_) if !s.bytes.len().is_multiple_of(s.row_bytes()) => {
+            bad("length must be a multiple of the 2k-byte row")
+        }
+        Some(rows) => Ok(rows),
+    }
+}
+
+/// A gathered kv-head's sparse part; returns its resident rows (may be 0).
+fn gathered_sparse_rows(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &GatheredSparseKv<'_>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, kv.head_dim)?;
+    let k = slab(op, d, kv_head, "key", &kv.keys)?;
+    let v = slab(op, d, kv_head, "value", &kv.values)?;
+    scale(op, kv_head, "key", kv.keys.scale)?;
+    scale(op, kv_head, "value", kv.values.scale)?;
+    let slab_rows = match (k, v) {
+        (usize::MAX, r) | (r, usize::MAX) => r,
+        (k, v) => same_rows(op, kv_head, "gathered sparse slab", k, v)?,
+    };
+    resident(op, kv_head, kv.positions, kv.slots, slab_rows)
+}
+
+/// A kv-head of dense and sparse resident rows; returns its rows (dense + sparse).
+pub(crate) fn gathered_sparse<D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    (dense, sparse): (&GatheredKv<'_, D>, &GatheredSparseKv<'_>),
+) -> Result<usize> {
+    let rows =
+        gathered_rows(op, d, kv_head, dense)? + gathered_sparse_rows(op, d, kv_head, sparse)?;
+    let (a, b) = (dense.positions, sparse.positions);
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                return Err(Error::PositionsOverlap { op, kv_head, position: a[i] });
+            }
+        }
     }
     non_empty(op, kv_head, rows)
 }
@@ -193,4 +285,26 @@ pub(crate) fn weights(op: &'static str, weights: Option<&[f32]>, total_rows: usi
         }
         _ => Ok(()),
     }
+}
+
+/// Everything [`crate::GatheredSparseAttention::gathered_sparse`] checks except the
+/// weights; returns the resident rows of all kv-heads.
+pub(crate) fn gathered_sparse_call<D: Value>(
+    op: &'static str,
+    cfg: &AttnConfig,
+    q: &[f32],
+    out: &[f32],
+    dense: &[GatheredKv<'_, D>],
+    sparse: &[GatheredSparseKv<'_>],
+) -> Result<usize> {
+    call(op, cfg, q, out, dense.len())?;
+    if sparse.len() != dense.len() {
+        let (what, expected, got) = ("sparse kv-head lists", dense.len(), sparse.len());
+        return Err(Error::LengthMismatch { op, what, expected, got });
+    }
+    let mut total = 0;
+    for (h, pair) in dense.iter().zip(sparse).enumerate() {
+        total += gathered_sparse(op, cfg.head_dim(), h, pair)?;
+    }
+    Ok(total)
 }

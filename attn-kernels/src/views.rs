@@ -171,3 +171,111 @@ impl<'a, D: Value> GatheredKv<'a, D> {
         self.slots.map_or(i, |s| s[i] as usize)
     }
 }
+
+/// A slab of fixed-width sparse rows as WnW's tiered store keeps SWAN rows (`kv-tiered`'s
+/// `RowCodec::SparseFp8`): row `r` is `bytes[r·2k .. (r+1)·2k]`, its `k` kept dimensions as
+/// `u8` indices followed by their `k` fp8 E4M3FN codes; decoded values are `code · scale`.
+///
+/// Indices must be `< head_dim` (what every SWAN encoder writes); an entry with a larger
+/// index contributes nothing (its query component and output are taken as 0).
+#[derive(Clone, Copy, Debug)]
+pub struct SparseSlab<'a> {
+    /// Rows of `2k` bytes each.
+    pub bytes: &'a [u8],
+    /// Kept dimensions per row (`0 ≤ k ≤ head_dim ≤ 256`).
+    pub k: usize,
+    /// Multiplies every decoded value.
+    pub scale: f32,
+}
+
+impl<'a> SparseSlab<'a> {
+    /// A slab of `2k`-byte rows scaled by `scale`.
+    ///
+    /// # Examples
+    /// ```
+    /// // Two rows of k = 1: (dim 3, 1.0) and (dim 0, 2.0) in fp8 E4M3FN.
+    /// let bytes = [3u8, 0x38, 0, 0x40];
+    /// let s = attn_kernels::SparseSlab::new(&bytes, 1, 1.0);
+    /// assert_eq!(s.num_rows(), Some(2));
+    /// ```
+    pub fn new(bytes: &'a [u8], k: usize, scale: f32) -> Self {
+        Self { bytes, k, scale }
+    }
+
+    /// Bytes per row (`2k`).
+    pub fn row_bytes(&self) -> usize {
+        2 * self.k
+    }
+
+    /// Rows in the slab; `None` when `k = 0` (empty rows: any slot is valid).
+    pub fn num_rows(&self) -> Option<usize> {
+        self.bytes.len().checked_div(self.row_bytes())
+    }
+}
+
+/// The resident *sparse* rows of one kv-head in a tiered store: SWAN rows recalled by the
+/// WnW store (`papers/wnw.txt` §2.3 with `papers/swan.txt`'s CSR rows), attended where they
+/// lie — no row is densified. Like [`GatheredKv`], a strictly ascending position list and,
+/// per position, a slab row (`slots[i]`, or `i` when `slots` is `None`), here in two
+/// [`SparseSlab`]s (keys and values, each with its own `k` and scale).
+#[derive(Clone, Copy, Debug)]
+pub struct GatheredSparseKv<'a> {
+    /// Elements of a decoded row (`≤ 256`, the reach of a `u8` index).
+    pub head_dim: usize,
+    /// Absolute token positions of the resident sparse rows, strictly ascending.
+    pub positions: &'a [u32],
+    /// Slab rows holding each resident row (`None`: row `i` is slab row `i`).
+    pub slots: Option<&'a [u32]>,
+    /// Sparse key rows.
+    pub keys: SparseSlab<'a>,
+    /// Sparse value rows (same number of slab rows as `keys` unless one side has `k = 0`).
+    pub values: SparseSlab<'a>,
+}
+
+impl<'a> GatheredSparseKv<'a> {
+    /// Rows `i` of the slabs for `positions[i]` (a compact copy).
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::{GatheredSparseKv, SparseSlab};
+    /// let bytes = [3u8, 0x38, 0, 0x40];
+    /// let slab = SparseSlab::new(&bytes, 1, 1.0);
+    /// let g = GatheredSparseKv::new(4, &[10, 12], slab, slab);
+    /// assert_eq!((g.num_rows(), g.slab_row(1)), (2, 1));
+    /// ```
+    pub fn new(
+        head_dim: usize,
+        positions: &'a [u32],
+        keys: SparseSlab<'a>,
+        values: SparseSlab<'a>,
+    ) -> Self {
+        Self { head_dim, positions, slots: None, keys, values }
+    }
+
+    /// Rows in shared slabs: resident row `i` is slab row `slots[i]`.
+    pub fn with_slots(
+        head_dim: usize,
+        positions: &'a [u32],
+        slots: &'a [u32],
+        keys: SparseSlab<'a>,
+        values: SparseSlab<'a>,
+    ) -> Self {
+        Self { head_dim, positions, slots: Some(slots), keys, values }
+    }
+
+    /// No sparse rows (a kv-head whose resident rows are all dense).
+    pub fn empty(head_dim: usize) -> Self {
+        let none = SparseSlab::new(&[], 0, 1.0);
+        Self::new(head_dim, &[], none, none)
+    }
+
+    /// Resident sparse rows.
+    pub fn num_rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Slab row of resident row `i` (`i < num_rows()`; validated slots only).
+    pub fn slab_row(&self, i: usize) -> usize {
+        self.slots.map_or(i, |s| s[i] as usize)
+    }
+}

@@ -21,14 +21,14 @@ pub use isa::Isa;
 
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::DecodeAttention;
+use crate::api::{DecodeAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
 use crate::validate;
-use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
 use engine::{Engine, Job, Workspace};
-use sources::{DenseSrc, GatheredSrc, HybridSrc, SparseSrc};
+use sources::{DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, SparseSrc};
 use tile::Kernels;
 
 /// The optimized CPU implementation of [`DecodeAttention`], with its thread pool and
@@ -192,6 +192,25 @@ impl DecodeAttention for CpuAttention {
         let job = Job { cfg, q, capture: weights.is_some() };
         let src = GatheredSrc(kv);
         self.engine.execute(&job, &src, out, weights);
+        Ok(())
+    }
+}
+
+impl GatheredSparseAttention for CpuAttention {
+    fn gathered_sparse<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        sparse: &[GatheredSparseKv<'_>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::gathered_sparse";
+        let total = validate::gathered_sparse_call(OP, cfg, q, out, dense, sparse)?;
+        validate::weights(OP, weights.as_deref(), total)?;
+        let job = Job { cfg, q, capture: weights.is_some() };
+        self.engine.execute(&job, &GatheredSparseSrc { dense, sparse }, out, weights);
         Ok(())
     }
 }

@@ -90,6 +90,8 @@ pub(crate) fn transposed_queries<'b, I: SparseIndex, const W: usize>(
             row[h] = qh[i] * scale;
         }
     }
+    // An index ≥ d (possible only in raw slabs) then meets a zero query component.
+    table[d..].fill([0.0; W]);
     table
 }
 
@@ -159,71 +161,133 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
     }
 }
 
-/// One kv-head's CSR keys and values with their scales, as a segment reads them.
-pub(crate) struct CsrPair<'a, I, V> {
-    pub keys: CsrView<'a, I, V>,
-    pub values: CsrView<'a, I, V>,
+/// Sparse rows a segment streams tile by tile: a CSR view (consecutive rows of a block) or
+/// a slab of a tiered store (rows at arbitrary slots).
+pub(crate) trait SparseRows<I> {
+    /// Rows of the tile starting at row `r`: at least 1, at most [`TILE`], not past `end`.
+    fn tile_len(&self, r: usize, end: usize) -> usize;
+
+    /// Rows `r..r + n` as a tile: their entries' indices and values (decoded into `buf`
+    /// when the format needs it) and each row's span, written into `spans[..n]`.
+    fn tile<'b>(
+        &'b self,
+        k: Kernels,
+        r: usize,
+        n: usize,
+        spans: &'b mut [(usize, usize); TILE],
+        buf: &'b mut Vec<f32>,
+    ) -> SparseTile<'b, I>;
+}
+
+impl<I: SparseIndex, V: Value> SparseRows<I> for CsrView<'_, I, V> {
+    /// Not past the end of `r`'s block either (a tile's entries are contiguous).
+    fn tile_len(&self, r: usize, end: usize) -> usize {
+        let rpb = self.rows_per_block();
+        TILE.min(end - r).min(rpb - r % rpb)
+    }
+
+    fn tile<'b>(
+        &'b self,
+        k: Kernels,
+        r: usize,
+        n: usize,
+        spans: &'b mut [(usize, usize); TILE],
+        buf: &'b mut Vec<f32>,
+    ) -> SparseTile<'b, I> {
+        let rpb = self.rows_per_block();
+        let block = self.block(r / rpb).expect("row inside the view");
+        let local = r % rpb;
+        let at = |t: usize| {
+            block.offsets.get(local + t).map_or(block.indices.len(), |&o| usize::from(o))
+        };
+        let start = at(0);
+        for (t, span) in spans[..n].iter_mut().enumerate() {
+            *span = (at(t) - start, at(t + 1) - start);
+        }
+        let end = at(n);
+        let val = decoded(k, &block.values[start..end], buf);
+        SparseTile { idx: &block.indices[start..end], val, spans: &spans[..n] }
+    }
+}
+
+/// The sparse rows of a tiered store's slab, in resident-list order (see
+/// [`crate::GatheredSparseKv`]).
+#[derive(Clone, Copy)]
+pub(crate) struct SlabRows<'a> {
+    pub slab: crate::views::SparseSlab<'a>,
+    pub slots: Option<&'a [u32]>,
+}
+
+impl SparseRows<u8> for SlabRows<'_> {
+    fn tile_len(&self, r: usize, end: usize) -> usize {
+        TILE.min(end - r)
+    }
+
+    /// The tile's index slice is the slab shifted so that entry `j`'s index is byte `j` and
+    /// its value byte `j + k`: row `s` spans entries `2k·s .. 2k·s + k`.
+    fn tile<'b>(
+        &'b self,
+        _: Kernels,
+        r: usize,
+        n: usize,
+        spans: &'b mut [(usize, usize); TILE],
+        _: &'b mut Vec<f32>,
+    ) -> SparseTile<'b, u8> {
+        let (bytes, k) = (self.slab.bytes, self.slab.k);
+        for (t, span) in spans[..n].iter_mut().enumerate() {
+            let s = self.slots.map_or(r + t, |s| s[r + t] as usize);
+            *span = (2 * k * s, 2 * k * s + k);
+        }
+        let val = bytes.get(k..).unwrap_or(&[]);
+        SparseTile { idx: &bytes[..val.len()], val: TileValues::Fp8(val), spans: &spans[..n] }
+    }
+}
+
+/// One kv-head's sparse keys and values with the value scale, as a segment reads them.
+pub(crate) struct SparsePair<K, V> {
+    pub keys: K,
+    pub values: V,
     pub value_scale: f32,
 }
 
-/// Streams CSR rows `range` through `slot`'s state, accumulating into the transposed
+/// Streams sparse rows `range` through `slot`'s state, accumulating into the transposed
 /// table `acc` (see [`transpose_in`]). `qt` holds transposed queries that already carry
-/// the key scale.
-pub(crate) fn sparse_segment<I: SparseIndex, V: Value, const W: usize>(
+/// the key scale. With `capture`, the log2-domain scores of row `j` land at
+/// `capture[(j − start)·W..]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sparse_segment<I, K, V, const W: usize>(
     k: Kernels,
-    kv: &CsrPair<'_, I, V>,
+    kv: &SparsePair<K, V>,
     range: Range<usize>,
     qt: &[[f32; W]],
     acc: &mut [[f32; W]],
     slot: &mut Slot,
     bufs: (&mut Vec<f32>, &mut Vec<f32>),
-) {
+    mut capture: Option<&mut [f32]>,
+) where
+    I: SparseIndex,
+    K: SparseRows<I>,
+    V: SparseRows<I>,
+{
     let mut s = [[0.0f32; W]; TILE];
-    let (mut kb, mut vb) = ([0u32; TILE + 1], [0u32; TILE + 1]);
+    let (mut ks, mut vs) = ([(0, 0); TILE], [(0, 0); TILE]);
     let mut r = range.start;
     while r < range.end {
-        let n = tile_len(&kv.keys, r, range.end).min(tile_len(&kv.values, r, range.end));
-        let (ki, kx) = tile_entries(&kv.keys, r, n, &mut kb);
-        let keys = SparseTile { idx: ki, val: decoded(k, kx, bufs.0), bounds: &kb[..=n] };
-        k.sparse_scores(qt, &keys, &mut s[..n]);
+        let n = kv.keys.tile_len(r, range.end).min(kv.values.tile_len(r, range.end));
+        k.sparse_scores(qt, &kv.keys.tile(k, r, n, &mut ks, bufs.0), &mut s[..n]);
+        if let Some(c) = capture.as_deref_mut() {
+            let at = (r - range.start) * W;
+            c[at..at + n * W].copy_from_slice(s[..n].as_flattened());
+        }
         let (m, l) = slot.lanes::<W>();
         let factor = k.softmax_update(m, l, &mut s[..n]);
         rescale_rows(acc, &factor);
         if kv.value_scale != 1.0 {
             s[..n].as_flattened_mut().iter_mut().for_each(|p| *p *= kv.value_scale);
         }
-        let (vi, vx) = tile_entries(&kv.values, r, n, &mut vb);
-        let values = SparseTile { idx: vi, val: decoded(k, vx, bufs.1), bounds: &vb[..=n] };
-        k.sparse_accumulate(&s[..n], &values, acc);
+        k.sparse_accumulate(&s[..n], &kv.values.tile(k, r, n, &mut vs, bufs.1), acc);
         r += n;
     }
-}
-
-/// Rows of the tile starting at row `r`: at most [`TILE`], not past `end`, not past the
-/// end of `r`'s block.
-fn tile_len<I: SparseIndex, V: Value>(view: &CsrView<'_, I, V>, r: usize, end: usize) -> usize {
-    let rpb = view.rows_per_block();
-    TILE.min(end - r).min(rpb - r % rpb)
-}
-
-/// The entries of rows `r..r + n` (inside one block) and their bounds relative to the
-/// first entry (`bounds[..=n]`).
-fn tile_entries<'a, I: SparseIndex, V: Value>(
-    view: &CsrView<'a, I, V>,
-    r: usize,
-    n: usize,
-    bounds: &mut [u32; TILE + 1],
-) -> (&'a [I], &'a [V]) {
-    let rpb = view.rows_per_block();
-    let block = view.block(r / rpb).expect("row inside the view");
-    let local = r % rpb;
-    let start = usize::from(block.offsets[local]);
-    for (t, b) in bounds[..=n].iter_mut().enumerate() {
-        let end = block.offsets.get(local + t).map_or(block.indices.len(), |&o| usize::from(o));
-        *b = (end - start) as u32;
-    }
-    let end = start + bounds[n] as usize;
-    (&block.indices[start..end], &block.values[start..end])
 }
 
 /// `src` as tile values: `f32` and fp8 codes borrowed as they are, other formats decoded

@@ -6,18 +6,20 @@
 //! * hybrid — the CSR history, then the dense buffer, continuing one softmax state
 //!   (SWAN method section, Algorithm 1);
 //! * gathered — a dense segment over the resident rows of a tiered store, optionally
-//!   keeping every row's logits for the anchor signal (WnW §2.3, Eq. 2).
+//!   keeping every row's logits for the anchor signal (WnW §2.3, Eq. 2);
+//! * gathered sparse — a kv-head's dense resident rows, then its sparse slab rows (SWAN
+//!   rows recalled by the WnW store), continuing one softmax state, logits optionally kept.
 
 use kv_sparse::hybrid::HybridView;
 use kv_sparse::{SparseIndex, Value};
 
 use super::engine::{Item, ItemSource, Job};
 use super::segment::{
-    CsrPair, Scratch, Slot, dense_segment, scaled_queries, sparse_segment, transpose_in,
-    transpose_out, transposed_queries,
+    Scratch, SlabRows, Slot, SparsePair, SparseRows, dense_segment, scaled_queries, sparse_segment,
+    transpose_in, transpose_out, transposed_queries,
 };
 use super::tile::Kernels;
-use crate::views::{DenseKv, GatheredKv, HybridSource, SparseKv};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
 
 /// Row `j` of a ring's `(older, newer)` row-major halves.
 fn ring_row<'a, D>((older, newer): (&'a [D], &'a [D]), d: usize, j: usize) -> &'a [D] {
@@ -52,23 +54,25 @@ impl<D: Value> ItemSource for DenseSrc<'_, '_, D> {
     }
 }
 
-/// Runs CSR rows `range` of `pair` (keys scaled by `key_scale`) through `slot`.
+/// Runs sparse rows `range` of `pair` (keys scaled by `key_scale`) through `slot`,
+/// optionally capturing their scores.
 #[allow(clippy::too_many_arguments)]
-fn run_sparse<I: SparseIndex, V: Value, const W: usize>(
+fn run_sparse<I: SparseIndex, K: SparseRows<I>, V: SparseRows<I>, const W: usize>(
     k: Kernels,
     job: &Job<'_>,
     item: &Item,
-    pair: &CsrPair<'_, I, V>,
+    pair: &SparsePair<K, V>,
     key_scale: f32,
     range: std::ops::Range<usize>,
     sc: &mut Scratch,
-    slot: &mut Slot,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
     let d = job.cfg.head_dim();
     let q = job.queries(item.kv, item.block);
     let qt = transposed_queries::<I, W>(q, d, job.logit_scale() * key_scale, &mut sc.qt);
     let acc = transpose_in::<I, W>(slot, d, &mut sc.acc_t);
-    sparse_segment::<I, V, W>(k, pair, range, qt, acc, slot, (&mut sc.kval, &mut sc.vval));
+    let bufs = (&mut sc.kval, &mut sc.vval);
+    sparse_segment::<I, K, V, W>(k, pair, range, qt, acc, slot, bufs, capture);
     transpose_out::<W>(acc, d, slot);
 }
 
@@ -89,8 +93,9 @@ impl<I: SparseIndex, V: Value> ItemSource for SparseSrc<'_, '_, I, V> {
         slot: &mut Slot,
     ) {
         let kv = &self.0[item.kv];
-        let pair = CsrPair { keys: kv.keys, values: kv.values, value_scale: kv.value_scale };
-        run_sparse::<I, V, W>(k, job, item, &pair, kv.key_scale, item.rows.clone(), sc, slot);
+        let pair = SparsePair { keys: kv.keys, values: kv.values, value_scale: kv.value_scale };
+        let range = item.rows.clone();
+        run_sparse::<I, _, _, W>(k, job, item, &pair, kv.key_scale, range, sc, (slot, None));
     }
 }
 
@@ -126,13 +131,14 @@ where
         let (d, split) = (job.cfg.head_dim(), view.sparse_len());
         let (start, end) = (item.rows.start, item.rows.end);
         if start < split {
-            let pair = CsrPair {
+            let pair = SparsePair {
                 keys: view.sparse_keys,
                 values: view.sparse_values,
                 value_scale: view.value_scale.1,
             };
             let range = start..end.min(split);
-            run_sparse::<I, V, W>(k, job, item, &pair, view.value_scale.0, range, sc, slot);
+            let key_scale = view.value_scale.0;
+            run_sparse::<I, _, _, W>(k, job, item, &pair, key_scale, range, sc, (slot, None));
         }
         if end > split {
             let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
@@ -163,15 +169,84 @@ impl<D: Value> ItemSource for GatheredSrc<'_, '_, D> {
         sc: &mut Scratch,
         slot: &mut Slot,
     ) {
-        let (kv, d) = (&self.0[item.kv], job.cfg.head_dim());
-        let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-        let row = |j: usize| {
-            let s = kv.slab_row(j);
-            (&kv.keys[s * d..(s + 1) * d], &kv.values[s * d..(s + 1) * d])
-        };
         let mut capture = std::mem::take(&mut slot.capture);
         let cap = job.capture.then_some(&mut capture[..]);
-        dense_segment::<D, W>(k, &row, item.rows.clone(), q, d, slot, cap);
+        let kv = &self.0[item.kv];
+        run_gathered::<D, W>(k, job, item, kv, item.rows.clone(), sc, (slot, cap));
+        slot.capture = capture;
+    }
+}
+
+/// Runs resident dense rows `range` of `kv` through `slot`, optionally capturing scores.
+fn run_gathered<D: Value, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    kv: &GatheredKv<'_, D>,
+    range: std::ops::Range<usize>,
+    sc: &mut Scratch,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
+) {
+    let d = job.cfg.head_dim();
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let row = |j: usize| {
+        let s = kv.slab_row(j);
+        (&kv.keys[s * d..(s + 1) * d], &kv.values[s * d..(s + 1) * d])
+    };
+    dense_segment::<D, W>(k, &row, range, q, d, slot, capture);
+}
+
+/// Resident dense and sparse rows of every kv-head: rows `0..n_dense` are the dense list,
+/// the rest the sparse list.
+pub(crate) struct GatheredSparseSrc<'s, 'a, D> {
+    pub dense: &'s [GatheredKv<'a, D>],
+    pub sparse: &'s [GatheredSparseKv<'a>],
+}
+
+impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
+    fn rows(&self, kv: usize) -> usize {
+        self.dense[kv].num_rows() + self.sparse[kv].num_rows()
+    }
+
+    fn run<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        sc: &mut Scratch,
+        slot: &mut Slot,
+    ) {
+        let split = self.dense[item.kv].num_rows();
+        let (start, end) = (item.rows.start, item.rows.end);
+        let mut capture = std::mem::take(&mut slot.capture);
+        let (cap_dense, cap_sparse) = if job.capture {
+            let (a, b) = capture.split_at_mut((split.clamp(start, end) - start) * W);
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
+        if start < split {
+            let (kv, range) = (&self.dense[item.kv], start..end.min(split));
+            run_gathered::<D, W>(k, job, item, kv, range, sc, (slot, cap_dense));
+        }
+        if end > split {
+            let kv = &self.sparse[item.kv];
+            let rows = |slab| SlabRows { slab, slots: kv.slots };
+            let (keys, values) = (rows(kv.keys), rows(kv.values));
+            let pair = SparsePair { keys, values, value_scale: kv.values.scale };
+            let range = start.max(split) - split..end - split;
+            let key_scale = kv.keys.scale;
+            run_sparse::<u8, _, _, W>(
+                k,
+                job,
+                item,
+                &pair,
+                key_scale,
+                range,
+                sc,
+                (slot, cap_sparse),
+            );
+        }
         slot.capture = capture;
     }
 }

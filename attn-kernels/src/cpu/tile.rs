@@ -11,8 +11,9 @@
 //!   row fetches the query values of every q-head of the group in one load, and one
 //!   scatter updates the accumulators of every q-head — one pass over a row serves the
 //!   whole group;
-//! * a sparse tile: the entries of up to [`TILE`] consecutive rows of one CSR block, values
-//!   already decoded to `f32`, row `t` spanning entries `bounds[t]..bounds[t + 1]`.
+//! * a sparse tile: the entries of up to [`TILE`] rows — consecutive rows of one CSR block,
+//!   or slab rows of a tiered store — values decoded to `f32` or raw fp8 codes, row `t`
+//!   spanning entries `spans[t].0..spans[t].1` of the tile's index and value slices.
 
 use kv_sparse::{SparseIndex, Value};
 
@@ -54,25 +55,25 @@ impl TileValues<'_> {
     }
 }
 
-/// Entries of up to [`TILE`] consecutive sparse rows inside one block.
+/// Entries of up to [`TILE`] sparse rows.
 pub(crate) struct SparseTile<'a, I> {
-    /// Indices of all entries of the tile's rows, row after row.
+    /// Indices; row `t`'s are `idx[spans[t].0..spans[t].1]`.
     pub idx: &'a [I],
-    /// Values, one per index.
+    /// Values, one per index (same positions as `idx`).
     pub val: TileValues<'a>,
-    /// `bounds[t]..bounds[t + 1]` are the entries of row `t` (length = rows + 1).
-    pub bounds: &'a [u32],
+    /// Entry range of each row.
+    pub spans: &'a [(usize, usize)],
 }
 
 impl<I> SparseTile<'_, I> {
     /// Rows in the tile.
     pub fn rows(&self) -> usize {
-        self.bounds.len().saturating_sub(1)
+        self.spans.len()
     }
 
     /// Row `t`'s entries as a range into `idx` / `val`.
     pub fn entries(&self, t: usize) -> std::ops::Range<usize> {
-        self.bounds[t] as usize..self.bounds[t + 1] as usize
+        self.spans[t].0..self.spans[t].1
     }
 }
 
@@ -200,8 +201,7 @@ impl Kernels {
 fn check_sparse<I: SparseIndex>(table_rows: usize, tile: &SparseTile<'_, I>, tile_rows: usize) {
     assert!(table_rows >= I::MAX_HEAD_DIM, "transposed table must cover every index value");
     assert!(tile.idx.len() == tile.val.len() && tile_rows >= tile.rows());
-    assert!(tile.bounds.windows(2).all(|w| w[0] <= w[1]));
-    assert!(tile.bounds.last().is_none_or(|&e| e as usize <= tile.idx.len()));
+    assert!(tile.spans.iter().all(|&(a, b)| a <= b && b <= tile.idx.len()));
 }
 
 /// `acc[i][·] *= factor[·]` over the first `rows` rows, skipped when every factor is 1.
