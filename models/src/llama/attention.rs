@@ -243,13 +243,57 @@ impl Attention {
             None => None,
         };
         let o = self.context(&probs, &v)?;
+        Ok((self.merge_heads(&o)?, AttentionTensors { q, k, v, o }, received))
+    }
+
+    /// Differentiable prefill for calibration (`papers/wnw.txt` Appendix E, Eq. 4): full
+    /// causal attention over `x` with `key_offset` (`[kv_heads, span.len(), head_dim]`,
+    /// typically a zero leaf that requires grad) added to the RoPE'd keys at the positions
+    /// `span`, so that `∂L/∂key_offset = ∂L/∂K_span`. Returns the layer output and the
+    /// attention probabilities `[q_heads, tokens, tokens]`, both part of the autograd graph.
+    /// Call with grad mode on.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if `span` is not inside the input or the offset is
+    /// mis-shaped; [`crate::Error::Torch`] on shape errors.
+    // Added by the audio engineer (issue 8): span-generic head-sensitivity calibration.
+    pub fn prefill_key_offset(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        (cos, sin): (&Tensor, &Tensor),
+        span: Range<usize>,
+        key_offset: &Tensor,
+    ) -> Result<(Tensor, Tensor)> {
         let t = x.size()[0];
+        let want = [self.kv_heads, span.len() as i64, self.head_dim];
+        if span.end as i64 > t || span.is_empty() || key_offset.size() != want {
+            return Err(crate::error::invalid(
+                "prefill with key offsets",
+                format!(
+                    "offset {:?} at {span:?} of {t} tokens, expected {want:?}",
+                    key_offset.size()
+                ),
+            ));
+        }
+        let (q, k, v) = self.heads(x, rope, cos, sin)?;
+        let pad = [0, 0, span.start as i64, t - span.end as i64];
+        let k =
+            k.f_add(&key_offset.f_constant_pad_nd(pad).op("pad key offset")?).op("key offset")?;
+        let probs = self.probs(&q, &k)?;
+        let o = self.context(&probs, &v)?;
+        Ok((self.merge_heads(&o)?, probs))
+    }
+
+    /// `W_O` applied to per-head outputs `[q_heads, tokens, head_dim]`.
+    fn merge_heads(&self, o: &Tensor) -> Result<Tensor> {
+        let t = o.size()[1];
         let flat = o
             .f_transpose(0, 1)
             .op("transpose")?
             .f_reshape([t, self.q_heads * self.head_dim])
             .op("flatten")?;
-        Ok((self.output(&flat)?, AttentionTensors { q, k, v, o }, received))
+        self.output(&flat)
     }
 
     /// One decode step for `x` (`[1, hidden]`) at `position`: q/k/v by libtorch, RoPE on the

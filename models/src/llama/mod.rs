@@ -12,6 +12,8 @@ pub use attention::{Attention, AttentionTensors, DecodeScratch};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
 
+use std::ops::Range;
+
 use tch::{Kind, Tensor};
 
 use crate::cache::KvCache;
@@ -249,23 +251,7 @@ impl Llama {
         obs: &mut dyn PrefillObserver,
         all_logits: bool,
     ) -> Result<Tensor> {
-        let size = h.size();
-        let n = size.first().copied().unwrap_or(0);
-        let want_tables = [n, self.cfg.head_dim as i64];
-        if size.len() != 2
-            || n == 0
-            || size[1] != self.cfg.hidden_size as i64
-            || tables.0.size() != want_tables
-            || tables.1.size() != want_tables
-        {
-            let reason = format!(
-                "embeddings {size:?}, tables {:?}: need [n ≥ 1, {}] and {want_tables:?}",
-                tables.0.size(),
-                self.cfg.hidden_size
-            );
-            return Err(invalid("prefill", reason));
-        }
-        self.check_window(n as usize)?;
+        let n = self.check_embeds(h, &tables)?;
         let _guard = tch::no_grad_guard();
         let mut h = h.to_kind(Kind::Float);
         obs.hidden("embed", &h)?;
@@ -287,6 +273,67 @@ impl Llama {
         let normed = self.norm.forward(&last)?;
         obs.hidden("final_norm", &normed)?;
         normed.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+    }
+
+    /// Checks input embeddings `[n, hidden]` and rotary tables `[n, head_dim]`; returns `n`.
+    fn check_embeds(&self, h: &Tensor, tables: &(Tensor, Tensor)) -> Result<i64> {
+        let size = h.size();
+        let n = size.first().copied().unwrap_or(0);
+        let want_tables = [n, self.cfg.head_dim as i64];
+        if size.len() != 2
+            || n == 0
+            || size[1] != self.cfg.hidden_size as i64
+            || tables.0.size() != want_tables
+            || tables.1.size() != want_tables
+        {
+            let reason = format!(
+                "embeddings {size:?}, tables {:?}: need [n ≥ 1, {}] and {want_tables:?}",
+                tables.0.size(),
+                self.cfg.hidden_size
+            );
+            return Err(invalid("prefill", reason));
+        }
+        self.check_window(n as usize)?;
+        Ok(n)
+    }
+
+    /// A teacher-forced forward that autograd records, for calibration (`papers/wnw.txt`
+    /// Appendix E): as [`Llama::prefill_embeds`] without a cache, with `key_offsets[l]`
+    /// (`[kv_heads, span.len(), head_dim]`, zero leaves that require grad) added to layer
+    /// `l`'s RoPE'd keys at `span` (so `∂L/∂key_offsets[l] = ∂L/∂K_span`); `probs(l, p)`
+    /// sees each layer's attention probabilities `[q_heads, n, n]` (in the graph: detach
+    /// what you keep). Returns logits `[n, vocab]`. Runs with grad mode on.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for mis-shaped input, tables or offsets, a span outside
+    /// the input or the wrong number of offsets; callback errors.
+    // Added by the audio engineer (issue 8): span-generic head-sensitivity calibration.
+    pub fn forward_key_offsets(
+        &self,
+        h: &Tensor,
+        tables: (Tensor, Tensor),
+        span: Range<usize>,
+        key_offsets: &[Tensor],
+        probs: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
+    ) -> Result<Tensor> {
+        self.check_embeds(h, &tables)?;
+        if key_offsets.len() != self.blocks.len() {
+            let reason =
+                format!("{} key offsets for {} layers", key_offsets.len(), self.blocks.len());
+            return Err(invalid("forward with key offsets", reason));
+        }
+        tch::with_grad(|| {
+            let mut h = h.to_kind(Kind::Float);
+            for ((i, block), offset) in self.blocks.iter().enumerate().zip(key_offsets) {
+                let x = block.input_norm.forward(&h)?;
+                let rope = (&self.rope, (&tables.0, &tables.1));
+                let (attn_out, p) =
+                    block.attn.prefill_key_offset(&x, rope.0, rope.1, span.clone(), offset)?;
+                probs(i, &p)?;
+                h = block.finish(&h, &attn_out)?;
+            }
+            self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+        })
     }
 
     /// Runs one token at `position` through every layer with `cache` (which must already

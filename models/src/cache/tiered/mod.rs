@@ -274,6 +274,7 @@ impl<D: Value> KvCache for TieredCache<D> {
         let run = store.run_metrics();
         vec![
             ("r_gpu", store.r_gpu()),
+            ("prefill_r_gpu", run.prefill_r_gpu),
             ("r_gpu_cpu", store.r_gpu_cpu()),
             ("mean_r_gpu", run.mean_r_gpu()),
             ("h2d_bytes_per_step", run.mean_bytes_per_step()),
