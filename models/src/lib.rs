@@ -22,6 +22,8 @@ pub mod gguf;
 pub mod host;
 pub mod llama;
 pub mod paths;
+pub mod reproduce; // reproduce engineer (issue 9): `kvtide reproduce`
+pub mod roles_calibration; // audio engineer (issue 8): span-generic WnW role calibration
 pub mod rope;
 pub mod score;
 pub mod session;

@@ -44,6 +44,12 @@ enum Command {
     /// Transcribe a WAV file with an audio LLM (Voxtral or Qwen2.5-Omni thinker checkpoint).
     // Added by the audio engineer (issue 8).
     Transcribe(models::audio::cli::TranscribeArgs),
+    /// WnW head roles of an audio LLM from word-aligned clips (voice score × sensitivity).
+    // Added by the audio engineer (issue 8).
+    CalibrateRoles(models::audio::roles_cli::CalibrateRolesArgs),
+    /// Reproduce the SWAN and WnW papers' findings into results/ (JSON, Markdown, plots).
+    // Added by the reproduce engineer (issue 9).
+    Reproduce(models::reproduce::ReproduceArgs),
 }
 
 fn run(cli: Cli) -> models::Result<()> {
@@ -60,10 +66,36 @@ fn run(cli: Cli) -> models::Result<()> {
         Some(Command::Transcribe(a)) => {
             models::audio::cli::run(&a).and_then(|r| models::audio::cli::print(&r, a.json))
         }
+        Some(Command::Reproduce(a)) => std::process::exit(models::reproduce::cli(&a)),
+        Some(Command::CalibrateRoles(a)) => models::audio::roles_cli::run(&a)
+            .and_then(|r| models::audio::roles_cli::print(&r, a.json)),
+    }
+}
+
+/// libtorch's OpenMP runtime (libgomp) keeps idle worker threads spinning between
+/// parallel regions. A decode step alternates hundreds of small libtorch ops with our
+/// attention kernels, so on a 2-core machine the spinning workers steal the cores our
+/// kernels run on (measured here: 2.5 vs 5.4 tokens/s). `OMP_WAIT_POLICY=PASSIVE` makes them
+/// sleep instead; libgomp reads it when it is loaded, so the process re-executes itself once
+/// with the variable set (unless the user already chose a policy).
+#[cfg(unix)]
+fn ensure_passive_openmp() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let err = std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env("OMP_WAIT_POLICY", "PASSIVE")
+            .exec();
+        eprintln!("kvtide: could not re-execute with OMP_WAIT_POLICY=PASSIVE ({err}); continuing");
     }
 }
 
 fn main() {
+    #[cfg(unix)]
+    ensure_passive_openmp();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("kvtide: {e}");
         std::process::exit(1);
