@@ -9,7 +9,7 @@ use indicatif::ProgressBar;
 
 use super::autograd::GradModel;
 use super::corpus::{Corpus, SWAN_CALIBRATION_PLAYS};
-use super::grid::Plan;
+use super::grid::{Plan, Size};
 use crate::calibrate::{CalibrationStats, calibrate};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result, invalid};
@@ -38,17 +38,16 @@ pub struct Context {
 }
 
 impl Context {
-    /// Loads the GGUF model at `model_path` and prepares a run of `quick` size.
+    /// Loads the GGUF model at `model_path` and prepares a run of `size`.
     ///
     /// # Errors
     /// Loading errors; [`Error::Io`] if the scratch directory cannot be created.
-    pub fn new(model_path: &Path, quick: bool, progress: ProgressBar) -> Result<Self> {
+    pub fn new(model_path: &Path, size: Size, progress: ProgressBar) -> Result<Self> {
         let (source, config) = GgufSource::open(model_path)?;
         let tokenizer = Tokenizer::from_gguf(source.file())?;
         let model = Llama::load(&source, &config)?;
-        let plan = Plan::new(quick, config.head_dim, config.num_layers * config.num_kv_heads);
-        let work =
-            crate::paths::cache_dir().join("reproduce").join(if quick { "quick" } else { "full" });
+        let plan = Plan::new(size, config.head_dim, config.num_layers * config.num_kv_heads);
+        let work = crate::paths::cache_dir().join("reproduce").join(size.name());
         std::fs::create_dir_all(&work).map_err(|source| Error::Io {
             op: "create directory",
             path: work.clone(),

@@ -161,11 +161,37 @@ pub struct WnwRun {
     pub signal: Signal,
 }
 
+/// How big a run is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Size {
+    /// CI-sized: a few points of every grid, short texts (minutes on 2 cores).
+    Quick,
+    /// Most of the issue's grids on the quick run's short texts (under an hour on one
+    /// busy core): SWAN retentions {1.0, 0.5, 0.3} × buffers {0, 128} × formats, every
+    /// basis and K/V split; WnW at r_GPU {0.8, 0.4, 0.2}.
+    Reduced,
+    /// The issue's full grids and text lengths (hours on a 2-core CPU).
+    Full,
+}
+
+impl Size {
+    /// Name used in headings and scratch paths.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Quick => "quick",
+            Self::Reduced => "reduced",
+            Self::Full => "full",
+        }
+    }
+}
+
 /// Everything one run of `kvtide reproduce` does.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
     /// CI-sized run.
     pub quick: bool,
+    /// Run size.
+    pub size: Size,
     /// Attention threads per cache.
     pub threads: usize,
     /// Calibration windows per SWAN calibration play, and their length.
@@ -338,12 +364,38 @@ fn wnw_runs(
 }
 
 impl Plan {
-    /// The full run (hours on a 2-core CPU) or the CI-sized `quick` one (minutes), for a
-    /// model with `heads` KV-heads in total and head width `head_dim`.
-    pub fn new(quick: bool, head_dim: usize, heads: usize) -> Self {
+    /// The plan of a run of `size` for a model with `heads` KV-heads in total and head
+    /// width `head_dim`.
+    pub fn new(size: Size, head_dim: usize, heads: usize) -> Self {
+        match size {
+            Size::Quick => Self::quick(head_dim, heads),
+            Size::Reduced => Self::reduced(head_dim, heads),
+            Size::Full => Self::full(head_dim, heads),
+        }
+    }
+
+    /// The reduced plan: the quick run's texts, most of the full grids.
+    fn reduced(head_dim: usize, heads: usize) -> Self {
+        let quick = Self::quick(head_dim, heads);
+        let mut swan = swan_references(head_dim);
+        swan.extend(swan_main(head_dim, &[1.0, 0.5, 0.3], &[0, 128]));
+        swan.extend(swan_ablations(head_dim, &BASES, &SPLITS));
+        let (n_anchor, a3) = (quick.n_anchor, 0.1);
+        Self {
+            quick: false,
+            size: Size::Reduced,
+            swan,
+            swan_eval: (1, 272, 16),
+            wnw: wnw_runs(heads, n_anchor, &[0.8, 0.4, 0.2], (&[30, 90], &[0.1]), a3),
+            ..quick
+        }
+    }
+
+    /// The CI-sized plan.
+    fn quick(head_dim: usize, heads: usize) -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n_anchor = 5;
-        if quick {
+        {
             let mut swan = swan_references(head_dim);
             swan.extend(swan_main(head_dim, &[1.0, 0.3], &[0, 64]));
             swan.extend(swan_ablations(
@@ -351,8 +403,9 @@ impl Plan {
                 &["calibrated", "random:7", "identity"],
                 &[(0.3, 0.7), (0.7, 0.3)],
             ));
-            return Self {
-                quick,
+            Self {
+                quick: true,
+                size: Size::Quick,
                 threads,
                 swan_calibration: (1, 512),
                 swan_eval: (1, 192, 16),
@@ -364,13 +417,20 @@ impl Plan {
                 wnw: wnw_runs(heads, n_anchor, &[0.2], (&[30, 90], &[0.1]), 0.1),
                 premise: vec![(Variant::Chat, 500, vec!["hamlet"])],
                 audio: (12, vec![0.4]),
-            };
+            }
         }
+    }
+
+    /// The issue's full plan.
+    fn full(head_dim: usize, heads: usize) -> Self {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let n_anchor = 5;
         let mut swan = swan_references(head_dim);
         swan.extend(swan_main(head_dim, &[1.0, 0.75, 0.5, 0.3], &[0, 64, 128]));
         swan.extend(swan_ablations(head_dim, &BASES, &SPLITS));
         Self {
-            quick,
+            quick: false,
+            size: Size::Full,
             threads,
             swan_calibration: (2, 1024),
             swan_eval: (9, 1024, 32),
@@ -417,7 +477,7 @@ mod tests {
 
     #[test]
     fn full_grid_covers_the_issue() {
-        let p = Plan::new(false, 64, 90);
+        let p = Plan::new(Size::Full, 64, 90);
         let main: Vec<_> = p.swan.iter().filter(|r| r.group == SwanGroup::Main).collect();
         // 4 retentions × 3 buffers × {f16, fp8}, minus fp8 duplicates where k' caps at d_h.
         assert_eq!(main.len(), 21);
@@ -434,8 +494,27 @@ mod tests {
     }
 
     #[test]
+    fn reduced_grid_keeps_every_ablation_and_three_targets() {
+        let (q, r) = (Plan::new(Size::Quick, 64, 90), Plan::new(Size::Reduced, 64, 90));
+        assert!(q.quick && !r.quick && r.size == Size::Reduced);
+        assert_eq!(r.swan.iter().filter(|x| x.group == SwanGroup::Projection).count(), 6);
+        assert_eq!(r.swan.iter().filter(|x| x.group == SwanGroup::KvSplit).count(), 3);
+        assert!(r.swan.iter().any(|x| x.buffer == 128 && x.values == "fp8"));
+        let targets: Vec<f64> = r
+            .wnw
+            .iter()
+            .filter(|x| x.study == "main" && x.method == Method::Wnw)
+            .map(|x| x.r_gpu)
+            .collect();
+        assert_eq!(targets, [0.8, 0.4, 0.2]);
+        // Longer windows than the largest buffer, same texts otherwise.
+        assert!(r.swan_eval.1 - r.swan_eval.2 > 128);
+        assert_eq!((r.wnw_passage, r.swan_calibration), (q.wnw_passage, q.swan_calibration));
+    }
+
+    #[test]
     fn specs_parse() {
-        for r in Plan::new(false, 64, 90).swan {
+        for r in Plan::new(Size::Full, 64, 90).swan {
             let s = r.spec("/tmp/p.safetensors", 2);
             assert!(s.parse::<crate::spec::CacheSpec>().is_ok(), "{s}");
         }

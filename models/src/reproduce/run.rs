@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::Context;
 use super::findings::{Check, Finding, checks_table, findings_table, lossless_check};
+use super::grid::Size;
 use super::report::Report;
 use super::{audio_study, memory, premise_study, swan_report, swan_study, wnw_report, wnw_study};
 use crate::error::{Result, invalid};
@@ -19,6 +20,9 @@ pub struct ReproduceArgs {
     /// CI-sized run (minutes on 2 cores); still enforces the lossless and completeness checks.
     #[arg(long)]
     pub quick: bool,
+    /// Most of the full grids on the quick run's short texts (under an hour on one core).
+    #[arg(long, conflicts_with = "quick")]
+    pub reduced: bool,
     /// Output directory (JSON, Markdown, figures).
     #[arg(long, default_value = "results")]
     pub out: PathBuf,
@@ -29,6 +33,19 @@ pub struct ReproduceArgs {
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+}
+
+impl ReproduceArgs {
+    /// The run size the flags select.
+    pub fn size(&self) -> Size {
+        if self.quick {
+            Size::Quick
+        } else if self.reduced {
+            Size::Reduced
+        } else {
+            Size::Full
+        }
+    }
 }
 
 /// The studies, in run order.
@@ -84,6 +101,7 @@ impl Outcome {
 struct RunInfo {
     command: String,
     quick: bool,
+    size: Size,
     model: String,
     cpu: String,
     cores: usize,
@@ -247,7 +265,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     }
     let model = args.model.clone().unwrap_or_else(crate::paths::default_model);
     let pb = progress(studies.len());
-    let mut ctx = Context::new(&model, args.quick, pb.clone())?;
+    let mut ctx = Context::new(&model, args.size(), pb.clone())?;
     let (mut report, mut findings, mut checks, mut times) =
         (Report::default(), Vec::new(), Vec::new(), Vec::new());
     let unix_start = std::time::SystemTime::now()
@@ -266,6 +284,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     let info = RunInfo {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         quick: args.quick,
+        size: args.size(),
         model: model.display().to_string(),
         cpu,
         cores,
@@ -288,7 +307,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     report.record("checks", &checks)?;
     let heading = format!(
         "kvtide reproduce — SWAN and WnW on SmolLM2-135M-Instruct ({})",
-        if args.quick { "quick" } else { "full run" }
+        args.size().name()
     );
     let written = report.write(&args.out, &heading)?;
     let unwritten: Vec<String> = written
