@@ -10,7 +10,12 @@
 //! * `torch_f32`, `torch_bf16` — libtorch's dense attention on CPU tensors, `matmul →
 //!   softmax → matmul`, same shapes;
 //! * `hybrid` — our SWAN hybrid kernel: `b` dense f16 rows plus the rest as CSR rows with `k`
-//!   kept dims, f16 or fp8 values.
+//!   kept dims, f16 or fp8 values;
+//! * `gathered_f16` — WnW's gathered kernel over all `L` rows resident (f16, with the anchor
+//!   weights requested, as a tiered store's decode step does);
+//! * `gathered_sparse` — the gathered kernel over a tiered store holding the newest `b` rows
+//!   dense (f16) and the rest as SWAN sparse rows in `kv-tiered`'s slab format (`k` `u8`
+//!   indices + `k` fp8 codes per row), weights requested.
 //!
 //! Each kernel's effective bandwidth is the cache bytes one step reads divided by its time,
 //! also given as a fraction of the measured copy and read bandwidth on the same threads.
@@ -20,7 +25,10 @@
 
 use std::time::Instant;
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv, bandwidth, synth};
+use attn_kernels::{
+    AttnConfig, CpuAttention, DecodeAttention, DenseKv, GatheredKv, GatheredSparseAttention,
+    GatheredSparseKv, SparseSlab, bandwidth, synth,
+};
 use half::f16;
 use kv_sparse::Value;
 use kv_sparse::fp8::Fp8E4M3;
@@ -306,6 +314,57 @@ impl TorchKv {
 /// Keys and values of one kv-head, f16 row-major.
 type DenseHead = (Vec<f16>, Vec<f16>);
 
+/// A tiered store's view of every kv-head for one `k`: the newest `b` rows of the dense
+/// cache stay dense, the older ones are fp8 sparse slab rows (keys, values).
+struct GatheredSparseSet {
+    k: usize,
+    slabs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl GatheredSparseSet {
+    fn build(opts: &BenchAttnOptions, d: usize, len: usize, k: usize) -> Result<Self> {
+        let rows = len.saturating_sub(opts.buffer);
+        let slab = |seed| synth::sparse_slab(rows, d, k, 1.0, seed).map_err(kernel_err);
+        let slabs = (0..opts.kv_heads as u64)
+            .map(|h| Ok((slab(opts.seed + 2 * h)?, slab(opts.seed + 2 * h + 1)?)))
+            .collect::<Result<_>>()?;
+        Ok(Self { k, slabs })
+    }
+
+    /// Slab bytes plus the dense rows and every position read (4 bytes each).
+    fn bytes(&self, x: &Inputs) -> usize {
+        let slabs: usize = self.slabs.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let d = x.cfg.head_dim();
+        let dense_rows = x.len - x.sparse_rows();
+        slabs + self.slabs.len() * (dense_rows * d * 2 * 2 + x.len * 4)
+    }
+
+    fn decode(
+        &self,
+        attn: &mut CpuAttention,
+        x: &Inputs,
+        out: &mut [f32],
+        w: &mut [f32],
+    ) -> Result<()> {
+        let (d, split) = (x.cfg.head_dim(), x.sparse_rows());
+        let (sparse_pos, dense_pos) = x.positions.split_at(split);
+        let dense: Vec<GatheredKv<'_, f16>> = x
+            .dense
+            .iter()
+            .map(|(k, v)| GatheredKv::new(d, dense_pos, &k[split * d..], &v[split * d..]))
+            .collect();
+        let sparse: Vec<GatheredSparseKv<'_>> = self
+            .slabs
+            .iter()
+            .map(|(k, v)| {
+                let (k, v) = (SparseSlab::new(k, self.k, 1.0), SparseSlab::new(v, self.k, 1.0));
+                GatheredSparseKv::new(d, sparse_pos, k, v)
+            })
+            .collect();
+        attn.gathered_sparse(&x.cfg, &x.q, &dense, &sparse, out, Some(w)).map_err(kernel_err)
+    }
+}
+
 /// Everything one grid point (d, L) times.
 struct Inputs {
     cfg: AttnConfig,
@@ -314,6 +373,11 @@ struct Inputs {
     dense: Vec<DenseHead>,
     torch: Vec<(&'static str, TorchKv)>,
     hybrids: Vec<(usize, SparseValues, HybridSet)>,
+    /// `0..len`: every row's position.
+    positions: Vec<u32>,
+    /// Dense rows `b` of the hybrid and tiered caches.
+    buffer: usize,
+    gathered_sparse: Vec<GatheredSparseSet>,
 }
 
 impl Inputs {
@@ -340,12 +404,21 @@ impl Inputs {
             }
         }
         let mut hybrids = Vec::new();
+        let mut gathered_sparse = Vec::new();
         for k in opts.ks(d) {
             for &fmt in &opts.formats {
                 hybrids.push((k, fmt, HybridSet::build(opts, d, len, k, fmt)?));
             }
+            gathered_sparse.push(GatheredSparseSet::build(opts, d, len, k)?);
         }
-        Ok(Self { cfg, len, q, dense, torch, hybrids })
+        let positions = (0..len as u32).collect();
+        let buffer = opts.buffer;
+        Ok(Self { cfg, len, q, dense, torch, hybrids, positions, buffer, gathered_sparse })
+    }
+
+    /// Rows a tiered store keeps sparse (all but the newest `b`).
+    fn sparse_rows(&self) -> usize {
+        self.len.saturating_sub(self.buffer)
     }
 
     fn dense_bytes(&self) -> usize {
@@ -373,8 +446,11 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
     tch::set_num_threads(e.bw.threads as i32);
     let d = x.cfg.head_dim();
     let kv: Vec<DenseKv<'_, f16>> = x.dense.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+    let gathered: Vec<GatheredKv<'_, f16>> =
+        x.dense.iter().map(|(k, v)| GatheredKv::new(d, &x.positions, k, v)).collect();
     let mut out = vec![0.0f32; x.cfg.q_len()];
-    let n = 1 + x.torch.len() + x.hybrids.len();
+    let mut weights = vec![0.0f32; x.len * x.cfg.num_kv_heads()];
+    let n = 2 + x.torch.len() + x.hybrids.len() + x.gathered_sparse.len();
     let mut best = vec![f64::INFINITY; n];
     let scale = f64::from(x.cfg.scale());
     for _ in 0..opts.rounds {
@@ -392,6 +468,15 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         for (_, _, h) in &x.hybrids {
             record(time_best(opts.min_sample_secs, || {
                 h.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+            })?);
+        }
+        record(time_best(opts.min_sample_secs, || {
+            let w = Some(&mut weights[..]);
+            e.attn.gathered(&x.cfg, &x.q, &gathered, &mut out, w).map_err(kernel_err)
+        })?);
+        for g in &x.gathered_sparse {
+            record(time_best(opts.min_sample_secs, || {
+                g.decode(&mut e.attn, x, &mut out, &mut weights)
             })?);
         }
     }
@@ -461,6 +546,27 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) ->
         })
         .collect();
     p["hybrid"] = json!(hybrids);
+    let off = off + x.hybrids.len();
+    let mut g = figures(e, best[off], x.dense_bytes() + x.cfg.num_kv_heads() * x.len * 4);
+    g["speedup_vs_dense_f16"] = json!(dense / best[off]);
+    p["gathered_f16"] = g;
+    let sparse: Vec<Json> = x
+        .gathered_sparse
+        .iter()
+        .enumerate()
+        .map(|(i, gs)| {
+            let secs = best[off + 1 + i];
+            let mut f = figures(e, secs, gs.bytes(x));
+            f["values"] = json!("fp8");
+            f["k"] = json!(gs.k);
+            f["speedup_vs_dense_f16"] = json!(dense / secs);
+            for (name, t) in &torch_secs {
+                f[format!("speedup_vs_{name}")] = json!(t.as_f64().unwrap_or(f64::NAN) / secs);
+            }
+            f
+        })
+        .collect();
+    p["gathered_sparse"] = json!(sparse);
     p
 }
 
@@ -501,12 +607,15 @@ fn bandwidth_target(points: &[Json]) -> Json {
     for p in points.iter().filter(|p| p["len"].as_u64().is_some_and(|l| l >= 16384)) {
         let tag = format!("t{} d{} L{}", p["threads"], p["head_dim"], p["len"]);
         let mut kernels = vec![("dense_f16".to_string(), p["dense_f16"].clone())];
-        for h in p["hybrid"].as_array().into_iter().flatten() {
-            kernels.push((
-                format!("hybrid_{}_k{}", h["values"].as_str().unwrap_or("?"), h["k"]),
-                h.clone(),
-            ));
+        for part in ["hybrid", "gathered_sparse"] {
+            for h in p[part].as_array().into_iter().flatten() {
+                kernels.push((
+                    format!("{part}_{}_k{}", h["values"].as_str().unwrap_or("?"), h["k"]),
+                    h.clone(),
+                ));
+            }
         }
+        kernels.push(("gathered_f16".to_string(), p["gathered_f16"].clone()));
         for (name, f) in kernels {
             let frac = f["frac_copy_bw"].as_f64().unwrap_or(0.0);
             if worst.as_ref().is_none_or(|(w, _)| frac < *w) {
@@ -696,6 +805,9 @@ mod tests {
         assert!(p["dense_f16_vs_torch_f32_max_abs_diff"].as_f64().unwrap() < 1e-3);
         assert_eq!(p["hybrid"][0]["k"], json!(32));
         assert!(p["hybrid"][0]["speedup_vs_torch_f32"].as_f64().unwrap() > 0.0);
+        assert!(p["gathered_f16"]["ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(p["gathered_sparse"][0]["k"], json!(32));
+        assert!(p["gathered_sparse"][0]["gb_per_s"].as_f64().unwrap() > 0.0);
         assert_eq!(r["crossover"][0]["formula_len"], json!(128.0 + 64.0 * 64.0 / 32.0));
         assert!(r["targets"]["hybrid_fp8_half_k_longest"][0]["met"].is_boolean());
     }
