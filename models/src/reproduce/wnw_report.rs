@@ -304,25 +304,38 @@ pub fn findings(s: &WnwStudy) -> Vec<Finding> {
             pct(v, 1)
         ),
     ));
-    let (a_hi, k_hi) = (top1(s, Method::AdaKv, hi), top1(s, Method::AudioKv, hi));
-    out.push(Finding::new(
-        "static-baselines-degrade",
-        &format!("Prefill-only baselines degrade sharply as r_GPU falls ({hi} → {lo}: ≥ 5 points)"),
-        a_hi - a >= 0.05 && k_hi - k >= 0.05,
-        format!(
-            "Ada-KV {} → {}; AudioKV {} → {}",
-            pct(a_hi, 1),
-            pct(a, 1),
-            pct(k_hi, 1),
-            pct(k, 1)
-        ),
-    ));
+    // A trend needs two budgets: with one target (the quick plan) there is nothing to compare.
+    if ts.len() >= 2 {
+        let (a_hi, k_hi) = (top1(s, Method::AdaKv, hi), top1(s, Method::AudioKv, hi));
+        out.push(Finding::new(
+            "static-baselines-degrade",
+            &format!(
+                "Prefill-only baselines degrade sharply as r_GPU falls ({hi} → {lo}: ≥ 5 points)"
+            ),
+            a_hi - a >= 0.05 && k_hi - k >= 0.05,
+            format!(
+                "Ada-KV {} → {}; AudioKV {} → {}",
+                pct(a_hi, 1),
+                pct(a, 1),
+                pct(k_hi, 1),
+                pct(k, 1)
+            ),
+        ));
+    }
     out.push(Finding::new(
         "recall-beats-static",
         &format!("A recall pathway (ArkVale) beats prefill-only eviction at r_GPU = {lo}"),
         v > a && v > k,
         format!("ArkVale {} vs Ada-KV {}, AudioKV {}", pct(v, 1), pct(a, 1), pct(k, 1)),
     ));
+    if let Some(x) = s.find("main", Method::Wnw, lo) {
+        out.push(Finding::new(
+            "wnw-meets-budget",
+            &format!("WnW's measured r_GPU stays within 5 points of its target {lo}"),
+            x.r_gpu <= lo + 0.05,
+            format!("measured r_GPU {}", pct(x.r_gpu, 1)),
+        ));
+    }
     out.extend(ablation_findings(s));
     out
 }
