@@ -356,7 +356,10 @@ impl Tier for HostTier {
 
     fn arena(&self, pool: usize, layer: usize) -> HostArena<'_> {
         let a = &self.device[pool * self.layers + layer];
-        HostArena { guard: a.region.read(), spec: a.spec }
+        // Recursive: a thread may hold several views of one arena (two layer views, or a view
+        // and `read_device`); a plain read would queue behind a writer waiting to grow the
+        // arena (another store on a shared tier) while that writer waits for the first view.
+        HostArena { guard: a.region.read_recursive(), spec: a.spec }
     }
 }
 
