@@ -259,3 +259,39 @@ fn hammer(tier: &HostTier, spec: PoolSpec, id: usize, rounds: usize) {
         tier.free_device(page);
     }
 }
+
+/// Regression for the caveat in `docs/bad-inputs.md`: on a shared tier, a thread holding a
+/// layer view takes a second view of the same layer while another thread waits to grow that
+/// layer's arena (a write lock). With plain `parking_lot` read locks the queued writer blocked
+/// the second read and the two threads deadlocked (this test hung until the watchdog fired);
+/// host-tier arena views now take recursive read locks.
+#[test]
+fn second_view_while_another_thread_waits_to_grow_the_arena() {
+    with_watchdog(Duration::from_secs(20), || {
+        let m = model(7);
+        let config = m.config(4);
+        let tier = Arc::new(HostTier::new(config.tier_config(&policy(&m, 0))).unwrap());
+        let store = TieredStore::prefill(
+            config,
+            Arc::clone(&tier),
+            Box::new(policy(&m, 0)),
+            &m.kv,
+            &m.scores,
+        )
+        .unwrap();
+        let first = store.layer_view(0).unwrap();
+        let grower = std::thread::spawn({
+            let tier = Arc::clone(&tier);
+            move || {
+                // Exhaust the free list so the next allocation grows the arena.
+                let pages: Vec<_> = (0..64).map(|_| tier.alloc_device(0, 0).unwrap()).collect();
+                pages.into_iter().for_each(|p| tier.free_device(p));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(200)); // let the grower queue for the lock
+        let second = store.layer_view(0).unwrap();
+        assert_eq!(second.num_heads(), first.num_heads());
+        drop((first, second));
+        grower.join().unwrap();
+    });
+}
