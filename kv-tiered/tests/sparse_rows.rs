@@ -170,3 +170,82 @@ fn sparse_views_hold_the_codec_image_of_the_prompt() {
         }
     }
 }
+
+/// The gathered kernel over dense + SWAN sparse fp8 rows reads a store's views in place:
+/// `LayerView::gathered_parts_into` feeds `attn-kernels`' optimized and reference
+/// `gathered_sparse`, which must equal attention over the decoded resident rows, and the
+/// kernel's weights must drive the anchor signal exactly like the per-position call.
+#[test]
+fn gathered_sparse_kernel_reads_sparse_views_in_place() {
+    use attn_kernels::{AttnConfig, CpuAttention, GatheredSparseAttention, Reference};
+    let layout = AudioLayout::new(120, 8..112, 8, 16).unwrap();
+    let d = 32;
+    let m = Model::random(21, 2, 4, 2, d, layout);
+    let g = m.q_heads / m.kv_heads;
+    let mut via_kernel = store(&m, RowLayout::with_sparse(d, ValueFormat::F32, 12, 8));
+    let mut via_positions = store(&m, RowLayout::with_sparse(d, ValueFormat::F32, 12, 8));
+    let cfg = AttnConfig::new(m.q_heads, m.kv_heads, d).unwrap();
+    let mut cpu = CpuAttention::new(2).unwrap();
+    let mut r = rng(22);
+    let mut saw_sparse = false;
+    for _step in 0..4 {
+        for l in 0..m.layers {
+            let q: Vec<f32> = (0..m.q_heads * d).map(|_| r.random_range(-2.0..2.0)).collect();
+            let view = via_kernel.layer_view(l).unwrap();
+            let (mut dense_parts, mut sparse_parts) = (Vec::new(), Vec::new());
+            view.gathered_parts_into::<f32>(&mut dense_parts, &mut sparse_parts).unwrap();
+            saw_sparse |= sparse_parts.iter().any(|s| !s.positions.is_empty());
+            let rows: usize = (0..m.kv_heads).map(|k| view.head(k).unwrap().len()).sum();
+            let (mut out, mut w) = (vec![0.0; m.q_heads * d], vec![0.0; rows]);
+            cpu.gathered_sparse(&cfg, &q, &dense_parts, &sparse_parts, &mut out, Some(&mut w))
+                .unwrap();
+            let (mut ref_out, mut ref_w) = (vec![0.0; m.q_heads * d], vec![0.0; rows]);
+            Reference
+                .gathered_sparse(
+                    &cfg,
+                    &q,
+                    &dense_parts,
+                    &sparse_parts,
+                    &mut ref_out,
+                    Some(&mut ref_w),
+                )
+                .unwrap();
+            let mut per_head: Vec<(Vec<u32>, Vec<f32>)> = Vec::new();
+            for k in 0..m.kv_heads {
+                let hv = view.head(k).unwrap();
+                let qk = &q[k * g * d..(k + 1) * g * d];
+                let (pos, want, want_w) = attend_view(qk, &hv);
+                for (name, o) in [("cpu", &out), ("reference", &ref_out)] {
+                    let err = max_abs_diff(&o[k * g * d..(k + 1) * g * d], &want);
+                    assert!(err <= 2e-5, "{name} kernel, layer {l} head {k}: {err}");
+                }
+                // Kernel weights per head: dense rows in list order, then sparse rows.
+                let off = dense_parts[..k].iter().map(|p| p.positions.len()).sum::<usize>()
+                    + sparse_parts[..k].iter().map(|p| p.positions.len()).sum::<usize>();
+                let order = hv.dense.positions.iter().chain(hv.sparse.positions.iter());
+                let (mut positions, mut pos_w) = (Vec::new(), Vec::new());
+                for (i, &p) in order.enumerate() {
+                    let j = pos.binary_search(&p).unwrap();
+                    assert!((w[off + i] - want_w[j]).abs() <= 2e-5, "weight of {p}, head {k}");
+                    positions.push(p);
+                    pos_w.push(w[off + i]);
+                }
+                per_head.push((positions, pos_w));
+            }
+            drop(dense_parts);
+            drop(sparse_parts);
+            drop(view);
+            via_kernel.add_gathered_weights(l, &w).unwrap();
+            for (k, (positions, pos_w)) in per_head.iter().enumerate() {
+                if ROLES[(l * m.kv_heads + k) % 4] == Role::Anchor {
+                    via_positions.add_anchor_weights(l, k, positions, pos_w).unwrap();
+                }
+            }
+        }
+        let (a, b) = (*via_kernel.end_step().unwrap(), *via_positions.end_step().unwrap());
+        assert_eq!((a.recalls, a.releases, a.r_gpu), (b.recalls, b.releases, b.r_gpu));
+        via_kernel.sync().unwrap();
+        via_positions.sync().unwrap();
+    }
+    assert!(saw_sparse, "the test must exercise sparse rows");
+}

@@ -105,9 +105,11 @@ impl<T: Tier> TieredStore<T> {
     }
 
     /// Adds the anchor signal straight from a gathered kernel's `weights` output for `layer`
-    /// (`DecodeAttention::gathered` over [`crate::LayerView::gathered_into`]): one weight per
-    /// dense resident row, kv-head after kv-head, in position-list order. Only anchor heads'
-    /// audio rows count. Call after dropping the view and before the layer's next `append` or
+    /// (`DecodeAttention::gathered` over [`crate::LayerView::gathered_into`], or
+    /// `GatheredSparseAttention::gathered_sparse` over
+    /// [`crate::LayerView::gathered_parts_into`]): one weight per resident row, kv-head after
+    /// kv-head — its dense rows in list order, then its SWAN sparse rows (none without
+    /// sparse rows). Only anchor heads' audio rows count. Call after dropping the view and before the layer's next `append` or
     /// `end_step` (the lists must be the ones the kernel saw).
     ///
     /// # Errors
@@ -119,25 +121,27 @@ impl<T: Tier> TieredStore<T> {
         check_finite(OP, "weights", weights)?;
         let a = self.config.layout.audio_span();
         let tables = self.shared.layers[layer].read();
-        let total: usize = tables.iter().map(|t| t.lists[0].len()).sum();
+        let total: usize = tables.iter().flat_map(|t| &t.lists).map(|l| l.len()).sum();
         check_len(OP, "weights", weights, total)?;
         let mut off = 0;
         for (k, t) in tables.iter().enumerate() {
-            let list = &t.lists[0];
-            if self.policy.is_anchor(layer * self.config.kv_heads + k) {
-                let lo = list.positions().partition_point(|&p| (p as usize) < a.start);
-                for (i, &p) in list
-                    .positions()
-                    .iter()
-                    .enumerate()
-                    .skip(lo)
-                    .take_while(|(_, p)| (**p as usize) < a.end)
-                {
-                    self.anchor_acc[p as usize - a.start] += weights[off + i];
+            let anchor = self.policy.is_anchor(layer * self.config.kv_heads + k);
+            for list in &t.lists {
+                if anchor {
+                    let lo = list.positions().partition_point(|&p| (p as usize) < a.start);
+                    for (i, &p) in list
+                        .positions()
+                        .iter()
+                        .enumerate()
+                        .skip(lo)
+                        .take_while(|(_, p)| (**p as usize) < a.end)
+                    {
+                        self.anchor_acc[p as usize - a.start] += weights[off + i];
+                    }
+                    self.anchor_seen = true;
                 }
-                self.anchor_seen = true;
+                off += list.len();
             }
-            off += list.len();
         }
         Ok(())
     }

@@ -9,7 +9,7 @@
 //! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are
 //! disjoint and together form the resident set, attended with one softmax.
 
-use attn_kernels::GatheredKv;
+use attn_kernels::{GatheredKv, GatheredSparseKv, SparseSlab};
 use kv_sparse::csr::SparseRow;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::{Value, ValueFormat};
@@ -112,6 +112,38 @@ impl<'a, T: Tier> LayerView<'a, T> {
         Ok(())
     }
 
+    /// Every kv-head's resident rows as the two parts of
+    /// `attn_kernels::GatheredSparseAttention::gathered_sparse`: its dense rows (`dense[h]`,
+    /// slab = the dense arena) and its SWAN sparse fp8 rows (`sparse[h]`, slabs = the sparse
+    /// arena's key/value bytes, read in place — nothing is copied or densified). A head
+    /// without sparse rows gets an empty sparse part. The kernel's `weights` (per head: dense
+    /// rows, then sparse rows) feed [`TieredStore::add_gathered_weights`] unchanged.
+    /// Both vectors are cleared first; reuse them to avoid allocating.
+    ///
+    /// # Errors
+    /// [`Error::Param`] if `D` is not the dense format or an arena is device memory.
+    pub fn gathered_parts_into<'s, D: Value>(
+        &'s self,
+        dense: &mut Vec<GatheredKv<'s, D>>,
+        sparse: &mut Vec<GatheredSparseKv<'s>>,
+    ) -> Result<()> {
+        const OP: &str = "LayerView::gathered_parts_into";
+        dense.clear();
+        sparse.clear();
+        for k in 0..self.num_heads() {
+            let view = self.head(k).ok_or_else(|| param(OP, "kv_head", k, "in range"))?;
+            dense
+                .push(view.gathered().ok_or_else(|| {
+                    param(OP, "D", D::FORMAT, "the dense format of a host arena")
+                })?);
+            sparse.push(
+                view.gathered_sparse()
+                    .ok_or_else(|| param(OP, "sparse arena", "device", "host-addressable"))?,
+            );
+        }
+        Ok(())
+    }
+
     /// Concatenates every head's `pool` lists into `positions`/`rows` with `offsets`
     /// (`kv_heads + 1` entries), the batched layout of the GPU gathered kernel. Reuses the
     /// vectors' capacity.
@@ -196,6 +228,31 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
             self.dense.rows,
             k,
             v,
+        ))
+    }
+
+    /// The SWAN sparse rows as an `attn_kernels::GatheredSparseKv` over the sparse arena's
+    /// bytes (no copy; each slab row is `k` u8 indices then `k` fp8 codes, exactly
+    /// [`RowCodec::SparseFp8`]). Empty when the head holds no sparse rows; `None` if it does
+    /// but the sparse arena is device memory.
+    pub fn gathered_sparse(&self) -> Option<GatheredSparseKv<'v>> {
+        let d = self.rows.head_dim;
+        let slab = |c: RowCodec, bytes: &'v [u8]| match c {
+            RowCodec::SparseFp8 { k, scale } => SparseSlab::new(bytes, k, scale),
+            RowCodec::Dense { .. } => SparseSlab::new(&[], 0, 1.0),
+        };
+        if self.sparse.positions.is_empty() {
+            let empty = SparseSlab::new(&[], 0, 1.0);
+            return Some(GatheredSparseKv::new(d, &[], empty, empty));
+        }
+        let (kc, vc) = self.rows.sparse?;
+        let (kb, vb) = self.sparse_arena?.host_bytes()?;
+        Some(GatheredSparseKv::with_slots(
+            d,
+            self.sparse.positions,
+            self.sparse.rows,
+            slab(kc, kb),
+            slab(vc, vb),
         ))
     }
 
