@@ -15,4 +15,10 @@ step "cuda feature: clippy";  cargo clippy -p attn-kernels -p kv-tiered --all-ta
 step "cuda feature: tests";   LD_LIBRARY_PATH="$CUDA_LIBRARY_PATH/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   cargo test -p attn-kernels -p kv-tiered --features attn-kernels/cuda,kv-tiered/cuda
 # ---- end GPU path ----
+# ---- Paper reproduction at CI scale (issue 9): every enforced check (premise vs transformers
+# fixtures, lossless settings == dense, audio lossless WER 0) must pass; exits 1 otherwise.
+# Reuses the dev-profile kvtide that `cargo test` just built (no extra release build).
+step "kvtide reproduce --quick"
+repro_out="$(mktemp -d)"; trap 'rm -rf "$repro_out"' EXIT
+cargo run -q -p models --bin kvtide -- reproduce --quick --out "$repro_out"
 step "all tests passed"
