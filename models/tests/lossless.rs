@@ -89,7 +89,10 @@ fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
     // and transformers, see parity tests); row p − 1 predicts ids[p].
     let all = ckpt.model.prefill(ids, None, &mut models::llama::NoObserver, true).unwrap();
     let dense: Vec<Tensor> = (0..511).map(|p| all.get(p)).collect();
-    let swan = logits(&ckpt, "swan:k=64,kv=64,value=f32,buffer=f32,b=32,basis=random:11", ids, 1);
+    // Prefill 256 tokens (224 of them pruned into sparse rows behind a 32-token buffer), then
+    // decode 256 steps that attend over them: both store paths are checked, in half the
+    // decode steps of a 1-token prefix.
+    let swan = logits(&ckpt, "swan:k=64,kv=64,value=f32,buffer=f32,b=32,basis=random:11", ids, 256);
     let e1 = compare("swan k=64 f32 random basis", &dense, &swan);
     let tiered = logits(&ckpt, "tiered:span=16..240,format=f32,lossless", ids, 256);
     let e2 = compare("tiered lossless", &dense, &tiered);
