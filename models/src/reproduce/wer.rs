@@ -106,8 +106,13 @@ pub fn truncation_len(reference_words: usize) -> usize {
 /// # Examples
 /// ```
 /// use models::reproduce::wer::align;
+/// let c = align(&["the", "cat", "sat", "down"], &["the", "bat", "sat", "down", "now"]);
+/// assert_eq!((c.substitutions, c.deletions, c.insertions), (1, 0, 1));
+/// let c = align(&["a", "b", "c"], &["a", "c"]);
+/// assert_eq!((c.substitutions, c.deletions, c.insertions), (0, 1, 0));
+/// // Equal-cost alignments resolve toward substitutions: a·b→x·c→d·d→e, not b→x, −c, +e.
 /// let c = align(&["a", "b", "c", "d"], &["a", "x", "d", "e"]);
-/// assert_eq!((c.substitutions, c.deletions, c.insertions), (1, 1, 1));
+/// assert_eq!((c.substitutions, c.deletions, c.insertions), (3, 0, 0));
 /// ```
 pub fn align<T: PartialEq>(reference: &[T], hypothesis: &[T]) -> EditCounts {
     let (n, m) = (reference.len(), hypothesis.len());
@@ -175,10 +180,12 @@ pub fn truncated_tokens<T: PartialEq>(reference: &[T], hypothesis: &[T]) -> Edit
 /// # Examples
 /// ```
 /// use models::reproduce::wer::truncated_wer;
-/// // 8 reference words: the looping hypothesis is cut to 9 ("ill-disposed" → "illdisposed").
+/// // 8 reference words: the looping hypothesis is cut to 9 words ("ill-disposed" →
+/// // "illdisposed"), so 4 edits remain however they are split: WER 4 / 8.
 /// let c = truncated_wer("He was not an ill disposed young man",
 ///                       "he was not an ill-disposed young man man man man man man");
-/// assert_eq!((c.substitutions, c.deletions, c.insertions), (1, 1, 2));
+/// assert_eq!((c.hypothesis_words, c.substitutions + c.deletions + c.insertions), (9, 4));
+/// assert_eq!(c.wer(), 0.5);
 /// ```
 pub fn truncated_wer(reference: &str, hypothesis: &str) -> EditCounts {
     truncated_tokens(&normalize(reference), &normalize(hypothesis))
