@@ -139,10 +139,11 @@ impl<T: Tier> Shared<T> {
 
 /// The recall worker: runs jobs until the channel closes.
 ///
-/// Before the loop it blocks once on the job channel with a short deadline. crossbeam
+/// Before the loop it waits once on the job channel with a short deadline. crossbeam
 /// allocates lazily the first time a thread blocks (its per-thread context and the slot in
-/// the channel's receiver list); doing that here, while the store is starting, keeps every
-/// later decode step allocation-free even when the worker only first runs dry mid-decode.
+/// the channel's receiver list); when no job is queued yet, that one-time cost is paid here,
+/// while the store is starting, instead of the first time the worker runs dry mid-decode.
+/// Best effort: if jobs are already queued the wait returns at once without blocking.
 pub(crate) fn worker_loop<T: Tier>(shared: Arc<Shared<T>>, jobs: Receiver<Job>) {
     match jobs.recv_timeout(Duration::from_millis(2)) {
         Ok(job) => shared.execute(job),
