@@ -80,3 +80,61 @@ fn bad_specs_are_typed_errors() {
     let mut session = Session::new(model, cache).unwrap();
     assert!(session.prefill(&[1, 2, 3, 4]).is_err(), "span outside the prompt");
 }
+
+/// `teacher_force_batch` (one batched model step for several caches of one model) scores
+/// every cache as `teacher_force` does one at a time, and `same_weights` tells which caches
+/// may share a batch.
+#[test]
+fn batched_decode_matches_one_cache_at_a_time() {
+    use models::reproduce::decode::{teacher_force, teacher_force_batch};
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % 256).collect();
+    let (prompt, targets) = ids.split_at(8);
+    let groups: [&[&str]; 2] = [
+        &["dense:format=f32", "dense:format=f16", "dense:format=bf16"],
+        &[
+            "swan:k=16,value=f32,b=0,basis=random:3",
+            "swan:k=8,value=f16,b=4,basis=random:3",
+            "swan:k=6,value=fp8,b=0,basis=random:3",
+        ],
+    ];
+    let mut group_models = Vec::new();
+    for specs in groups {
+        let built: Vec<_> = specs
+            .iter()
+            .map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap())
+            .collect();
+        let model = built[0].0.clone();
+        for (m, _) in &built[1..] {
+            assert!(model.same_weights(m).unwrap(), "{specs:?} share one model");
+        }
+        let mut caches: Vec<_> = built.into_iter().map(|(_, c)| c).collect();
+        let batched = teacher_force_batch(&model, &mut caches, prompt, targets, true).unwrap();
+        for (spec, b) in specs.iter().zip(&batched) {
+            let (m, c) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+            let mut session = Session::new(m, c).unwrap();
+            let one = teacher_force(&mut session, prompt, targets, false).unwrap();
+            assert_eq!(b.nll.len(), one.nll.len());
+            assert_eq!(b.batch, specs.len());
+            assert!(b.cache_s.is_some_and(|s| s > 0.0 && s <= b.decode_s + 1e-9));
+            let worst = b.nll.iter().zip(&one.nll).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+            assert!(worst < 1e-4, "{spec}: batched NLL differs by {worst:e}");
+            assert_eq!(b.at_end.total(), one.at_end.total(), "{spec}: same bytes held");
+            assert_eq!(b.samples.len(), b.steps, "{spec}: one sample per step");
+        }
+        group_models.push(model);
+    }
+    // Dense and SWAN-absorbed models differ (P_VO absorbed into W_V/W_O): no shared batch.
+    assert!(!group_models[0].same_weights(&group_models[1]).unwrap());
+    // A cache that already holds tokens, or an empty batch, is refused.
+    let (m, mut c) = "dense:format=f32".parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+    let logits = m.prefill(prompt, Some(c.as_mut()), &mut models::llama::NoObserver, false);
+    assert!(logits.is_ok() && !c.is_empty());
+    let mut used = [c];
+    for caches in [&mut used[..], &mut []] {
+        assert!(matches!(
+            teacher_force_batch(&m, caches, prompt, targets, false),
+            Err(Error::InvalidInput { .. })
+        ));
+    }
+}

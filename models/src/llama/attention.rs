@@ -51,6 +51,52 @@ impl DecodeScratch {
     }
 }
 
+/// Host buffers a batched decode step reuses ([`crate::llama::Llama::decode_batch`]): one
+/// query/key row for the member being served, the `[batch, q_heads·head_dim]` attention
+/// outputs every member's cache writes into, and the seconds each member's cache spent.
+pub struct BatchScratch {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    out: HostTensor,
+    cache_s: Vec<f64>,
+}
+
+impl BatchScratch {
+    /// Buffers for `batch` caches served by a model of this configuration.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for an empty batch; [`crate::Error::Torch`] if
+    /// libtorch cannot allocate the output tensor.
+    pub fn new(cfg: &ModelConfig, batch: usize) -> Result<Self> {
+        if batch == 0 {
+            return Err(crate::error::invalid("batched decode scratch", "batch of 0 caches"));
+        }
+        let d = cfg.head_dim;
+        Ok(Self {
+            q: vec![0.0; cfg.num_heads * d],
+            k: vec![0.0; cfg.num_kv_heads * d],
+            out: HostTensor::zeros(&[batch as i64, (cfg.num_heads * d) as i64])?,
+            cache_s: vec![0.0; batch],
+        })
+    }
+
+    /// Caches served per step.
+    pub fn batch(&self) -> usize {
+        self.cache_s.len()
+    }
+
+    /// Seconds each member's cache has spent in [`KvCache::decode`] and
+    /// [`KvCache::end_step`] since the scratch was made (the attention share of a step;
+    /// the rest of the step is the model's, shared by the whole batch).
+    pub fn cache_seconds(&self) -> &[f64] {
+        &self.cache_s
+    }
+
+    pub(crate) fn add_cache_seconds(&mut self, member: usize, seconds: f64) {
+        self.cache_s[member] += seconds;
+    }
+}
+
 /// Self-attention weights of one layer.
 pub struct Attention {
     qkv: Tensor,
@@ -109,6 +155,13 @@ impl Attention {
             kv_heads: cfg.num_kv_heads as i64,
             head_dim: d as i64,
         })
+    }
+
+    /// Every weight tensor of the layer (for [`crate::llama::Llama::same_weights`]).
+    pub(crate) fn tensors(&self) -> Vec<&Tensor> {
+        let mut t = vec![&self.qkv, &self.o];
+        t.extend(self.qkv_bias.iter().chain(&self.o_bias));
+        t
     }
 
     fn v_rows(&self) -> (i64, i64) {
@@ -319,6 +372,57 @@ impl Attention {
         let step = StepQkv { q: &scratch.q, k: &scratch.k, v: &rows[nq + nkv..] };
         cache.decode(layer, step, scratch.out.as_mut_slice())?;
         self.output(scratch.out.tensor())
+    }
+}
+
+impl Attention {
+    /// One decode step of several caches at once: `x` is `[batch, hidden]` (row `b` the
+    /// layer input of `caches[b]`'s sequence); q/k/v and `W_O` are one libtorch matmul for
+    /// the whole batch, each member's cache appends and attends its own row. Equivalent row
+    /// by row to [`Attention::decode`], with the weight matrices read once per step instead
+    /// of once per cache.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if `x`, `caches` and `scratch` disagree on the batch
+    /// size; cache errors; [`crate::Error::Torch`] on shape errors.
+    pub fn decode_batch(
+        &self,
+        x: &Tensor,
+        rope: &Rope,
+        position: usize,
+        (layer, caches): (usize, &mut [&mut dyn KvCache]),
+        scratch: &mut BatchScratch,
+    ) -> Result<Tensor> {
+        let batch = scratch.batch();
+        if caches.len() != batch || x.size().first() != Some(&(batch as i64)) {
+            return Err(crate::error::invalid(
+                "batched decode",
+                format!(
+                    "{} caches and input {:?} for a scratch of batch {batch}",
+                    caches.len(),
+                    x.size()
+                ),
+            ));
+        }
+        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let rows = f32_slice(&qkv)?;
+        let width = rows.len() / batch;
+        let BatchScratch { q, k, out, cache_s } = scratch;
+        let (nq, nkv) = (q.len(), k.len());
+        let out_rows = out.as_mut_slice();
+        let out_width = out_rows.len() / batch;
+        for (b, cache) in caches.iter_mut().enumerate() {
+            let row = &rows[b * width..(b + 1) * width];
+            q.copy_from_slice(&row[..nq]);
+            k.copy_from_slice(&row[nq..nq + nkv]);
+            rope.apply_rows(q, position);
+            rope.apply_rows(k, position);
+            let step = StepQkv { q: q.as_slice(), k: k.as_slice(), v: &row[nq + nkv..] };
+            let t = std::time::Instant::now();
+            cache.decode(layer, step, &mut out_rows[b * out_width..(b + 1) * out_width])?;
+            cache_s[b] += t.elapsed().as_secs_f64();
+        }
+        self.output(out.tensor())
     }
 }
 

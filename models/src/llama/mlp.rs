@@ -53,6 +53,13 @@ impl Mlp {
         Ok(Self { gate_up, gate_up_bias, down, down_bias, inner: i as i64 })
     }
 
+    /// Every weight tensor of the MLP.
+    pub(crate) fn tensors(&self) -> Vec<&Tensor> {
+        let mut t = vec![&self.gate_up, &self.down];
+        t.extend(self.gate_up_bias.iter().chain(&self.down_bias));
+        t
+    }
+
     /// Applies the MLP to `x` (`[..., hidden]`).
     ///
     /// # Errors

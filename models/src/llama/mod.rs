@@ -8,7 +8,7 @@ mod attention;
 mod mlp;
 mod norm;
 
-pub use attention::{Attention, AttentionTensors, DecodeScratch};
+pub use attention::{Attention, AttentionTensors, BatchScratch, DecodeScratch};
 pub use mlp::Mlp;
 pub use norm::RmsNorm;
 
@@ -91,6 +91,13 @@ impl Block {
     /// The same block with its attention replaced (other weights shared).
     pub fn with_attention(&self, attn: Attention) -> Self {
         Self { attn, ..self.clone() }
+    }
+
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut t = self.attn.tensors();
+        t.extend(self.mlp.tensors());
+        t.extend([self.input_norm.weight(), self.post_norm.weight()]);
+        t
     }
 
     fn finish(&self, h: &Tensor, attn_out: &Tensor) -> Result<Tensor> {
@@ -361,6 +368,92 @@ impl Llama {
             h = block.finish(&h, &attn_out)?;
         }
         cache.end_step()?;
+        self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+    }
+}
+
+impl Llama {
+    /// Whether `other` computes with exactly the same weights (same configuration, and every
+    /// tensor sharing storage with or equal to this model's) — the condition under which
+    /// caches built for `other` may be served by [`Llama::decode_batch`] of this model.
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] if a comparison fails.
+    pub fn same_weights(&self, other: &Llama) -> Result<bool> {
+        if self.cfg != other.cfg || self.blocks.len() != other.blocks.len() {
+            return Ok(false);
+        }
+        let mut pairs = vec![(&self.embed, &other.embed), (&self.lm_head, &other.lm_head)];
+        pairs.push((self.norm.weight(), other.norm.weight()));
+        for (a, b) in self.blocks.iter().zip(&other.blocks) {
+            let (ta, tb) = (a.tensors(), b.tensors());
+            if ta.len() != tb.len() {
+                return Ok(false);
+            }
+            pairs.extend(ta.into_iter().zip(tb));
+        }
+        for (a, b) in pairs {
+            if a.size() != b.size() {
+                return Ok(false);
+            }
+            if a.data_ptr() != b.data_ptr() && !a.f_equal(b).op("compare weights")? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// One decode step of token `id` at `position` for several caches at once — the same
+    /// token fed to several caches of the same sequence (teacher forcing several cache
+    /// configurations over one text). Every matmul runs once for the whole batch, so the
+    /// weights are read once per step; each cache appends and attends its own row, so row
+    /// `b` of the result equals [`Llama::decode`] with `caches[b]` up to matmul rounding.
+    /// Calls [`KvCache::end_step`] on every cache and returns logits `[batch, vocab]`.
+    ///
+    /// Every cache must belong to this model (a SWAN cache to a model with its `P_VO`
+    /// absorbed: check with [`Llama::same_weights`]) and hold positions `0..position`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for an id out of range, a position past a sliding
+    /// window, a cache of another shape, or a batch that does not match `scratch`; cache
+    /// errors.
+    pub fn decode_batch(
+        &self,
+        id: u32,
+        position: usize,
+        caches: &mut [&mut dyn KvCache],
+        scratch: &mut BatchScratch,
+    ) -> Result<Tensor> {
+        self.check_ids(&[id])?;
+        self.check_window(position + 1)?;
+        let want = crate::cache::CacheShape::of(&self.cfg);
+        if let Some(c) = caches.iter().find(|c| c.shape() != want) {
+            return Err(invalid(
+                "batched decode",
+                format!("cache shape {:?} does not match model {want:?}", c.shape()),
+            ));
+        }
+        let batch = scratch.batch();
+        if caches.len() != batch {
+            return Err(invalid(
+                "batched decode",
+                format!("{} caches for a scratch of batch {batch}", caches.len()),
+            ));
+        }
+        let _guard = tch::no_grad_guard();
+        let row = self.embed.f_narrow(0, i64::from(id), 1).op("embed")?;
+        let mut h = row.f_repeat([batch as i64, 1]).op("repeat embed")?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let x = block.input_norm.forward(&h)?;
+            let attn_out =
+                block.attn.decode_batch(&x, &self.rope, position, (i, &mut *caches), scratch)?;
+            h = block.finish(&h, &attn_out)?;
+        }
+        for (b, cache) in caches.iter_mut().enumerate() {
+            let t = std::time::Instant::now();
+            cache.end_step()?;
+            scratch.add_cache_seconds(b, t.elapsed().as_secs_f64());
+        }
         self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
     }
 }

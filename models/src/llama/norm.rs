@@ -28,6 +28,11 @@ impl RmsNorm {
         Ok(Self { weight: w.get(&format!("{prefix}.weight"), &[width])?, eps, width: width as i64 })
     }
 
+    /// The scale vector.
+    pub(crate) fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+
     /// Normalises `x` (`[..., width]`).
     ///
     /// # Errors

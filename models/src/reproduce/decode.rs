@@ -12,9 +12,10 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::cache::CacheBytes;
+use crate::cache::{CacheBytes, KvCache};
 use crate::error::{Result, TorchOp, invalid};
 use crate::generate::argmax;
+use crate::llama::{BatchScratch, Llama, NoObserver};
 use crate::session::Session;
 
 /// The cache after one decode step.
@@ -51,6 +52,12 @@ pub struct Trace {
     pub stats: Vec<(String, f64)>,
     /// Per-step samples (empty unless asked for).
     pub samples: Vec<StepSample>,
+    /// Caches that shared each decode step's model matmuls (1 for [`teacher_force`]; see
+    /// [`teacher_force_batch`]).
+    pub batch: usize,
+    /// Seconds spent inside this cache (append, attention, end of step) during decode, when
+    /// measured separately from the model ([`teacher_force_batch`]).
+    pub cache_s: Option<f64>,
 }
 
 impl Trace {
@@ -82,7 +89,10 @@ fn score_one(logits: &Tensor, target: u32) -> Result<(f64, bool)> {
 }
 
 fn sample(session: &Session, step: usize) -> StepSample {
-    let cache = session.cache();
+    sample_cache(session.cache(), step)
+}
+
+fn sample_cache(cache: &dyn KvCache, step: usize) -> StepSample {
     let bytes = cache.bytes();
     let r_gpu = cache.stats().iter().find(|(k, _)| *k == "r_gpu").map(|(_, v)| *v);
     StepSample { step, resident_bytes: bytes.resident, offloaded_bytes: bytes.offloaded, r_gpu }
@@ -107,6 +117,7 @@ pub fn teacher_force(
     let mut trace = Trace {
         nll: Vec::with_capacity(targets.len()),
         hit: Vec::with_capacity(targets.len()),
+        batch: 1,
         ..Trace::default()
     };
     let t0 = Instant::now();
@@ -130,6 +141,98 @@ pub fn teacher_force(
     trace.at_end = session.cache().bytes();
     trace.stats = session.cache().stats().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     Ok(trace)
+}
+
+/// [`teacher_force`] for several caches of one model at once: each fresh cache is
+/// prefilled with `prompt` on its own, then every target is scored for every cache and fed
+/// to all of them in one [`Llama::decode_batch`] step, so the model's weights are read once
+/// per step for the whole batch (the SWAN grid evaluates many caches over the same text).
+///
+/// Each trace's `decode_s` is its cache's own time plus an equal share of the batch's
+/// model time; `cache_s` is the cache's own time alone. With `sample_steps`, every cache is
+/// recorded after every step.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] for an empty prompt, target list or batch, or a cache
+/// that is not empty; forward and cache errors.
+pub fn teacher_force_batch(
+    model: &Llama,
+    caches: &mut [Box<dyn KvCache>],
+    prompt: &[u32],
+    targets: &[u32],
+    sample_steps: bool,
+) -> Result<Vec<Trace>> {
+    if prompt.is_empty() || targets.is_empty() || caches.is_empty() {
+        return Err(invalid(
+            "batched teacher-forced decode",
+            "need a prompt, at least one target and at least one cache",
+        ));
+    }
+    let batch = caches.len();
+    let mut traces = Vec::with_capacity(batch);
+    let mut logits = Vec::with_capacity(batch);
+    for cache in caches.iter_mut() {
+        if !cache.is_empty() {
+            return Err(invalid(
+                "batched teacher-forced decode",
+                format!("cache already holds {} tokens", cache.len()),
+            ));
+        }
+        cache.reserve(prompt.len() + targets.len())?;
+        let t0 = Instant::now();
+        let l = model.prefill(prompt, Some(cache.as_mut()), &mut NoObserver, false)?;
+        logits.push(l.f_squeeze_dim(0).op("squeeze")?);
+        traces.push(Trace {
+            nll: Vec::with_capacity(targets.len()),
+            hit: Vec::with_capacity(targets.len()),
+            prefill_s: t0.elapsed().as_secs_f64(),
+            after_prefill: cache.bytes(),
+            batch,
+            ..Trace::default()
+        });
+    }
+    let mut scratch = BatchScratch::new(model.config(), batch)?;
+    let (mut wall, mut steps) = (0.0, 0);
+    {
+        let mut refs: Vec<&mut dyn KvCache> = caches
+            .iter_mut()
+            .map(|c| {
+                let r: &mut dyn KvCache = c.as_mut();
+                r
+            })
+            .collect();
+        for (i, &target) in targets.iter().enumerate() {
+            for (trace, l) in traces.iter_mut().zip(&logits) {
+                let (nll, hit) = score_one(l, target)?;
+                trace.nll.push(nll);
+                trace.hit.push(hit);
+            }
+            if i + 1 < targets.len() {
+                let t = Instant::now();
+                let all = model.decode_batch(target, prompt.len() + i, &mut refs, &mut scratch)?;
+                for (b, l) in logits.iter_mut().enumerate() {
+                    *l = all.f_select(0, b as i64).op("select logits")?;
+                }
+                wall += t.elapsed().as_secs_f64();
+                steps += 1;
+                if sample_steps {
+                    for (trace, cache) in traces.iter_mut().zip(refs.iter()) {
+                        trace.samples.push(sample_cache(&**cache, steps));
+                    }
+                }
+            }
+        }
+    }
+    let own = scratch.cache_seconds();
+    let shared = (wall - own.iter().sum::<f64>()).max(0.0) / batch as f64;
+    for ((trace, cache), &own) in traces.iter_mut().zip(caches.iter()).zip(own) {
+        trace.steps = steps;
+        trace.cache_s = Some(own);
+        trace.decode_s = own + shared;
+        trace.at_end = cache.bytes();
+        trace.stats = cache.stats().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    }
+    Ok(traces)
 }
 
 /// How closely two traces of the same targets agree (the lossless checks).

@@ -33,6 +33,7 @@ fn main_table(s: &SwanStudy, base: f64) -> Table {
             "perplexity",
             "Δ vs dense f16",
             "top-1",
+            "cache ms/token",
             "ms/token",
         ],
     );
@@ -55,11 +56,12 @@ fn main_table(s: &SwanStudy, base: f64) -> Table {
             num(r.perplexity, 3),
             delta(r, base),
             pct(r.top1, 1),
+            r.attention_ms_per_token.map_or_else(|| "—".into(), |x| num(x, 2)),
             num(r.ms_per_token, 1),
         ]);
     }
     t.note(format!(
-        "{} windows × {} tokens of `{}` (first {} tokens prefilled, the rest fed one by one through the decode path): {} scored tokens per row. fp8 rows keep k' = ⌊3k/2⌋ so a row costs no more than the 16-bit row it is paired with (2k'+2 ≤ 3k+2). Memory = bytes the cache holds at the end of a window (sparse rows + offsets + block headers + dense buffer) over a dense f16 cache of the same tokens.",
+        "{} windows × {} tokens of `{}` (first {} tokens prefilled, the rest fed one by one through the decode path): {} scored tokens per row. Configurations served by the same model weights (same absorbed basis) decode together, one libtorch matmul per layer for the batch; cache ms/token is the time inside the cache alone (append + attention), ms/token adds an equal share of the batched model step. fp8 rows keep k' = ⌊3k/2⌋ so a row costs no more than the 16-bit row it is paired with (2k'+2 ≤ 3k+2). Memory = bytes the cache holds at the end of a window (sparse rows + offsets + block headers + dense buffer) over a dense f16 cache of the same tokens.",
         s.windows.0,
         s.windows.1,
         s.eval_play,

@@ -7,11 +7,11 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
-use super::decode::{Agreement, Trace, agreement, teacher_force};
+use super::decode::{Agreement, Trace, agreement, teacher_force_batch};
 use super::grid::{SwanGroup, SwanRun};
 use crate::calibrate::CalibrationStats;
 use crate::error::Result;
-use crate::session::Session;
+use crate::llama::Llama;
 use crate::spec::CacheSpec;
 
 /// One configuration's figures over all evaluation windows.
@@ -35,8 +35,13 @@ pub struct SwanResult {
     pub dense_f16_bytes: f64,
     /// `kv_bytes / dense_f16_bytes`.
     pub memory_ratio: f64,
-    /// Milliseconds per decoded token.
+    /// Milliseconds per decoded token: the cache's own time plus its share of the batched
+    /// model step (see [`super::decode::teacher_force_batch`]).
     pub ms_per_token: f64,
+    /// Milliseconds per decoded token spent inside the cache alone (append + attention).
+    pub attention_ms_per_token: Option<f64>,
+    /// Configurations that shared each model step.
+    pub batch: usize,
     /// Wall seconds.
     pub seconds: f64,
 }
@@ -74,33 +79,30 @@ impl SwanStudy {
 
 fn concat(traces: Vec<Trace>) -> Trace {
     let mut all = Trace::default();
+    let cache_s = traces.iter().map(|t| t.cache_s).sum::<Option<f64>>();
     for t in traces {
         all.nll.extend(t.nll);
         all.hit.extend(t.hit);
+        all.prefill_s += t.prefill_s;
         all.decode_s += t.decode_s;
         all.steps += t.steps;
         all.at_end.resident += t.at_end.resident;
         all.at_end.offloaded += t.at_end.offloaded;
+        all.batch = all.batch.max(t.batch);
     }
+    all.cache_s = cache_s;
     all
 }
 
-fn run_one(
+/// The figures of one configuration from its traces over all windows.
+fn result_of(
     ctx: &Context,
     run: &SwanRun,
     proj: &str,
     windows: &[Vec<u32>],
-    prefix: usize,
-) -> Result<(SwanResult, Trace)> {
-    let t0 = std::time::Instant::now();
+    traces: Vec<Trace>,
+) -> (SwanResult, Trace) {
     let spec_text = run.spec(proj, ctx.plan.threads);
-    let spec: CacheSpec = spec_text.parse()?;
-    let mut traces = Vec::with_capacity(windows.len());
-    for w in windows {
-        let (model, cache) = spec.build(&ctx.model)?;
-        let mut session = Session::new(model, cache)?;
-        traces.push(teacher_force(&mut session, &w[..prefix], &w[prefix..], false)?);
-    }
     let per_window_tokens = windows.first().map_or(0, |w| w.len() - 1);
     let dense = ctx.dense_f16_bytes(per_window_tokens) as f64;
     let n_windows = windows.len().max(1) as f64;
@@ -118,9 +120,33 @@ fn run_one(
         dense_f16_bytes: dense,
         memory_ratio: kv_bytes / dense,
         ms_per_token: all.ms_per_token(),
-        seconds: t0.elapsed().as_secs_f64(),
+        attention_ms_per_token: all.cache_s.map(|c| 1e3 * c / all.steps.max(1) as f64),
+        batch: all.batch,
+        seconds: all.prefill_s + all.decode_s,
     };
-    Ok((result, all))
+    (result, all)
+}
+
+/// The plan's runs grouped by the model that serves them (runs whose built models have the
+/// same weights — the same absorbed basis — share one batched decode).
+fn model_groups(ctx: &Context, runs: &[SwanRun], proj: &str) -> Result<Vec<(Llama, Vec<usize>)>> {
+    let mut groups: Vec<(Llama, Vec<usize>)> = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let spec: CacheSpec = run.spec(proj, ctx.plan.threads).parse()?;
+        let (model, _) = spec.build(&ctx.model)?;
+        let mut placed = false;
+        for (m, members) in &mut groups {
+            if m.same_weights(&model)? {
+                members.push(i);
+                placed = true;
+                break;
+            }
+        }
+        if !placed {
+            groups.push((model, vec![i]));
+        }
+    }
+    Ok(groups)
 }
 
 /// Calibrates the projections and runs every configuration of the plan.
@@ -133,26 +159,60 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
     let (count, wlen, prefix) = ctx.plan.swan_eval;
     let windows = ctx.corpus.windows(SWAN_EVAL_PLAY, 0, wlen, count)?;
     let runs: Vec<SwanRun> = ctx.plan.unique_swan().into_iter().cloned().collect();
-    let mut results = Vec::with_capacity(runs.len());
+    let groups = model_groups(ctx, &runs, &proj)?;
+    ctx.log(&format!(
+        "swan: {} configurations in {} batched decodes (one per model variant): {:?}",
+        runs.len(),
+        groups.len(),
+        groups.iter().map(|(_, m)| m.len()).collect::<Vec<_>>()
+    ));
+    let mut per_run: Vec<Vec<Trace>> = vec![Vec::with_capacity(windows.len()); runs.len()];
+    let mut results: Vec<Option<(SwanResult, Trace)>> = vec![None; runs.len()];
+    let mut done = 0;
+    for (model, members) in &groups {
+        for w in &windows {
+            let mut caches = Vec::with_capacity(members.len());
+            for &i in members {
+                let spec: CacheSpec = runs[i].spec(&proj, ctx.plan.threads).parse()?;
+                caches.push(spec.build(&ctx.model)?.1);
+            }
+            let traces =
+                teacher_force_batch(model, &mut caches, &w[..prefix], &w[prefix..], false)?;
+            for (&i, t) in members.iter().zip(traces) {
+                per_run[i].push(t);
+            }
+        }
+        for &i in members {
+            let (result, trace) =
+                result_of(ctx, &runs[i], &proj, &windows, std::mem::take(&mut per_run[i]));
+            done += 1;
+            ctx.log(&format!(
+                "swan [{done}/{}] {}: ppl {:.3}, memory {:.3}, {:.1} ms/token ({:.2} ms in the cache; batch of {})",
+                runs.len(),
+                result.label,
+                result.perplexity,
+                result.memory_ratio,
+                result.ms_per_token,
+                result.attention_ms_per_token.unwrap_or(f64::NAN),
+                result.batch,
+            ));
+            results[i] = Some((result, trace));
+        }
+    }
     let (mut dense32, mut lossless) = (None, None);
-    for (i, run) in runs.iter().enumerate() {
-        let (result, trace) = run_one(ctx, run, &proj, &windows, prefix)?;
-        ctx.log(&format!(
-            "swan [{}/{}] {}: ppl {:.3}, memory {:.3}, {:.1} ms/token",
-            i + 1,
-            runs.len(),
-            result.label,
-            result.perplexity,
-            result.memory_ratio,
-            result.ms_per_token
-        ));
+    let mut out = Vec::with_capacity(runs.len());
+    for (run, r) in runs.iter().zip(results) {
+        let (result, trace) = r.ok_or_else(|| {
+            crate::error::invalid("swan study", format!("no result for {}", run.label()))
+        })?;
         match run.group {
             SwanGroup::Baseline if run.values == "f32" => dense32 = Some(trace),
             SwanGroup::Lossless => lossless = Some(trace),
             _ => {}
         }
-        results.push(result);
+        out.push(result);
     }
+    let results = out;
     let lossless = match (&dense32, &lossless) {
         (Some(a), Some(b)) => agreement(b, a)?,
         _ => {

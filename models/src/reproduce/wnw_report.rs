@@ -85,6 +85,7 @@ fn runs_table(s: &WnwStudy) -> Table {
             "ppl",
             "recall B/step",
             "resident KV MB (end)",
+            "cache ms/token",
             "ms/token",
         ],
     );
@@ -105,6 +106,7 @@ fn runs_table(s: &WnwStudy) -> Table {
             num(r.perplexity, 3),
             num(r.bytes_per_step, 0),
             num(r.resident_bytes / 1e6, 2),
+            num(r.cache_ms_per_token, 2),
             num(r.ms_per_token, 1),
         ]);
     }
@@ -167,7 +169,7 @@ fn runtime_table(s: &WnwStudy) -> Table {
     let mut t = Table::new(
         "wnw_runtime",
         "Recall cost vs tidal heads (WnW Table 4 analogue; A1 runs at the larger r_GPU target)",
-        &["tidal heads", "measured r_GPU", "ms/token", "recall KB/step"],
+        &["tidal heads", "measured r_GPU", "cache ms/token", "ms/token", "recall KB/step"],
     );
     let r_max = s
         .results
@@ -179,11 +181,12 @@ fn runtime_table(s: &WnwStudy) -> Table {
         t.row(vec![
             r.run.n_voice.saturating_sub(s.anchors.len()).to_string(),
             pct(r.r_gpu, 1),
+            num(r.cache_ms_per_token, 2),
             num(r.ms_per_token, 1),
             num(r.bytes_per_step / 1e3, 2),
         ]);
     }
-    t.note("CPU run: the \"device\" tier is host memory, so a recall is a host-to-host copy on the recall worker; the bytes are what a GPU run would move over PCIe.");
+    t.note("Configurations served by the same model decode together (one libtorch matmul per layer for the batch): cache ms/token is the time inside the cache alone (append, attention, recall hand-over), ms/token adds an equal share of the batched model step. CPU run: the \"device\" tier is host memory, so a recall is a host-to-host copy on the recall worker; the bytes are what a GPU run would move over PCIe.");
     t
 }
 

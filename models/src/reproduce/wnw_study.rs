@@ -18,11 +18,12 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{CopyTask, Variant, WNW_CALIBRATION_PLAYS};
-use super::decode::{Agreement, StepSample, Trace, agreement, teacher_force};
+use super::decode::{Agreement, StepSample, Trace, agreement, teacher_force_batch};
 use super::grid::{Method, Signal, WnwRun};
 use super::roles::{RoleScores, calibrate};
+use crate::cache::KvCache;
 use crate::error::Result;
-use crate::session::Session;
+use crate::llama::Llama;
 use crate::spec::CacheSpec;
 
 /// One configuration's figures over all evaluation passages.
@@ -46,8 +47,12 @@ pub struct WnwResult {
     pub bytes_per_step: f64,
     /// Resident KV bytes at the end (mean over passages).
     pub resident_bytes: f64,
-    /// Milliseconds per decoded token.
+    /// Milliseconds per decoded token: the cache's own time plus its share of the batched
+    /// model step (configurations served by the same model decode together, see
+    /// [`teacher_force_batch`]).
     pub ms_per_token: f64,
+    /// Milliseconds per decoded token inside the cache alone (append, attention, recall).
+    pub cache_ms_per_token: f64,
     /// Wall seconds.
     pub seconds: f64,
 }
@@ -148,11 +153,52 @@ fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str) -
     }
 }
 
-fn decode_with(ctx: &Context, spec_text: &str, task: &CopyTask, sample: bool) -> Result<Trace> {
-    let spec: CacheSpec = spec_text.parse()?;
-    let (model, cache) = spec.build(&ctx.model)?;
-    let mut session = Session::new(model, cache)?;
-    teacher_force(&mut session, &task.prompt(), &task.passage, sample)
+/// Caches served by one model: the model, the members' positions in the spec list, and
+/// their caches.
+type Group = (Llama, Vec<usize>, Vec<Box<dyn KvCache>>);
+
+/// Teacher-forces `task` through the caches of `specs`, batching the caches whose models
+/// share weights into one decode per step ([`teacher_force_batch`]); traces in `specs`
+/// order.
+fn decode_all(
+    ctx: &Context,
+    specs: &[String],
+    task: &CopyTask,
+    sample: bool,
+) -> Result<Vec<Trace>> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, text) in specs.iter().enumerate() {
+        let spec: CacheSpec = text.parse()?;
+        let (model, cache) = spec.build(&ctx.model)?;
+        let mut home = None;
+        for (g, (m, _, _)) in groups.iter().enumerate() {
+            if m.same_weights(&model)? {
+                home = Some(g);
+                break;
+            }
+        }
+        match home {
+            Some(g) => {
+                groups[g].1.push(i);
+                groups[g].2.push(cache);
+            }
+            None => groups.push((model, vec![i], vec![cache])),
+        }
+    }
+    let mut out: Vec<Option<Trace>> = vec![None; specs.len()];
+    let (prompt, passage) = (task.prompt(), &task.passage);
+    for (model, members, mut caches) in groups {
+        let traces = teacher_force_batch(&model, &mut caches, &prompt, passage, sample)?;
+        for (i, t) in members.into_iter().zip(traces) {
+            out[i] = Some(t);
+        }
+    }
+    out.into_iter()
+        .zip(specs)
+        .map(|(t, s)| {
+            t.ok_or_else(|| crate::error::invalid("wnw study", format!("no trace for {s}")))
+        })
+        .collect()
 }
 
 fn summarize(run: &WnwRun, spec: String, traces: &[Trace], seconds: f64) -> WnwResult {
@@ -171,6 +217,8 @@ fn summarize(run: &WnwRun, spec: String, traces: &[Trace], seconds: f64) -> WnwR
         bytes_per_step: mean(&|t| t.stat("h2d_bytes_per_step").unwrap_or(0.0)),
         resident_bytes: mean(&|t| t.at_end.resident as f64),
         ms_per_token: 1e3 * traces.iter().map(|t| t.decode_s).sum::<f64>() / steps.max(1) as f64,
+        cache_ms_per_token: 1e3 * traces.iter().filter_map(|t| t.cache_s).sum::<f64>()
+            / steps.max(1) as f64,
         seconds,
     }
 }
@@ -203,27 +251,30 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
     let (mut results, mut kv_over_time) = (Vec::with_capacity(runs.len()), Vec::new());
     let main_nv =
         runs.iter().find(|r| r.method == Method::Wnw).map_or(ctx.plan.n_anchor + 1, |r| r.n_voice);
-    for (i, run) in runs.iter().enumerate() {
-        let t0 = std::time::Instant::now();
+    let mut roles = Vec::with_capacity(runs.len());
+    for run in &runs {
         let nv = if run.method == Method::AudioKv {
             main_nv
         } else {
             run.n_voice.max(ctx.plan.n_anchor + 1)
         };
-        let roles = roles_file(ctx, &scores, nv, run.signal)?.display().to_string();
-        let mut traces = Vec::with_capacity(tasks.len());
-        for (j, task) in tasks.iter().enumerate() {
-            traces.push(decode_with(
-                ctx,
-                &spec(ctx, run, task, &roles, &proj),
-                task,
-                j == 0 && run.study == "main",
-            )?);
+        roles.push(roles_file(ctx, &scores, nv, run.signal)?.display().to_string());
+    }
+    // Every configuration over one passage at a time, batched per model variant.
+    let mut per_run: Vec<Vec<Trace>> = vec![Vec::with_capacity(tasks.len()); runs.len()];
+    for (j, task) in tasks.iter().enumerate() {
+        let specs: Vec<String> =
+            runs.iter().zip(&roles).map(|(run, r)| spec(ctx, run, task, r, &proj)).collect();
+        for (i, t) in decode_all(ctx, &specs, task, j == 0)?.into_iter().enumerate() {
+            per_run[i].push(t);
         }
+    }
+    for (i, (run, traces)) in runs.iter().zip(per_run).enumerate() {
+        let seconds = traces.iter().map(|t| t.prefill_s + t.decode_s).sum();
         let shown = spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>");
-        let result = summarize(run, shown, &traces, t0.elapsed().as_secs_f64());
+        let result = summarize(run, shown, &traces, seconds);
         ctx.log(&format!(
-            "wnw [{}/{}] {} {} r={} nv={}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token",
+            "wnw [{}/{}] {} {} r={} nv={}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token ({:.2} in the cache; batch of {})",
             i + 1,
             runs.len(),
             run.study,
@@ -234,7 +285,9 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
             result.perplexity,
             result.r_gpu,
             result.bytes_per_step,
-            result.ms_per_token
+            result.ms_per_token,
+            result.cache_ms_per_token,
+            traces[0].batch,
         ));
         if run.study == "main" {
             kv_over_time.push(KvOverTime {
@@ -266,22 +319,17 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
 fn checks(ctx: &Context, task: &CopyTask) -> Result<(Agreement, Agreement)> {
     let span = task.span();
     let threads = ctx.plan.threads;
-    let dense32 = decode_with(ctx, &format!("dense:format=f32,threads={threads}"), task, false)?;
-    let lossless = decode_with(
-        ctx,
-        &format!("tiered:span={}..{},lossless,format=f32,threads={threads}", span.start, span.end),
-        task,
-        false,
-    )?;
-    let dense16 = decode_with(ctx, &format!("dense:format=f16,threads={threads}"), task, false)?;
-    let full = decode_with(
-        ctx,
-        &format!(
+    let specs = [
+        format!("dense:format=f32,threads={threads}"),
+        format!("tiered:span={}..{},lossless,format=f32,threads={threads}", span.start, span.end),
+        format!("dense:format=f16,threads={threads}"),
+        format!(
             "tiered:span={}..{},policy=full,format=f16,threads={threads}",
             span.start, span.end
         ),
-        task,
-        false,
-    )?;
+    ];
+    let [dense32, lossless, dense16, full]: [Trace; 4] = decode_all(ctx, &specs, task, false)?
+        .try_into()
+        .map_err(|_| crate::error::invalid("wnw checks", "expected four traces"))?;
     Ok((agreement(&lossless, &dense32)?, agreement(&full, &dense16)?))
 }
