@@ -126,6 +126,11 @@ fn batched_decode_matches_one_cache_at_a_time() {
     }
     // Dense and SWAN-absorbed models differ (P_VO absorbed into W_V/W_O): no shared batch.
     assert!(!group_models[0].same_weights(&group_models[1]).unwrap());
+    let build = |s: &str| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap().0;
+    let mixed = [groups[0][0], groups[1][0], groups[0][1], groups[1][2], "swan:k=8,basis=random:4"];
+    let grouped = models::reproduce::decode::group_by_weights(mixed.map(build)).unwrap();
+    let members: Vec<Vec<usize>> = grouped.into_iter().map(|(_, m)| m).collect();
+    assert_eq!(members, [vec![0, 2], vec![1, 3], vec![4]]);
     // A cache that already holds tokens, or an empty batch, is refused.
     let (m, mut c) = "dense:format=f32".parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
     let logits = m.prefill(prompt, Some(c.as_mut()), &mut models::llama::NoObserver, false);

@@ -143,6 +143,28 @@ pub fn teacher_force(
     Ok(trace)
 }
 
+/// Groups `models` by weights ([`Llama::same_weights`]): each group is its first model and
+/// the positions of every model that computes with the same weights, in order — the
+/// caches built alongside one group's models may share a [`teacher_force_batch`].
+///
+/// # Errors
+/// [`crate::Error::Torch`] if a weight comparison fails.
+pub fn group_by_weights(
+    models: impl IntoIterator<Item = Llama>,
+) -> Result<Vec<(Llama, Vec<usize>)>> {
+    let mut groups: Vec<(Llama, Vec<usize>)> = Vec::new();
+    'next: for (i, model) in models.into_iter().enumerate() {
+        for (m, members) in &mut groups {
+            if m.same_weights(&model)? {
+                members.push(i);
+                continue 'next;
+            }
+        }
+        groups.push((model, vec![i]));
+    }
+    Ok(groups)
+}
+
 /// [`teacher_force`] for several caches of one model at once: each fresh cache is
 /// prefilled with `prompt` on its own, then every target is scored for every cache and fed
 /// to all of them in one [`Llama::decode_batch`] step, so the model's weights are read once

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
-use super::decode::{Agreement, Trace, agreement, teacher_force_batch};
+use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_batch};
 use super::grid::{SwanGroup, SwanRun};
 use crate::calibrate::CalibrationStats;
 use crate::error::Result;
@@ -130,23 +130,12 @@ fn result_of(
 /// The plan's runs grouped by the model that serves them (runs whose built models have the
 /// same weights — the same absorbed basis — share one batched decode).
 fn model_groups(ctx: &Context, runs: &[SwanRun], proj: &str) -> Result<Vec<(Llama, Vec<usize>)>> {
-    let mut groups: Vec<(Llama, Vec<usize>)> = Vec::new();
-    for (i, run) in runs.iter().enumerate() {
+    let mut models = Vec::with_capacity(runs.len());
+    for run in runs {
         let spec: CacheSpec = run.spec(proj, ctx.plan.threads).parse()?;
-        let (model, _) = spec.build(&ctx.model)?;
-        let mut placed = false;
-        for (m, members) in &mut groups {
-            if m.same_weights(&model)? {
-                members.push(i);
-                placed = true;
-                break;
-            }
-        }
-        if !placed {
-            groups.push((model, vec![i]));
-        }
+        models.push(spec.build(&ctx.model)?.0);
     }
-    Ok(groups)
+    group_by_weights(models)
 }
 
 /// Calibrates the projections and runs every configuration of the plan.

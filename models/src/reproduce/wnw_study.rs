@@ -18,12 +18,13 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{CopyTask, Variant, WNW_CALIBRATION_PLAYS};
-use super::decode::{Agreement, StepSample, Trace, agreement, teacher_force_batch};
+use super::decode::{
+    Agreement, StepSample, Trace, agreement, group_by_weights, teacher_force_batch,
+};
 use super::grid::{Method, Signal, WnwRun};
 use super::roles::{RoleScores, calibrate};
 use crate::cache::KvCache;
 use crate::error::Result;
-use crate::llama::Llama;
 use crate::spec::CacheSpec;
 
 /// One configuration's figures over all evaluation passages.
@@ -153,10 +154,6 @@ fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str) -
     }
 }
 
-/// Caches served by one model: the model, the members' positions in the spec list, and
-/// their caches.
-type Group = (Llama, Vec<usize>, Vec<Box<dyn KvCache>>);
-
 /// Teacher-forces `task` through the caches of `specs`, batching the caches whose models
 /// share weights into one decode per step ([`teacher_force_batch`]); traces in `specs`
 /// order.
@@ -166,29 +163,18 @@ fn decode_all(
     task: &CopyTask,
     sample: bool,
 ) -> Result<Vec<Trace>> {
-    let mut groups: Vec<Group> = Vec::new();
-    for (i, text) in specs.iter().enumerate() {
-        let spec: CacheSpec = text.parse()?;
-        let (model, cache) = spec.build(&ctx.model)?;
-        let mut home = None;
-        for (g, (m, _, _)) in groups.iter().enumerate() {
-            if m.same_weights(&model)? {
-                home = Some(g);
-                break;
-            }
-        }
-        match home {
-            Some(g) => {
-                groups[g].1.push(i);
-                groups[g].2.push(cache);
-            }
-            None => groups.push((model, vec![i], vec![cache])),
-        }
+    let (mut models, mut caches) = (Vec::new(), Vec::new());
+    for text in specs {
+        let (model, cache) = text.parse::<CacheSpec>()?.build(&ctx.model)?;
+        models.push(model);
+        caches.push(Some(cache));
     }
     let mut out: Vec<Option<Trace>> = vec![None; specs.len()];
     let (prompt, passage) = (task.prompt(), &task.passage);
-    for (model, members, mut caches) in groups {
-        let traces = teacher_force_batch(&model, &mut caches, &prompt, passage, sample)?;
+    for (model, members) in group_by_weights(models)? {
+        let mut group: Vec<Box<dyn KvCache>> =
+            members.iter().filter_map(|&i| caches[i].take()).collect();
+        let traces = teacher_force_batch(&model, &mut group, &prompt, passage, sample)?;
         for (i, t) in members.into_iter().zip(traces) {
             out[i] = Some(t);
         }
