@@ -363,14 +363,8 @@ impl Attention {
         scratch: &mut DecodeScratch,
     ) -> Result<Tensor> {
         let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
-        let rows = f32_slice(&qkv)?;
-        let (nq, nkv) = (scratch.q.len(), scratch.k.len());
-        scratch.q.copy_from_slice(&rows[..nq]);
-        scratch.k.copy_from_slice(&rows[nq..nq + nkv]);
-        rope.apply_rows(&mut scratch.q, position);
-        rope.apply_rows(&mut scratch.k, position);
-        let step = StepQkv { q: &scratch.q, k: &scratch.k, v: &rows[nq + nkv..] };
-        cache.decode(layer, step, scratch.out.as_mut_slice())?;
+        let DecodeScratch { q, k, out } = scratch;
+        attend_row(f32_slice(&qkv)?, (q, k), rope, position, (layer, cache), out.as_mut_slice())?;
         self.output(scratch.out.tensor())
     }
 }
@@ -408,22 +402,35 @@ impl Attention {
         let rows = f32_slice(&qkv)?;
         let width = rows.len() / batch;
         let BatchScratch { q, k, out, cache_s } = scratch;
-        let (nq, nkv) = (q.len(), k.len());
         let out_rows = out.as_mut_slice();
         let out_width = out_rows.len() / batch;
         for (b, cache) in caches.iter_mut().enumerate() {
             let row = &rows[b * width..(b + 1) * width];
-            q.copy_from_slice(&row[..nq]);
-            k.copy_from_slice(&row[nq..nq + nkv]);
-            rope.apply_rows(q, position);
-            rope.apply_rows(k, position);
-            let step = StepQkv { q: q.as_slice(), k: k.as_slice(), v: &row[nq + nkv..] };
+            let out_row = &mut out_rows[b * out_width..(b + 1) * out_width];
             let t = std::time::Instant::now();
-            cache.decode(layer, step, &mut out_rows[b * out_width..(b + 1) * out_width])?;
+            attend_row(row, (q, k), rope, position, (layer, &mut **cache), out_row)?;
             cache_s[b] += t.elapsed().as_secs_f64();
         }
         self.output(out.tensor())
     }
+}
+
+/// The host part of one decode step for one cache: splits a fused `q|k|v` row, RoPEs q and
+/// k at `position` (into the `q`/`k` buffers), and lets `cache` append and attend into `out`.
+fn attend_row(
+    row: &[f32],
+    (q, k): (&mut [f32], &mut [f32]),
+    rope: &Rope,
+    position: usize,
+    (layer, cache): (usize, &mut dyn KvCache),
+    out: &mut [f32],
+) -> Result<()> {
+    let (nq, nkv) = (q.len(), k.len());
+    q.copy_from_slice(&row[..nq]);
+    k.copy_from_slice(&row[nq..nq + nkv]);
+    rope.apply_rows(q, position);
+    rope.apply_rows(k, position);
+    cache.decode(layer, StepQkv { q, k, v: &row[nq + nkv..] }, out)
 }
 
 /// `[q_heads, keys]`: attention paid to `request.keys` by `request.queries`, summed.
