@@ -143,3 +143,57 @@ fn batched_decode_matches_one_cache_at_a_time() {
         ));
     }
 }
+
+/// `teacher_force_texts` (a different text per member of one batched step — the SWAN
+/// study's evaluation windows) scores each member as `teacher_force` does on its own text,
+/// and refuses texts that would decode at different positions.
+#[test]
+fn batched_decode_over_different_texts_matches_one_at_a_time() {
+    use models::reproduce::decode::{teacher_force, teacher_force_texts};
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let text =
+        |seed: u32| -> Vec<u32> { (0..40u32).map(|i| (i * 37 + seed * 101) % 256).collect() };
+    let windows = [text(1), text(2), text(3), text(1)];
+    let texts: Vec<(&[u32], &[u32])> = windows.iter().map(|w| w.split_at(6)).collect();
+    let specs = [
+        "swan:k=16,value=f32,b=0,basis=random:3",
+        "swan:k=8,value=f16,b=4,basis=random:3",
+        "swan:k=6,value=fp8,b=0,basis=random:3",
+        "swan:k=16,value=f32,b=0,basis=random:3",
+    ];
+    let built: Vec<_> =
+        specs.iter().map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap()).collect();
+    let model = built[0].0.clone();
+    let mut caches: Vec<_> = built.into_iter().map(|(_, c)| c).collect();
+    let batched = teacher_force_texts(&model, &mut caches, &texts, false).unwrap();
+    for ((spec, &(prompt, targets)), b) in specs.iter().zip(&texts).zip(&batched) {
+        let (m, c) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+        let mut session = Session::new(m, c).unwrap();
+        let one = teacher_force(&mut session, prompt, targets, false).unwrap();
+        let worst = b.nll.iter().zip(&one.nll).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        // f32 rows agree to matmul rounding; 16-bit and fp8 rows may round one stored
+        // value to the neighbouring code when the batched matmul's last bit differs.
+        let tol = if spec.contains("f32") { 1e-4 } else { 1e-3 };
+        assert!(worst < tol, "{spec}: batched NLL differs by {worst:e}");
+        assert_eq!(b.hit, one.hit, "{spec}: same arg-max hits");
+        assert_eq!(b.batch, 4);
+    }
+    // Different texts give different scores (the rows really carry their own tokens).
+    assert_ne!(batched[0].nll, batched[1].nll);
+    // Texts of unequal length, or fewer texts than caches, are refused.
+    let short = &windows[0][..30];
+    let uneven: Vec<(&[u32], &[u32])> = vec![texts[0], short.split_at(6)];
+    let two = |s: &str| -> Vec<_> {
+        (0..2).map(|_| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap().1).collect()
+    };
+    let mut caches = two("dense:format=f32");
+    assert!(matches!(
+        teacher_force_texts(&model, &mut caches, &uneven, false),
+        Err(Error::InvalidInput { .. })
+    ));
+    let mut caches = two("dense:format=f32");
+    assert!(matches!(
+        teacher_force_texts(&model, &mut caches, &texts[..1], false),
+        Err(Error::InvalidInput { .. })
+    ));
+}

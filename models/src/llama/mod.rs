@@ -403,28 +403,29 @@ impl Llama {
         Ok(true)
     }
 
-    /// One decode step of token `id` at `position` for several caches at once — the same
-    /// token fed to several caches of the same sequence (teacher forcing several cache
-    /// configurations over one text). Every matmul runs once for the whole batch, so the
+    /// One decode step at `position` for several caches at once: `ids[b]` is fed to
+    /// `caches[b]` (teacher forcing several cache configurations over one text, or over
+    /// several texts of equal length). Every matmul runs once for the whole batch, so the
     /// weights are read once per step; each cache appends and attends its own row, so row
-    /// `b` of the result equals [`Llama::decode`] with `caches[b]` up to matmul rounding.
-    /// Calls [`KvCache::end_step`] on every cache and returns logits `[batch, vocab]`.
+    /// `b` of the result equals [`Llama::decode`] of `ids[b]` with `caches[b]` up to matmul
+    /// rounding. Calls [`KvCache::end_step`] on every cache and returns logits
+    /// `[batch, vocab]`.
     ///
     /// Every cache must belong to this model (a SWAN cache to a model with its `P_VO`
     /// absorbed: check with [`Llama::same_weights`]) and hold positions `0..position`.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for an id out of range, a position past a sliding
-    /// window, a cache of another shape, or a batch that does not match `scratch`; cache
-    /// errors.
+    /// window, a cache of another shape, or `ids`/`caches` that do not match the batch of
+    /// `scratch`; cache errors.
     pub fn decode_batch(
         &self,
-        id: u32,
+        ids: &[u32],
         position: usize,
         caches: &mut [&mut dyn KvCache],
         scratch: &mut BatchScratch,
     ) -> Result<Tensor> {
-        self.check_ids(&[id])?;
+        self.check_ids(ids)?;
         self.check_window(position + 1)?;
         let want = crate::cache::CacheShape::of(&self.cfg);
         if let Some(c) = caches.iter().find(|c| c.shape() != want) {
@@ -434,15 +435,20 @@ impl Llama {
             ));
         }
         let batch = scratch.batch();
-        if caches.len() != batch {
+        if caches.len() != batch || ids.len() != batch {
             return Err(invalid(
                 "batched decode",
-                format!("{} caches for a scratch of batch {batch}", caches.len()),
+                format!(
+                    "{} caches and {} token ids for a scratch of batch {batch}",
+                    caches.len(),
+                    ids.len()
+                ),
             ));
         }
         let _guard = tch::no_grad_guard();
-        let row = self.embed.f_narrow(0, i64::from(id), 1).op("embed")?;
-        let mut h = row.f_repeat([batch as i64, 1]).op("repeat embed")?;
+        let index: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+        let index = Tensor::f_from_slice(&index).op("token ids")?;
+        let mut h = self.embed.f_index_select(0, &index).op("embed")?;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
             let attn_out =

@@ -169,6 +169,7 @@ pub fn group_by_weights(
 /// prefilled with `prompt` on its own, then every target is scored for every cache and fed
 /// to all of them in one [`Llama::decode_batch`] step, so the model's weights are read once
 /// per step for the whole batch (the SWAN grid evaluates many caches over the same text).
+/// [`teacher_force_texts`] is the same over a different text per cache.
 ///
 /// Each trace's `decode_s` is its cache's own time plus an equal share of the batch's
 /// model time; `cache_s` is the cache's own time alone. With `sample_steps`, every cache is
@@ -184,29 +185,61 @@ pub fn teacher_force_batch(
     targets: &[u32],
     sample_steps: bool,
 ) -> Result<Vec<Trace>> {
-    if prompt.is_empty() || targets.is_empty() || caches.is_empty() {
+    let texts = vec![(prompt, targets); caches.len()];
+    teacher_force_texts(model, caches, &texts, sample_steps)
+}
+
+/// [`teacher_force_batch`] with text `texts[b] = (prompt, targets)` for `caches[b]`: the
+/// texts may differ (several evaluation windows of one configuration share a batch) but
+/// must have prompts of one length and target lists of one length, so every member decodes
+/// at the same position each step.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] for an empty batch, empty prompts or target lists,
+/// texts of different lengths, `texts` and `caches` of different lengths, or a cache that
+/// is not empty; forward and cache errors.
+pub fn teacher_force_texts(
+    model: &Llama,
+    caches: &mut [Box<dyn KvCache>],
+    texts: &[(&[u32], &[u32])],
+    sample_steps: bool,
+) -> Result<Vec<Trace>> {
+    const OP: &str = "batched teacher-forced decode";
+    let Some(&(first_prompt, first_targets)) = texts.first() else {
+        return Err(invalid(OP, "need at least one cache and text"));
+    };
+    let (prompt_len, target_len) = (first_prompt.len(), first_targets.len());
+    if prompt_len == 0 || target_len == 0 {
+        return Err(invalid(OP, "need a prompt and at least one target"));
+    }
+    if texts.len() != caches.len() {
+        return Err(invalid(OP, format!("{} texts for {} caches", texts.len(), caches.len())));
+    }
+    if let Some((p, t)) = texts.iter().find(|(p, t)| p.len() != prompt_len || t.len() != target_len)
+    {
         return Err(invalid(
-            "batched teacher-forced decode",
-            "need a prompt, at least one target and at least one cache",
+            OP,
+            format!(
+                "texts of different lengths: prompt {} / {} targets vs {prompt_len} / {target_len}",
+                p.len(),
+                t.len()
+            ),
         ));
     }
     let batch = caches.len();
     let mut traces = Vec::with_capacity(batch);
     let mut logits = Vec::with_capacity(batch);
-    for cache in caches.iter_mut() {
+    for (cache, &(prompt, _)) in caches.iter_mut().zip(texts) {
         if !cache.is_empty() {
-            return Err(invalid(
-                "batched teacher-forced decode",
-                format!("cache already holds {} tokens", cache.len()),
-            ));
+            return Err(invalid(OP, format!("cache already holds {} tokens", cache.len())));
         }
-        cache.reserve(prompt.len() + targets.len())?;
+        cache.reserve(prompt_len + target_len)?;
         let t0 = Instant::now();
         let l = model.prefill(prompt, Some(cache.as_mut()), &mut NoObserver, false)?;
         logits.push(l.f_squeeze_dim(0).op("squeeze")?);
         traces.push(Trace {
-            nll: Vec::with_capacity(targets.len()),
-            hit: Vec::with_capacity(targets.len()),
+            nll: Vec::with_capacity(target_len),
+            hit: Vec::with_capacity(target_len),
             prefill_s: t0.elapsed().as_secs_f64(),
             after_prefill: cache.bytes(),
             batch,
@@ -214,6 +247,7 @@ pub fn teacher_force_batch(
         });
     }
     let mut scratch = BatchScratch::new(model.config(), batch)?;
+    let mut ids = vec![0u32; batch];
     let (mut wall, mut steps) = (0.0, 0);
     {
         let mut refs: Vec<&mut dyn KvCache> = caches
@@ -223,15 +257,18 @@ pub fn teacher_force_batch(
                 r
             })
             .collect();
-        for (i, &target) in targets.iter().enumerate() {
-            for (trace, l) in traces.iter_mut().zip(&logits) {
-                let (nll, hit) = score_one(l, target)?;
+        for i in 0..target_len {
+            for ((trace, l), (id, &(_, targets))) in
+                traces.iter_mut().zip(&logits).zip(ids.iter_mut().zip(texts))
+            {
+                let (nll, hit) = score_one(l, targets[i])?;
                 trace.nll.push(nll);
                 trace.hit.push(hit);
+                *id = targets[i];
             }
-            if i + 1 < targets.len() {
+            if i + 1 < target_len {
                 let t = Instant::now();
-                let all = model.decode_batch(target, prompt.len() + i, &mut refs, &mut scratch)?;
+                let all = model.decode_batch(&ids, prompt_len + i, &mut refs, &mut scratch)?;
                 for (b, l) in logits.iter_mut().enumerate() {
                     *l = all.f_select(0, b as i64).op("select logits")?;
                 }

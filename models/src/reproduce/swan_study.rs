@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
-use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_batch};
+use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_texts};
 use super::grid::{SwanGroup, SwanRun};
 use crate::calibrate::CalibrationStats;
 use crate::error::Result;
@@ -138,6 +138,11 @@ fn model_groups(ctx: &Context, runs: &[SwanRun], proj: &str) -> Result<Vec<(Llam
     group_by_weights(models)
 }
 
+/// Most caches one batched decode serves: the full plan's calibrated group (26
+/// configurations) × 2 windows of 1024 tokens holds 1–3 GiB of caches, and the model
+/// step is compute-bound well before this width.
+const MAX_BATCH: usize = 64;
+
 /// Calibrates the projections and runs every configuration of the plan.
 ///
 /// # Errors
@@ -159,16 +164,29 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
     let mut results: Vec<Option<(SwanResult, Trace)>> = vec![None; runs.len()];
     let mut done = 0;
     for (model, members) in &groups {
-        for w in &windows {
-            let mut caches = Vec::with_capacity(members.len());
+        // Every (configuration, window) pair of the group is one member of a batched
+        // decode; as many windows per batch as keep it within MAX_BATCH caches.
+        let per_batch = (MAX_BATCH / members.len()).clamp(1, windows.len().max(1));
+        for chunk in windows.chunks(per_batch) {
+            let mut caches = Vec::with_capacity(members.len() * chunk.len());
+            let mut texts: Vec<(&[u32], &[u32])> = Vec::with_capacity(caches.capacity());
             for &i in members {
                 let spec: CacheSpec = runs[i].spec(&proj, ctx.plan.threads).parse()?;
-                caches.push(spec.build(&ctx.model)?.1);
+                for w in chunk {
+                    caches.push(spec.build(&ctx.model)?.1);
+                    texts.push(w.split_at(prefix));
+                }
             }
-            let traces =
-                teacher_force_batch(model, &mut caches, &w[..prefix], &w[prefix..], false)?;
-            for (&i, t) in members.iter().zip(traces) {
-                per_run[i].push(t);
+            let t0 = std::time::Instant::now();
+            let traces = teacher_force_texts(model, &mut caches, &texts, false)?;
+            ctx.log(&format!(
+                "swan: {} configurations × {} windows decoded in {:.0} s",
+                members.len(),
+                chunk.len(),
+                t0.elapsed().as_secs_f64()
+            ));
+            for (&i, run_traces) in members.iter().zip(traces.chunks(chunk.len())) {
+                per_run[i].extend(run_traces.iter().cloned());
             }
         }
         for &i in members {
