@@ -167,6 +167,7 @@ impl Engine {
         let (items, slots, scratch) = (&ws.items, &ws.slots, &ws.scratch);
         self.pool.broadcast(&|thread| {
             let mut sc = lock(&scratch[thread]);
+            sc.prepare(W, d);
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(item) = items.get(i) else { break };

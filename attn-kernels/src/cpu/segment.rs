@@ -59,6 +59,25 @@ pub(crate) struct Scratch {
     pub vval: Vec<f32>,
 }
 
+impl Scratch {
+    /// Grows every buffer to what a job of head width `d` and `lanes` lanes needs with
+    /// `u8` indices, so that no thread allocates in a later step however the work items
+    /// fall among the threads (a thread that ran no item in the warm-up step would
+    /// otherwise grow its buffers in a steady-state one).
+    pub fn prepare(&mut self, lanes: usize, d: usize) {
+        let table = table_rows::<u8>(d) * lanes;
+        for (buf, len) in [
+            (&mut self.q, lanes * d),
+            (&mut self.qt, table),
+            (&mut self.acc_t, table),
+            (&mut self.kval, TILE * d),
+            (&mut self.vval, TILE * d),
+        ] {
+            buf.reserve(len.saturating_sub(buf.len()));
+        }
+    }
+}
+
 /// Writes `q · scale` (`heads × d`, head-major) into `buf` and returns it.
 pub(crate) fn scaled_queries<'b>(q: &[f32], scale: f32, buf: &'b mut Vec<f32>) -> &'b [f32] {
     buf.clear();
