@@ -284,25 +284,51 @@ impl CacheSpec {
     /// # Errors
     /// Projection loading and absorption errors; the caches' parameter errors.
     pub fn build(&self, model: &Llama) -> Result<(Llama, Box<dyn KvCache>)> {
+        let (model, make) = self.parts(model)?;
+        Ok((model, make()?))
+    }
+
+    /// [`CacheSpec::build`] with `n` fresh caches for the one model: the projection is
+    /// loaded and absorbed once and shared by every cache (several texts decoded with
+    /// the same configuration).
+    ///
+    /// # Errors
+    /// As [`CacheSpec::build`].
+    pub fn build_many(&self, model: &Llama, n: usize) -> Result<(Llama, Vec<Box<dyn KvCache>>)> {
+        let (model, make) = self.parts(model)?;
+        Ok((model, (0..n).map(|_| make()).collect::<Result<_>>()?))
+    }
+
+    /// The model this spec runs with and a maker of fresh caches for it.
+    fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
         let shape = CacheShape::of(model.config());
         let threads = self.threads.unwrap_or_else(default_threads);
-        match &self.kind {
-            CacheKind::Dense(format) => Ok((model.clone(), dense(shape, *format, threads)?)),
+        Ok(match &self.kind {
+            CacheKind::Dense(format) => {
+                (model.clone(), Box::new(move || dense(shape, *format, threads)))
+            }
             CacheKind::Swan(swan) => {
                 let set = Arc::new(swan.projection(model)?);
-                let cache = swan_cache(shape, swan.config(shape.head_dim), set.clone(), threads)?;
-                Ok((model.absorb_vo(&set)?, cache))
+                let cfg = swan.config(shape.head_dim);
+                let absorbed = model.absorb_vo(&set)?;
+                (absorbed, Box::new(move || swan_cache(shape, cfg, set.clone(), threads)))
             }
-            CacheKind::Tiered(t) => Ok((model.clone(), t.build(shape, None, threads)?)),
+            CacheKind::Tiered(t) => {
+                (model.clone(), Box::new(move || t.build(shape, None, threads)))
+            }
             CacheKind::SwanTiered(swan, t) => {
                 let set = Arc::new(swan.projection(model)?);
-                let cache =
-                    t.build(shape, Some((swan.config(shape.head_dim), set.clone())), threads)?;
-                Ok((model.absorb_vo(&set)?, cache))
+                let cfg = swan.config(shape.head_dim);
+                let absorbed = model.absorb_vo(&set)?;
+                let make = move || t.build(shape, Some((cfg, set.clone())), threads);
+                (absorbed, Box::new(make))
             }
-        }
+        })
     }
 }
+
+/// Makes a fresh cache of one spec ([`CacheSpec::build_many`]).
+type CacheMaker<'a> = Box<dyn Fn() -> Result<Box<dyn KvCache>> + 'a>;
 
 fn dense(shape: CacheShape, format: ValueFormat, threads: usize) -> Result<Box<dyn KvCache>> {
     Ok(match format {

@@ -197,3 +197,17 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
         Err(Error::InvalidInput { .. })
     ));
 }
+
+/// `CacheSpec::build_many` gives `n` fresh caches for one model equal to `build`'s.
+#[test]
+fn build_many_gives_fresh_caches_for_one_model() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    for text in ["dense:format=f16", "swan:k=8,value=fp8,b=4,basis=random:3"] {
+        let spec: CacheSpec = text.parse().unwrap();
+        let (one, _) = spec.build(&ckpt.model).unwrap();
+        let (model, caches) = spec.build_many(&ckpt.model, 3).unwrap();
+        assert_eq!(caches.len(), 3, "{text}");
+        assert!(caches.iter().all(|c| c.is_empty()), "{text}: fresh caches");
+        assert!(model.same_weights(&one).unwrap(), "{text}: same model as build");
+    }
+}

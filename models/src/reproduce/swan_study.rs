@@ -9,6 +9,7 @@ use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
 use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_texts};
 use super::grid::{SwanGroup, SwanRun};
+use crate::cache::KvCache;
 use crate::calibrate::CalibrationStats;
 use crate::error::Result;
 use crate::llama::Llama;
@@ -127,15 +128,29 @@ fn result_of(
     (result, all)
 }
 
+/// A model and the positions of the runs it serves.
+type Group = (Llama, Vec<usize>);
+
+/// One run's fresh caches, one per evaluation window.
+type RunCaches = Vec<Box<dyn KvCache>>;
+
 /// The plan's runs grouped by the model that serves them (runs whose built models have the
-/// same weights — the same absorbed basis — share one batched decode).
-fn model_groups(ctx: &Context, runs: &[SwanRun], proj: &str) -> Result<Vec<(Llama, Vec<usize>)>> {
-    let mut models = Vec::with_capacity(runs.len());
+/// same weights — the same absorbed basis — share one batched decode), and each run's
+/// `n` fresh caches (one per evaluation window), built with its model.
+fn model_groups(
+    ctx: &Context,
+    runs: &[SwanRun],
+    proj: &str,
+    n: usize,
+) -> Result<(Vec<Group>, Vec<RunCaches>)> {
+    let (mut models, mut caches) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
     for run in runs {
         let spec: CacheSpec = run.spec(proj, ctx.plan.threads).parse()?;
-        models.push(spec.build(&ctx.model)?.0);
+        let (model, run_caches) = spec.build_many(&ctx.model, n)?;
+        models.push(model);
+        caches.push(run_caches);
     }
-    group_by_weights(models)
+    Ok((group_by_weights(models)?, caches))
 }
 
 /// Most caches one batched decode serves: the full plan's calibrated group (26
@@ -153,7 +168,7 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
     let (count, wlen, prefix) = ctx.plan.swan_eval;
     let windows = ctx.corpus.windows(SWAN_EVAL_PLAY, 0, wlen, count)?;
     let runs: Vec<SwanRun> = ctx.plan.unique_swan().into_iter().cloned().collect();
-    let groups = model_groups(ctx, &runs, &proj)?;
+    let (groups, mut run_caches) = model_groups(ctx, &runs, &proj, windows.len())?;
     ctx.log(&format!(
         "swan: {} configurations in {} batched decodes (one per model variant): {:?}",
         runs.len(),
@@ -171,11 +186,8 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
             let mut caches = Vec::with_capacity(members.len() * chunk.len());
             let mut texts: Vec<(&[u32], &[u32])> = Vec::with_capacity(caches.capacity());
             for &i in members {
-                let spec: CacheSpec = runs[i].spec(&proj, ctx.plan.threads).parse()?;
-                for w in chunk {
-                    caches.push(spec.build(&ctx.model)?.1);
-                    texts.push(w.split_at(prefix));
-                }
+                caches.extend(run_caches[i].drain(..chunk.len()));
+                texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
             let traces = teacher_force_texts(model, &mut caches, &texts, false)?;
@@ -185,8 +197,9 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
                 chunk.len(),
                 t0.elapsed().as_secs_f64()
             ));
-            for (&i, run_traces) in members.iter().zip(traces.chunks(chunk.len())) {
-                per_run[i].extend(run_traces.iter().cloned());
+            let mut traces = traces.into_iter();
+            for &i in members {
+                per_run[i].extend(traces.by_ref().take(chunk.len()));
             }
         }
         for &i in members {
