@@ -700,8 +700,7 @@ mod crossover {
                 attn.dense(&cfg, &q, &kv, &mut out).map_err(kernel_err)
             })?);
             ts = ts.min(time_best(opts.min_sample_secs, || {
-                set.rotate_queries_into(0, 1, &q, &mut qh).map_err(proj_err)?;
-                set.rotate_keys_into(0, 1, &key, &mut kh).map_err(proj_err)?;
+                set.rotate_qk_into(0, 1, &q, &key, &mut qh, &mut kh).map_err(proj_err)?;
                 hybrid.decode(attn, &cfg, &qh, &mut out)
             })?);
         }

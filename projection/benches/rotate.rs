@@ -1,6 +1,8 @@
 //! Runtime rotation by `P_QK` after RoPE (SWAN §4, Appendix A.2's `4·d_h²` term): the tuned
 //! row kernel, SGEMM and the automatic choice against the naive triple loop, all in one run;
-//! plus a whole decode token (all q- and k-heads of one layer) for both model shapes.
+//! plus a whole decode token (all q- and k-heads of one layer) for both model shapes: the
+//! separate query and key calls (`tuned`) against the fused call that rotates each GQA
+//! group's queries and key in one pass over `P_QK` (`fused_qk`).
 //!
 //! `cargo bench -p projection --bench rotate`
 
@@ -64,6 +66,11 @@ fn decode_token(c: &mut Criterion) {
             b.iter(|| {
                 set.rotate_queries_into(0, 1, black_box(&q), &mut qo).unwrap();
                 set.rotate_keys_into(0, 1, black_box(&k), &mut ko).unwrap();
+            })
+        });
+        group.bench_function(BenchmarkId::new("fused_qk", s.name), |b| {
+            b.iter(|| {
+                set.rotate_qk_into(0, 1, black_box(&q), black_box(&k), &mut qo, &mut ko).unwrap()
             })
         });
         group.bench_function(BenchmarkId::new("naive", s.name), |b| {

@@ -11,7 +11,9 @@
 //! SGEMM per head; decode-sized ones run the row kernel per GQA group.
 
 use crate::error::{Result, Stream, check_len, check_product};
-use crate::rotate::{Direction, GEMM_MIN_ROWS, RotationKernel, Rows, rotate_strided};
+use crate::rotate::{
+    Direction, GEMM_MIN_ROWS, GROUP_ROWS, RotationKernel, Rows, rotate_group, rotate_strided,
+};
 use crate::set::ProjectionSet;
 
 /// What to apply to a head-layout tensor.
@@ -72,6 +74,79 @@ impl ProjectionSet {
     ) -> Result<()> {
         let plan = self.plan("ProjectionSet::rotate_keys", Stream::Qk, Direction::Forward, false);
         self.apply(plan, layer, n_tokens, k, out)
+    }
+
+    /// [`ProjectionSet::rotate_queries_into`] and [`ProjectionSet::rotate_keys_into`] in one
+    /// call, with the same results bit for bit: decode-sized inputs rotate each GQA group's
+    /// queries together with its key, so each kv-head's `P_QK` is read once per token
+    /// (instead of once for the key and once per pair of queries). Prefill-sized inputs
+    /// (≥ [`GEMM_MIN_ROWS`] tokens) and groups of ≥ [`GEMM_MIN_ROWS`] q-heads take the two
+    /// separate (SGEMM) paths.
+    ///
+    /// # Errors
+    /// As [`ProjectionSet::rotate_queries_into`], for either tensor.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::random(ModelDims::new(1, 4, 2, 8)?, "toy", 3)?;
+    /// let q: Vec<f32> = (0..4 * 8).map(|i| i as f32 * 0.1).collect();
+    /// let k: Vec<f32> = (0..2 * 8).map(|i| 1.0 - i as f32 * 0.05).collect();
+    /// let (mut qa, mut ka) = (vec![0.0; q.len()], vec![0.0; k.len()]);
+    /// set.rotate_qk_into(0, 1, &q, &k, &mut qa, &mut ka)?;
+    /// let (mut qb, mut kb) = (vec![0.0; q.len()], vec![0.0; k.len()]);
+    /// set.rotate_queries_into(0, 1, &q, &mut qb)?;
+    /// set.rotate_keys_into(0, 1, &k, &mut kb)?;
+    /// assert_eq!((qa, ka), (qb, kb));
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn rotate_qk_into(
+        &self,
+        layer: usize,
+        n_tokens: usize,
+        q: &[f32],
+        k: &[f32],
+        q_out: &mut [f32],
+        k_out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "ProjectionSet::rotate_qk";
+        let dims = self.dims();
+        let (d, qh, kvh) = (dims.head_dim(), dims.q_heads(), dims.kv_heads());
+        let per_kv = qh / kvh;
+        if n_tokens >= GEMM_MIN_ROWS || per_kv >= GEMM_MIN_ROWS {
+            // The separate calls run SGEMM here (packing `P` once pays off).
+            self.rotate_queries_into(layer, n_tokens, q, q_out)?;
+            return self.rotate_keys_into(layer, n_tokens, k, k_out);
+        }
+        dims.check_layer(OP, layer)?;
+        check_product(OP, "queries", &[n_tokens, qh, d], q.len())?;
+        check_product(OP, "keys", &[n_tokens, kvh, d], k.len())?;
+        check_len(OP, "q_out", q.len(), q_out.len())?;
+        check_len(OP, "k_out", k.len(), k_out.len())?;
+        if d == 0 {
+            return Ok(());
+        }
+        let bases = self.layer_bases(Stream::Qk, layer);
+        let groups = q.chunks_exact(per_kv * d).zip(k.chunks_exact(d));
+        let outs = q_out.chunks_exact_mut(per_kv * d).zip(k_out.chunks_exact_mut(d));
+        for (g, ((qg, kg), (qo, ko))) in groups.zip(outs).enumerate() {
+            let basis = bases[g % kvh].matrix();
+            // Passes of up to GROUP_ROWS rows: the group's queries, then its key.
+            let mut xs: [&[f32]; GROUP_ROWS] = [&[]; GROUP_ROWS];
+            let mut os: [&mut [f32]; GROUP_ROWS] = Default::default();
+            let mut n = 0;
+            let rows = qg.chunks_exact(d).chain([kg]);
+            for (x, o) in rows.zip(qo.chunks_exact_mut(d).chain([ko])) {
+                (xs[n], os[n]) = (x, o);
+                n += 1;
+                if n == GROUP_ROWS {
+                    rotate_group(&xs, basis, &mut os);
+                    n = 0;
+                }
+            }
+            rotate_group(&xs[..n], basis, &mut os[..n]);
+        }
+        Ok(())
     }
 
     /// In-place [`ProjectionSet::rotate_queries_into`] (allocates one scratch buffer).
@@ -222,6 +297,49 @@ impl ProjectionSet {
 #[cfg(test)]
 mod tests {
     use crate::{ModelDims, ProjectionSet};
+
+    #[test]
+    fn fused_qk_rotation_equals_the_separate_calls_bit_for_bit() {
+        // Groups of 1..=7 queries (+ the key: passes of 6 rows and a remainder), a head
+        // width that is not a multiple of the 16-column block, decode and prefill sizes,
+        // and a group large enough for the SGEMM path.
+        for (q_heads, kv_heads, d) in
+            [(1, 1, 8), (4, 2, 16), (9, 3, 64), (12, 2, 24), (14, 2, 70), (32, 8, 128), (32, 2, 8)]
+        {
+            let dims = ModelDims::new(2, q_heads, kv_heads, d).unwrap();
+            let set = ProjectionSet::random(dims, "m", 11).unwrap();
+            for n in [1usize, 3, 17] {
+                let q: Vec<f32> =
+                    (0..n * q_heads * d).map(|i| ((i * 37) % 29) as f32 / 7.0 - 2.0).collect();
+                let k: Vec<f32> =
+                    (0..n * kv_heads * d).map(|i| ((i * 53) % 31) as f32 / 9.0 - 1.5).collect();
+                let (mut qa, mut ka) = (vec![0.0; q.len()], vec![0.0; k.len()]);
+                set.rotate_qk_into(1, n, &q, &k, &mut qa, &mut ka).unwrap();
+                let (mut qb, mut kb) = (vec![0.0; q.len()], vec![0.0; k.len()]);
+                set.rotate_queries_into(1, n, &q, &mut qb).unwrap();
+                set.rotate_keys_into(1, n, &k, &mut kb).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let tag = format!("{q_heads}/{kv_heads} d {d} n {n}");
+                assert_eq!(bits(&qa), bits(&qb), "queries, {tag}");
+                assert_eq!(bits(&ka), bits(&kb), "keys, {tag}");
+            }
+        }
+    }
+
+    #[test]
+    fn fused_qk_rotation_rejects_bad_shapes_and_layers() {
+        let set = ProjectionSet::random(ModelDims::new(2, 4, 2, 8).unwrap(), "m", 1).unwrap();
+        let (q, k) = (vec![0.5f32; 32], vec![0.5f32; 16]);
+        let (mut qo, mut ko) = (vec![0.0f32; 32], vec![0.0f32; 16]);
+        let err = |r: crate::Result<()>| r.unwrap_err().to_string();
+        let e = err(set.rotate_qk_into(2, 1, &q, &k, &mut qo, &mut ko));
+        assert!(e.contains("rotate_qk"), "{e}");
+        assert!(set.rotate_qk_into(0, 1, &q[..31], &k, &mut qo, &mut ko).is_err());
+        assert!(set.rotate_qk_into(0, 1, &q, &k[..8], &mut qo, &mut ko).is_err());
+        assert!(set.rotate_qk_into(0, 1, &q, &k, &mut qo[..16], &mut ko).is_err());
+        assert!(set.rotate_qk_into(0, 1, &q, &k, &mut qo, &mut ko[..15]).is_err());
+        assert!(set.rotate_qk_into(0, 2, &q, &k, &mut qo, &mut ko).is_err());
+    }
 
     #[test]
     fn prefill_and_decode_paths_agree_and_inverse_undoes_forward() {

@@ -151,6 +151,64 @@ unsafe fn rows_kernel_avx2<const INV: bool>(
     rows_kernel::<true, INV, 64, 32>(x, xr, p, out, or);
 }
 
+/// Most rows one pass of [`rotate_group`] carries: with 16 output columns per block (two
+/// AVX2 registers per row) that is 12 accumulators plus the two `P` chunks and a broadcast.
+pub(crate) const GROUP_ROWS: usize = 6;
+
+/// Output columns per block of [`rotate_group`].
+const GROUP_BLOCK: usize = 16;
+
+/// `outs[r] = xs[r]·P` for rows that share one basis — a GQA group's queries and its key
+/// in one decode step — in passes of up to [`GROUP_ROWS`] rows, so each element of `P`
+/// is loaded once per pass instead of once per call per row pair. Same summation order as
+/// the forward row kernel (`acc ← x_i·p_ic + acc` for `i = 0..d`), so the results equal
+/// [`rotate_strided`]'s bit for bit on the same instruction set.
+pub(crate) fn rotate_group(xs: &[&[f32]], p: &Mat, outs: &mut [&mut [f32]]) {
+    debug_assert_eq!(xs.len(), outs.len());
+    for (x, out) in xs.chunks(GROUP_ROWS).zip(outs.chunks_mut(GROUP_ROWS)) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: both target features were detected on this CPU just above.
+            unsafe { group_pass_avx2(x, p.as_slice(), out) };
+            continue;
+        }
+        group_pass::<false>(x, p.as_slice(), out);
+    }
+}
+
+/// One pass of at most [`GROUP_ROWS`] rows, dispatched to the block kernel of that height.
+#[inline(always)]
+fn group_pass<const FMA: bool>(xs: &[&[f32]], p: &[f32], outs: &mut [&mut [f32]]) {
+    macro_rules! pass {
+        ($($n:literal)*) => {
+            match xs.len() {
+                $($n => {
+                    let x: [&[f32]; $n] = std::array::from_fn(|r| xs[r]);
+                    let mut o: [&mut [f32]; $n] = rows_mut(outs);
+                    block_kernel::<FMA, $n, GROUP_BLOCK>(x, p, &mut o);
+                })*
+                _ => {}
+            }
+        };
+    }
+    pass!(1 2 3 4 5 6);
+}
+
+/// The first `N` output rows as an array of mutable slices.
+fn rows_mut<'a, const N: usize>(outs: &'a mut [&mut [f32]]) -> [&'a mut [f32]; N] {
+    let mut it = outs.iter_mut();
+    std::array::from_fn(|_| &mut **it.next().expect("a pass has N output rows"))
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn group_pass_avx2(xs: &[&[f32]], p: &[f32], outs: &mut [&mut [f32]]) {
+    group_pass::<true>(xs, p, outs);
+}
+
 /// Which implementation rotates a batch of rows.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RotationKernel {
@@ -315,6 +373,44 @@ mod tests {
                 rows_kernel::<false, true, BLOCK, BLOCK>(&x, all, p.as_slice(), &mut fast, all);
                 for (a, b) in fast.iter().zip(&slow) {
                     assert!((a - b).abs() < 1e-5, "portable inverse d {d} n {n}: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn group_passes_match_the_row_kernel_bit_for_bit() {
+        for d in [1usize, 5, 16, 33, 64] {
+            let p = crate::ablation::random_orthogonal(d, 3 + d as u64);
+            for n in 1..=GROUP_ROWS {
+                let x: Vec<f32> = (0..n * d).map(|i| ((i * 13) % 19) as f32 / 5.0 - 1.7).collect();
+                let all = Rows { offset: 0, stride: d, n };
+                let mut want = vec![0.0; n * d];
+                let mut got = vec![0.0; n * d];
+                let xs: Vec<&[f32]> = x.chunks_exact(d).collect();
+                for fma in [false, true] {
+                    let mut outs: Vec<&mut [f32]> = got.chunks_exact_mut(d).collect();
+                    if fma {
+                        rows_kernel::<true, false, BLOCK, BLOCK>(
+                            &x,
+                            all,
+                            p.as_slice(),
+                            &mut want,
+                            all,
+                        );
+                        group_pass::<true>(&xs, p.as_slice(), &mut outs);
+                    } else {
+                        rows_kernel::<false, false, BLOCK, BLOCK>(
+                            &x,
+                            all,
+                            p.as_slice(),
+                            &mut want,
+                            all,
+                        );
+                        group_pass::<false>(&xs, p.as_slice(), &mut outs);
+                    }
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "d {d}, {n} rows, fma {fma}");
                 }
             }
         }

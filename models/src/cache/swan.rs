@@ -207,8 +207,7 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
 
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
-        self.set.rotate_queries_into(layer, 1, step.q, &mut self.q_rot)?;
-        self.set.rotate_keys_into(layer, 1, step.k, &mut self.k_rot)?;
+        self.set.rotate_qk_into(layer, 1, step.q, step.k, &mut self.q_rot, &mut self.k_rot)?;
         self.caches.append_token(layer, &self.k_rot, step.v)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;

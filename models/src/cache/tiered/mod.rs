@@ -153,8 +153,7 @@ impl<D: Value> TieredCache<D> {
     /// Rotates one token's q and k into the SWAN basis (no-op without SWAN).
     fn rotate_step(&mut self, layer: usize, step: &StepQkv<'_>) -> Result<bool> {
         let Some((_, set)) = &self.swan else { return Ok(false) };
-        set.rotate_queries_into(layer, 1, step.q, &mut self.q_rot)?;
-        set.rotate_keys_into(layer, 1, step.k, &mut self.k_rot)?;
+        set.rotate_qk_into(layer, 1, step.q, step.k, &mut self.q_rot, &mut self.k_rot)?;
         Ok(true)
     }
 
