@@ -8,7 +8,8 @@
 //! Layouts (row-major f32): `[n_tokens, q_heads, head_dim]` for queries and attention
 //! outputs, `[n_tokens, kv_heads, head_dim]` for keys and values. Query head `h` uses the
 //! bases of kv-head `h / group`. Prefill-sized inputs (≥ [`GEMM_MIN_ROWS`] tokens) run one
-//! SGEMM per head; decode-sized ones run the row kernel per GQA group.
+//! SGEMM per head; decode-sized ones run the row kernel per GQA group, and
+//! [`ProjectionSet::rotate_qk_into`] rotates a group's queries and key in one pass.
 
 use crate::error::{Result, Stream, check_len, check_product};
 use crate::rotate::{

@@ -8,7 +8,9 @@
 //! accumulators with `P` streamed row by row; inverse: 16-lane dot products against the
 //! rows of `P`; AVX2+FMA picked at run time on x86-64) for the few rows of a decode step,
 //! and `matrixmultiply`'s SGEMM for prefill-sized batches (from [`GEMM_MIN_ROWS`] rows per
-//! basis), where packing `P` once pays off.
+//! basis), where packing `P` once pays off. A decode step's queries and key share their
+//! group's basis; `rotate_group` runs them through the forward kernel together, up to six
+//! rows per pass over `P` (behind [`crate::ProjectionSet::rotate_qk_into`]).
 
 use crate::error::{Result, check_len};
 use crate::gemm::{View, sgemm};
@@ -188,7 +190,7 @@ fn group_pass<const FMA: bool>(xs: &[&[f32]], p: &[f32], outs: &mut [&mut [f32]]
                     let mut o: [&mut [f32]; $n] = rows_mut(outs);
                     block_kernel::<FMA, $n, GROUP_BLOCK>(x, p, &mut o);
                 })*
-                _ => {}
+                n => unreachable!("a pass holds 1..={GROUP_ROWS} rows, got {n}"),
             }
         };
     }

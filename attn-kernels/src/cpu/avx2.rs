@@ -4,8 +4,8 @@
 //! Formats are decoded in registers, eight at a time: f16 by `vcvtph2ps`, bf16 by a 16-bit
 //! shift, fp8 E4M3FN through f16 (the 7 magnitude bits shifted into an f16, widened and
 //! multiplied by 2⁸ — exact for normals and subnormals, no f32 denormal arithmetic; the NaN
-//! code kept NaN). Each function is compiled with the features enabled and is called only through
-//! [`super::tile::Kernels`], which holds the proof of availability.
+//! code kept NaN). Each function is compiled with the features enabled and is called only
+//! through [`super::tile::Kernels`], which holds the proof of availability.
 
 use std::any::TypeId;
 use std::arch::x86_64::*;
