@@ -58,52 +58,34 @@ static inline __m256 fp8x8_via_f16(__m128i v) {
 #define BYTE(w, u) (((w) >> (8 * (u))) & 0xff)
 #define LANE(v, u) _mm_permute_ps(v, (u) * 0x55)
 
+/* The score loop shared by the variants below that differ only in where entry u of the
+ * current 8 (at j + u) gets its value from; `cx` holds the 8 codes of one 64-bit load. A
+ * variant that does not read `cp`, `vp` or `cx` compiles without them. */
+#define SCORE_VARIANT(name, value)                                                               \
+    __attribute__((noinline)) static void name(void) {                                           \
+        for (int r = 0; r < ROWS; r++) {                                                         \
+            __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()}; \
+            const uint8_t *ip = idx + r * K, *cp = code + r * K;                                 \
+            const float *vp = val + r * K;                                                       \
+            (void)cp;                                                                            \
+            (void)vp;                                                                            \
+            for (int j = 0; j < K; j += 8) {                                                     \
+                uint64_t ix, cx;                                                                 \
+                memcpy(&ix, ip + j, 8);                                                          \
+                memcpy(&cx, cp + j, 8);                                                          \
+                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)                              \
+                    a[u & 3] = _mm_fmadd_ps(_mm_load_ps(qt + 4 * BYTE(ix, u)), (value), a[u & 3]); \
+            }                                                                                    \
+            _mm_storeu_ps(s + 4 * r, _mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3]))); \
+        }                                                                                        \
+    }
+
 /* kernel: u64 index load, code byte + table broadcast, FMA with the query row as operand. */
-__attribute__((noinline)) static void score_kernel(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-        const uint8_t *ip = idx + r * K, *cp = code + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix;
-            memcpy(&ix, ip + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
-                a[u & 3] = _mm_fmadd_ps(_mm_load_ps(qt + 4 * BYTE(ix, u)), _mm_broadcast_ss(tab + cp[j + u]), a[u & 3]);
-        }
-        _mm_storeu_ps(s + 4 * r, _mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3])));
-    }
-}
-
+SCORE_VARIANT(score_kernel, _mm_broadcast_ss(tab + cp[j + u]))
 /* values already f32: one load fewer per entry than the table. */
-__attribute__((noinline)) static void score_f32(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-        const uint8_t *ip = idx + r * K;
-        const float *vp = val + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix;
-            memcpy(&ix, ip + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
-                a[u & 3] = _mm_fmadd_ps(_mm_load_ps(qt + 4 * BYTE(ix, u)), _mm_broadcast_ss(vp + j + u), a[u & 3]);
-        }
-        _mm_storeu_ps(s + 4 * r, _mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3])));
-    }
-}
-
+SCORE_VARIANT(score_f32, _mm_broadcast_ss(vp + j + u))
 /* codes also read eight per 64-bit load and peeled off by shifts (ALU instead of loads). */
-__attribute__((noinline)) static void score_codes_u64(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 a[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
-        const uint8_t *ip = idx + r * K, *cp = code + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix, cx;
-            memcpy(&ix, ip + j, 8);
-            memcpy(&cx, cp + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++)
-                a[u & 3] = _mm_fmadd_ps(_mm_load_ps(qt + 4 * BYTE(ix, u)), _mm_broadcast_ss(tab + BYTE(cx, u)), a[u & 3]);
-        }
-        _mm_storeu_ps(s + 4 * r, _mm_add_ps(_mm_add_ps(a[0], a[1]), _mm_add_ps(a[2], a[3])));
-    }
-}
+SCORE_VARIANT(score_codes_u64, _mm_broadcast_ss(tab + BYTE(cx, u)))
 
 /* values decoded eight at a time in registers, each broadcast by an in-register shuffle. */
 __attribute__((noinline)) static void score_reg_decode(void) {
@@ -184,44 +166,28 @@ __attribute__((noinline)) static void decode_tile_via_f16(void) {
         _mm_store_ps(o, _mm_fmadd_ps(w, (vexpr), _mm_load_ps(o)));           \
     } while (0)
 
+/* The value loop shared by the variants below; `value` as in SCORE_VARIANT. */
+#define SCATTER_VARIANT(name, value)                                                             \
+    __attribute__((noinline)) static void name(void) {                                           \
+        for (int r = 0; r < ROWS; r++) {                                                         \
+            __m128 w = _mm_loadu_ps(s + 4 * r);                                                  \
+            const uint8_t *ip = idx + r * K, *cp = code + r * K;                                 \
+            const float *vp = val + r * K;                                                       \
+            (void)cp;                                                                            \
+            (void)vp;                                                                            \
+            for (int j = 0; j < K; j += 8) {                                                     \
+                uint64_t ix, cx;                                                                 \
+                memcpy(&ix, ip + j, 8);                                                          \
+                memcpy(&cx, cp + j, 8);                                                          \
+                _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) SCATTER(value);              \
+            }                                                                                    \
+        }                                                                                        \
+    }
+
 /* kernel: read-modify-write of the group's 4 accumulators per entry. */
-__attribute__((noinline)) static void scatter_kernel(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 w = _mm_loadu_ps(s + 4 * r);
-        const uint8_t *ip = idx + r * K, *cp = code + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix;
-            memcpy(&ix, ip + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) SCATTER(_mm_broadcast_ss(tab + cp[j + u]));
-        }
-    }
-}
-
-__attribute__((noinline)) static void scatter_f32(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 w = _mm_loadu_ps(s + 4 * r);
-        const uint8_t *ip = idx + r * K;
-        const float *vp = val + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix;
-            memcpy(&ix, ip + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) SCATTER(_mm_broadcast_ss(vp + j + u));
-        }
-    }
-}
-
-__attribute__((noinline)) static void scatter_codes_u64(void) {
-    for (int r = 0; r < ROWS; r++) {
-        __m128 w = _mm_loadu_ps(s + 4 * r);
-        const uint8_t *ip = idx + r * K, *cp = code + r * K;
-        for (int j = 0; j < K; j += 8) {
-            uint64_t ix, cx;
-            memcpy(&ix, ip + j, 8);
-            memcpy(&cx, cp + j, 8);
-            _Pragma("GCC unroll 8") for (int u = 0; u < 8; u++) SCATTER(_mm_broadcast_ss(tab + BYTE(cx, u)));
-        }
-    }
-}
+SCATTER_VARIANT(scatter_kernel, _mm_broadcast_ss(tab + cp[j + u]))
+SCATTER_VARIANT(scatter_f32, _mm_broadcast_ss(vp + j + u))
+SCATTER_VARIANT(scatter_codes_u64, _mm_broadcast_ss(tab + BYTE(cx, u)))
 
 __attribute__((noinline)) static void scatter_reg_decode(void) {
     for (int r = 0; r < ROWS; r++) {
