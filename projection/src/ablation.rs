@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
 
 use crate::basis::Basis;
-use crate::dims::ModelDims;
-use crate::error::{Error, Result, Stream};
+use crate::dims::{ModelDims, Stream};
+use crate::error::{Error, Result};
 use crate::mat::Mat;
 use crate::set::{BasisKind, ProjectionSet, Provenance};
 

@@ -18,7 +18,8 @@
 //! `o_proj` biases (none in Llama/Qwen2) are added after `W_O` and need no change; Q/K
 //! biases act before RoPE and are untouched (`P_QK` is applied at run time).
 
-use crate::error::{Result, Stream, check_finite, check_len, check_product};
+use crate::dims::Stream;
+use crate::error::{Result, check_finite, check_len, check_product};
 use crate::gemm::{View, sgemm};
 use crate::mat::Mat;
 use crate::set::ProjectionSet;

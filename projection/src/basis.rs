@@ -9,7 +9,8 @@
 
 use nalgebra::{DMatrix, SymmetricEigen};
 
-use crate::error::{Error, Result, Site, check_len};
+use crate::dims::Site;
+use crate::error::{Error, Result, check_len};
 use crate::mat::Mat;
 use crate::moment::SecondMoment;
 
@@ -190,7 +191,7 @@ fn sign_of_largest(v: impl Iterator<Item = f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Stream;
+    use crate::dims::Stream;
 
     const SITE: Site = Site { layer: 0, kv_head: 0, stream: Stream::Vo };
 

@@ -17,8 +17,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::basis::Basis;
-use crate::dims::ModelDims;
-use crate::error::{Error, Result, Site, Stream, check_finite, check_product};
+use crate::dims::{ModelDims, Site, Stream};
+use crate::error::{Error, Result, check_finite, check_product};
 use crate::mat::Mat;
 use crate::moment::{RowBlock, SecondMoment, check_weight};
 use crate::set::{BasisKind, HeadCounts, ProjectionSet, Provenance};

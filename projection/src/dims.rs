@@ -1,11 +1,66 @@
-//! Attention geometry of a model: layers, query heads, KV heads (GQA), head dimension.
+//! Attention geometry of a model: layers, query heads, KV heads (GQA), head dimension, and
+//! the per-head positions ([`Site`]: layer, kv-head, [`Stream`]) that index its bases.
 //!
 //! SWAN keeps one `P_QK` and one `P_VO` per (layer, kv-head) (SWAN §4, "projection
 //! matrices"); query head `h` uses the bases of kv-head `h / group` where
 //! `group = q_heads / kv_heads` (GQA; `group == 1` is MHA), the same mapping Hugging Face's
 //! `repeat_kv` uses.
 
+use std::fmt;
+
 use crate::error::{Error, Result, check_index};
+
+/// Which of the two per-head bases a matrix or an accumulator belongs to.
+///
+/// SWAN learns one basis for the joint query/key distribution (`P_QK`, applied at run time
+/// after RoPE) and one for the joint value/attention-output distribution (`P_VO`, absorbed
+/// into `W_V`/`W_O`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Stream {
+    /// Queries (after RoPE) and keys (after RoPE): basis `P_QK`.
+    Qk,
+    /// Values and per-q-head attention outputs: basis `P_VO`.
+    Vo,
+}
+
+impl Stream {
+    /// Both streams, QK first (the order used in files and loops).
+    pub const ALL: [Stream; 2] = [Stream::Qk, Stream::Vo];
+
+    /// Position of the stream in [`Stream::ALL`].
+    pub const fn index(self) -> usize {
+        match self {
+            Stream::Qk => 0,
+            Stream::Vo => 1,
+        }
+    }
+}
+
+impl fmt::Display for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Stream::Qk => "QK",
+            Stream::Vo => "VO",
+        })
+    }
+}
+
+/// One (layer, kv-head, stream) position of a model: labels errors and indexes bases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Site {
+    /// Decoder layer index.
+    pub layer: usize,
+    /// KV-head index inside the layer.
+    pub kv_head: usize,
+    /// QK or VO basis.
+    pub stream: Stream,
+}
+
+impl fmt::Display for Site {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "layer {} kv-head {} {}", self.layer, self.kv_head, self.stream)
+    }
+}
 
 /// Attention dimensions shared by every layer of a decoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -11,7 +11,8 @@
 //! SGEMM per head; decode-sized ones run the row kernel per GQA group, and
 //! [`ProjectionSet::rotate_qk_into`] rotates a group's queries and key in one pass.
 
-use crate::error::{Result, Stream, check_len, check_product};
+use crate::dims::Stream;
+use crate::error::{Result, check_len, check_product};
 use crate::rotate::{
     Direction, GEMM_MIN_ROWS, GROUP_ROWS, RotationKernel, Rows, rotate_group, rotate_strided,
 };

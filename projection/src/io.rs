@@ -23,8 +23,8 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
 use crate::basis::Basis;
 use crate::calibrate::{CalibrationConfig, SampleCounts};
-use crate::dims::ModelDims;
-use crate::error::{Error, Result, Stream};
+use crate::dims::{ModelDims, Stream};
+use crate::error::{Error, Result};
 use crate::mat::Mat;
 use crate::set::{BasisKind, HeadCounts, ProjectionSet, Provenance};
 

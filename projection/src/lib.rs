@@ -58,8 +58,8 @@ pub use basis::Basis;
 pub use calibrate::{
     CalibrationConfig, Calibrator, LayerActivations, SampleCounts, Weighting, calibrate_parallel,
 };
-pub use dims::ModelDims;
-pub use error::{Error, Result, Site, Stream};
+pub use dims::{ModelDims, Site, Stream};
+pub use error::{Error, Result};
 pub use mat::Mat;
 pub use moment::SecondMoment;
 pub use rotate::{

@@ -10,8 +10,8 @@ use std::str::FromStr;
 
 use crate::basis::Basis;
 use crate::calibrate::{CalibrationConfig, SampleCounts};
-use crate::dims::ModelDims;
-use crate::error::{Error, Result, Site, Stream, check_len};
+use crate::dims::{ModelDims, Site, Stream};
+use crate::error::{Error, Result, check_len};
 use crate::mat::Mat;
 
 /// Largest entry-wise `|PᵀP − I|` a basis may have to be accepted into a set (built or
