@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in `models`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Reading or mapping a file failed.
     #[error("{op} {path}: {source}")]
@@ -39,56 +40,10 @@ pub enum Error {
         /// The architecture the file declares.
         got: String,
     },
-    /// A GGUF file ended before a field it declares.
-    #[error(
-        "GGUF truncated reading {what} at byte {offset}: need {needed} bytes, {available} left"
-    )]
-    GgufTruncated {
-        /// The field being read.
-        what: &'static str,
-        /// Byte offset of the read.
-        offset: u64,
-        /// Bytes the field needs.
-        needed: u64,
-        /// Bytes left in the file.
-        available: u64,
-    },
-    /// A GGUF file is structurally invalid (bad magic, counts, offsets, alignment…).
-    #[error("GGUF invalid {what} at byte {offset}: {reason}")]
-    GgufInvalid {
-        /// The field or structure.
-        what: String,
-        /// Byte offset where the problem was detected.
-        offset: u64,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A tensor is stored in a format we cannot dequantise.
-    #[error(
-        "tensor `{tensor}`: unsupported tensor type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
-    )]
-    UnsupportedTensorType {
-        /// Tensor name.
-        tensor: String,
-        /// The type's name (or numeric id).
-        dtype: String,
-    },
-    /// A metadata key the loader needs is absent.
-    #[error("metadata: missing key `{key}`")]
-    MissingMetadata {
-        /// The key.
-        key: String,
-    },
-    /// A metadata key has a value of the wrong type or range.
-    #[error("metadata `{key}`: expected {expected}, got {got}")]
-    MetadataType {
-        /// The key.
-        key: String,
-        /// What was expected.
-        expected: String,
-        /// What was found.
-        got: String,
-    },
+    /// A GGUF file is truncated or malformed, lacks metadata, or holds a tensor type the
+    /// loader cannot dequantise.
+    #[error(transparent)]
+    Gguf(#[from] crate::gguf::GgufError),
     /// A weight the model needs is not in the checkpoint.
     #[error("load weights: missing tensor `{name}`")]
     MissingTensor {

@@ -15,6 +15,7 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use crate::error::{Error, Result};
+use crate::gguf::GgufError;
 use crate::gguf::{GgufFile, MetaValue, meta};
 
 /// GGUF token type of control tokens (`<|im_start|>` and friends).
@@ -34,7 +35,7 @@ impl Tokenizer {
     /// Builds the tokenizer stored in a GGUF file's metadata.
     ///
     /// # Errors
-    /// [`Error::MissingMetadata`]/[`Error::MetadataType`] for absent or mistyped keys,
+    /// [`GgufError::MissingMetadata`]/[`GgufError::MetadataType`] for absent or mistyped keys,
     /// [`Error::Tokenizer`] for a tokenizer model other than `gpt2` or a malformed merge.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
         let model = meta(file, "tokenizer.ggml.model")?.as_str().unwrap_or_default();
@@ -66,7 +67,7 @@ impl Tokenizer {
             Some(true) => {
                 let v = meta(file, "tokenizer.ggml.bos_token_id")?;
                 Some(v.as_u64().and_then(|id| u32::try_from(id).ok()).ok_or_else(|| {
-                    Error::MetadataType {
+                    GgufError::MetadataType {
                         key: "tokenizer.ggml.bos_token_id".into(),
                         expected: "a token id".into(),
                         got: v.type_name().into(),
@@ -127,17 +128,20 @@ impl Tokenizer {
 
 fn strings<'a>(file: &'a GgufFile, key: &str) -> Result<Vec<&'a str>> {
     let v = meta(file, key)?;
-    let bad = || Error::MetadataType {
-        key: key.into(),
-        expected: "an array of strings".into(),
-        got: v.type_name().into(),
+    let bad = || {
+        GgufError::MetadataType {
+            key: key.into(),
+            expected: "an array of strings".into(),
+            got: v.type_name().into(),
+        }
+        .into()
     };
     v.as_array().ok_or_else(bad)?.iter().map(|s| s.as_str().ok_or_else(bad)).collect()
 }
 
 fn control_tokens(file: &GgufFile, tokens: &[&str]) -> Result<Vec<AddedToken>> {
     let Some(types) = file.get("tokenizer.ggml.token_type") else { return Ok(Vec::new()) };
-    let types = types.as_array().ok_or_else(|| Error::MetadataType {
+    let types = types.as_array().ok_or_else(|| GgufError::MetadataType {
         key: "tokenizer.ggml.token_type".into(),
         expected: "an array of integers".into(),
         got: types.type_name().into(),

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{fixtures, max_abs};
-use models::gguf::{GgmlType, GgufFile, GgufSource, GgufWriter, MetaValue};
+use models::gguf::{GgmlType, GgufError, GgufFile, GgufSource, GgufWriter, MetaValue};
 use models::llama::NoObserver;
 use models::weights::{SafetensorsSource, WeightSource};
 use models::{Checkpoint, Error, Llama};
@@ -135,7 +135,9 @@ fn every_truncation_and_corruption_is_typed() {
     assert_eq!(full.tensors().len(), 2);
     for n in 0..bytes.len() {
         match GgufFile::from_bytes(bytes[..n].to_vec()) {
-            Err(Error::GgufTruncated { .. } | Error::GgufInvalid { .. }) => {}
+            Err(
+                Error::Gguf(GgufError::Truncated { .. }) | Error::Gguf(GgufError::Invalid { .. }),
+            ) => {}
             other => panic!("truncated at {n}: {:?}", other.map(|f| f.tensors().len())),
         }
     }
@@ -184,22 +186,31 @@ fn missing_misshaped_and_unsupported_tensors_are_typed() {
     let e = load(rebuild("", Some("blk.0.ffn_down.weight"), None)).err().unwrap();
     assert!(matches!(e, Error::TensorShape { .. }), "{e}");
     let e = load(rebuild("", None, Some("blk.0.attn_norm.weight"))).err().unwrap();
-    assert!(matches!(e, Error::TensorShape { .. } | Error::UnsupportedTensorType { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::TensorShape { .. } | Error::Gguf(GgufError::UnsupportedTensorType { .. })
+        ),
+        "{e}"
+    );
     let q5k = GgufWriter::new()
         .tensor("k", &[256], GgmlType::from_id(13).unwrap(), vec![0; 176])
         .to_bytes();
     let e = GgufFile::from_bytes(q5k).unwrap().dequantize("k").err().unwrap();
-    assert!(matches!(e, Error::UnsupportedTensorType { ref dtype, .. } if dtype == "Q5_K"), "{e}");
+    assert!(
+        matches!(e, Error::Gguf(GgufError::UnsupportedTensorType { ref dtype, .. }) if dtype == "Q5_K"),
+        "{e}"
+    );
 }
 
 #[test]
 fn truncated_real_model_is_a_typed_error() {
-    let path = models::paths::default_model();
+    let path = common::default_model();
     let bytes = std::fs::read(&path)
         .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", path.display()));
     for cut in [8, 1 << 20, bytes.len() / 2, bytes.len() - 1] {
         let e = GgufFile::from_bytes(bytes[..cut].to_vec()).err().unwrap();
-        assert!(matches!(e, Error::GgufTruncated { .. }), "cut at {cut}: {e}");
+        assert!(matches!(e, Error::Gguf(GgufError::Truncated { .. })), "cut at {cut}: {e}");
     }
     let missing = Checkpoint::load(std::path::Path::new("/nonexistent/model.gguf")).err().unwrap();
     assert!(matches!(missing, Error::Io { .. }), "{missing}");

@@ -1,7 +1,7 @@
 //! A bounds-checked little-endian reader over the bytes of a GGUF file. Every read names
 //! the field it is for, so a truncated file reports which field ran past the end.
 
-use crate::error::{Error, Result};
+use super::error::{GgufError, Result};
 
 /// Reads fixed-width fields and length-prefixed strings from a byte slice.
 pub(crate) struct Cursor<'a> {
@@ -24,11 +24,11 @@ impl<'a> Cursor<'a> {
         self.data.len() - self.pos
     }
 
-    /// The next `n` bytes, or [`Error::GgufTruncated`] naming `what`.
+    /// The next `n` bytes, or [`GgufError::Truncated`] naming `what`.
     pub(crate) fn take(&mut self, n: u64, what: &'static str) -> Result<&'a [u8]> {
         let available = self.remaining();
         let n_usize =
-            usize::try_from(n).ok().filter(|&n| n <= available).ok_or(Error::GgufTruncated {
+            usize::try_from(n).ok().filter(|&n| n <= available).ok_or(GgufError::Truncated {
                 what,
                 offset: self.pos as u64,
                 needed: n,
@@ -75,7 +75,7 @@ impl<'a> Cursor<'a> {
         let start = self.pos;
         let len = self.u64(what)?;
         let bytes = self.take(len, what)?;
-        std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| Error::GgufInvalid {
+        std::str::from_utf8(bytes).map(str::to_owned).map_err(|e| GgufError::Invalid {
             what: what.to_string(),
             offset: start as u64,
             reason: format!("string is not UTF-8: {e}"),
@@ -98,7 +98,7 @@ mod tests {
         let e = c.u8("tail").unwrap_err();
         assert!(matches!(
             e,
-            Error::GgufTruncated { what: "tail", offset: 15, needed: 1, available: 0 }
+            GgufError::Truncated { what: "tail", offset: 15, needed: 1, available: 0 }
         ));
     }
 
@@ -106,13 +106,13 @@ mod tests {
     fn huge_string_length_is_truncation_not_allocation() {
         let bytes = u64::MAX.to_le_bytes();
         let e = Cursor::new(&bytes).string("key").unwrap_err();
-        assert!(matches!(e, Error::GgufTruncated { needed: u64::MAX, .. }));
+        assert!(matches!(e, GgufError::Truncated { needed: u64::MAX, .. }));
     }
 
     #[test]
     fn invalid_utf8_is_typed() {
         let mut bytes = 1u64.to_le_bytes().to_vec();
         bytes.push(0xff);
-        assert!(matches!(Cursor::new(&bytes).string("key"), Err(Error::GgufInvalid { .. })));
+        assert!(matches!(Cursor::new(&bytes).string("key"), Err(GgufError::Invalid { .. })));
     }
 }

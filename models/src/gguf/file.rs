@@ -12,6 +12,7 @@ use std::path::Path;
 use memmap2::Mmap;
 
 use super::cursor::Cursor;
+use super::error::GgufError;
 use super::quant::{GgmlType, dequantize};
 use super::value::{MetaValue, read_value};
 use crate::error::{Error, Result};
@@ -76,21 +77,36 @@ struct Parsed {
 }
 
 impl GgufFile {
-    /// Maps and parses the file at `path`.
+    /// Reads the file at `path` into memory and parses it (safe; one copy of the file).
     ///
-    /// The file is memory-mapped read-only; like every memory-mapped loader, it must not be
-    /// truncated or rewritten by another process while the returned value is alive.
+    /// # Errors
+    /// [`Error::Io`] if it cannot be read; the parse errors of [`GgufFile::from_bytes`].
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            op: "read",
+            path: path.into(),
+            source,
+        })?;
+        Self::from_bytes(bytes)
+    }
+
+    /// Memory-maps the file at `path` read-only and parses it, without copying it.
+    ///
+    /// # Safety
+    /// A memory map aliases the file: the file must not be modified or truncated (by this
+    /// or any other process) while the returned value, or any slice borrowed from it, is
+    /// alive — otherwise reads see changed bytes or fault (`SIGBUS`), which is undefined
+    /// behaviour. [`GgufFile::open`] is the safe alternative.
     ///
     /// # Errors
     /// [`Error::Io`] if it cannot be opened or mapped; the parse errors of
     /// [`GgufFile::from_bytes`].
-    pub fn open(path: &Path) -> Result<Self> {
+    pub unsafe fn map(path: &Path) -> Result<Self> {
         let io = |op| move |source| Error::Io { op, path: path.to_path_buf(), source };
         let file = std::fs::File::open(path).map_err(io("open"))?;
-        // SAFETY: the mapping is read-only and private to this value; the bytes are only
-        // read through bounds-checked slices. The remaining hazard, another process
-        // truncating or rewriting the file while it is mapped, is memmap2's documented
-        // caveat and is stated in this function's docs.
+        // SAFETY: the caller guarantees the file is not modified or truncated while mapped
+        // (this function's contract). The map is read-only and owned by the returned value;
+        // every slice borrows it, so none outlives the mapping.
         let map = unsafe { Mmap::map(&file) }.map_err(io("map"))?;
         let parsed = parse(&map)?;
         Ok(Self::assemble(Backing::Mapped(map), parsed))
@@ -99,14 +115,14 @@ impl GgufFile {
     /// Parses a GGUF file held in memory.
     ///
     /// # Errors
-    /// [`Error::GgufTruncated`] when a field runs past the end and [`Error::GgufInvalid`]
+    /// [`GgufError::Truncated`] when a field runs past the end and [`GgufError::Invalid`]
     /// for a bad magic, unsupported version, duplicate key or tensor, bad dimensions or
     /// alignment, unknown type, or data outside the file.
     ///
     /// # Examples
     /// ```
     /// let e = models::gguf::GgufFile::from_bytes(b"GGUF".to_vec()).err().unwrap();
-    /// assert!(matches!(e, models::Error::GgufTruncated { what: "version", .. }));
+    /// assert!(matches!(e, models::GgufError::Truncated { what: "version", .. }.into()));
     /// ```
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
         let parsed = parse(&bytes)?;
@@ -151,17 +167,18 @@ impl GgufFile {
     /// Dequantises tensor `name` to f32, returning the values and the row-major shape.
     ///
     /// # Errors
-    /// [`Error::MissingTensor`] if absent, [`Error::UnsupportedTensorType`] for a type
+    /// [`Error::MissingTensor`] if absent, [`GgufError::UnsupportedTensorType`] for a type
     /// other than F32/F16/BF16/Q8_0/Q4_0/Q4_1.
     pub fn dequantize(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
         let info = self
             .tensor_info(name)
             .ok_or_else(|| Error::MissingTensor { name: name.to_string() })?;
         if !info.ty.is_supported() {
-            return Err(Error::UnsupportedTensorType {
+            return Err(GgufError::UnsupportedTensorType {
                 tensor: name.to_string(),
                 dtype: info.ty.name().into(),
-            });
+            }
+            .into());
         }
         let mut out = vec![0f32; info.n_elements()];
         dequantize(name, info.ty, self.tensor_data(info), &mut out)?;
@@ -170,19 +187,21 @@ impl GgufFile {
 }
 
 fn invalid(what: &str, offset: usize, reason: impl Into<String>) -> Error {
-    Error::GgufInvalid { what: what.to_string(), offset: offset as u64, reason: reason.into() }
+    GgufError::Invalid { what: what.to_string(), offset: offset as u64, reason: reason.into() }
+        .into()
 }
 
 /// Checks `count` items of at least `min` bytes each could fit in what remains.
 fn bounded_count(c: &Cursor<'_>, count: u64, min: u64, what: &'static str) -> Result<usize> {
     let fits = count.checked_mul(min).is_some_and(|need| need <= c.remaining() as u64);
     if !fits {
-        return Err(Error::GgufTruncated {
+        return Err(GgufError::Truncated {
             what,
             offset: c.pos() as u64,
             needed: count.saturating_mul(min),
             available: c.remaining() as u64,
-        });
+        }
+        .into());
     }
     Ok(count as usize)
 }
@@ -230,11 +249,12 @@ fn alignment(metadata: &HashMap<String, MetaValue>) -> Result<u64> {
     let Some(v) = metadata.get("general.alignment") else { return Ok(DEFAULT_ALIGNMENT) };
     match v.as_u64() {
         Some(a) if a.is_power_of_two() && a <= 1 << 20 => Ok(a),
-        _ => Err(Error::MetadataType {
+        _ => Err(GgufError::MetadataType {
             key: "general.alignment".into(),
             expected: "a power of two ≤ 2^20".into(),
             got: format!("{v:?}"),
-        }),
+        }
+        .into()),
     }
 }
 
@@ -298,12 +318,13 @@ fn place_tensors(tensors: &mut [TensorInfo], data_start: u64, file_len: u64) -> 
     for t in tensors.iter_mut() {
         let end = data_start.checked_add(t.offset).and_then(|s| s.checked_add(t.n_bytes));
         if end.is_none_or(|e| e > file_len) {
-            return Err(Error::GgufTruncated {
+            return Err(GgufError::Truncated {
                 what: "tensor data",
                 offset: data_start.saturating_add(t.offset),
                 needed: t.n_bytes,
                 available: file_len.saturating_sub(data_start.saturating_add(t.offset)),
-            });
+            }
+            .into());
         }
         t.offset += data_start;
         if seen.insert(t.name.clone(), ()).is_some() {

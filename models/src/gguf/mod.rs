@@ -4,12 +4,14 @@
 //! [`config_from_gguf`]) and a small writer ([`GgufWriter`]) for tests and exports.
 
 mod cursor;
+mod error;
 mod file;
 mod model;
 mod quant;
 mod value;
 mod writer;
 
+pub use error::GgufError;
 pub use file::{GgufFile, TensorInfo};
 pub use model::{GgufSource, config_from_gguf};
 pub use quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType, QK, dequantize};

@@ -8,19 +8,25 @@ use std::path::Path;
 
 use tch::{Kind, Tensor};
 
+use super::error::GgufError;
 use super::file::GgufFile;
 use super::value::MetaValue;
 use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{Error, Result, TorchOp, config_err};
 use crate::weights::WeightSource;
 
-/// The metadata value at `key`, or [`Error::MissingMetadata`].
+/// The metadata value at `key`, or [`GgufError::MissingMetadata`].
 pub(crate) fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a MetaValue> {
-    file.get(key).ok_or_else(|| Error::MissingMetadata { key: key.to_string() })
+    file.get(key).ok_or_else(|| GgufError::MissingMetadata { key: key.to_string() }.into())
 }
 
 fn type_err(key: &str, expected: &str, got: &MetaValue) -> Error {
-    Error::MetadataType { key: key.into(), expected: expected.into(), got: got.type_name().into() }
+    GgufError::MetadataType {
+        key: key.into(),
+        expected: expected.into(),
+        got: got.type_name().into(),
+    }
+    .into()
 }
 
 /// A non-negative integer that fits `usize`.
@@ -56,8 +62,8 @@ fn meta_u32_opt(file: &GgufFile, key: &str) -> Result<Option<u32>> {
 /// Reads and validates the model's hyper-parameters from GGUF metadata.
 ///
 /// # Errors
-/// [`Error::UnsupportedArchitecture`], [`Error::MissingMetadata`],
-/// [`Error::MetadataType`], or [`Error::Config`] when the values are inconsistent.
+/// [`Error::UnsupportedArchitecture`], [`GgufError::MissingMetadata`],
+/// [`GgufError::MetadataType`], or [`Error::Config`] when the values are inconsistent.
 pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
     let arch_value = meta(file, "general.architecture")?;
     let arch_name = arch_value
@@ -107,7 +113,7 @@ fn vocab_size(file: &GgufFile, key: &str) -> Result<usize> {
     }
     let emb = file
         .tensor_info("token_embd.weight")
-        .ok_or_else(|| Error::MissingMetadata { key: key.into() })?;
+        .ok_or_else(|| GgufError::MissingMetadata { key: key.into() })?;
     Ok(emb.shape[0])
 }
 

@@ -2,13 +2,14 @@
 //!
 //! Every ggml type id is known (so a file with, say, `Q5_K` tensors still parses and its
 //! extents are validated), but only F32, F16, BF16, Q8_0, Q4_0 and Q4_1 dequantise; the
-//! others give [`Error::UnsupportedTensorType`]. Block layouts are `#[repr(C)]` structs of
+//! others give [`GgufError::UnsupportedTensorType`]. Block layouts are `#[repr(C)]` structs of
 //! bytes with compile-time size checks, cast from the mapped file with `bytemuck`.
 
 use bytemuck::{Pod, Zeroable};
 use half::{bf16, f16};
 
-use crate::error::{Error, Result};
+use super::error::GgufError;
+use crate::error::Result;
 
 /// Elements per block of the 32-wide legacy quantisations.
 pub const QK: usize = 32;
@@ -185,8 +186,8 @@ impl std::fmt::Display for GgmlType {
 /// Dequantises `bytes` of type `ty` into `out` (one f32 per element).
 ///
 /// # Errors
-/// [`Error::UnsupportedTensorType`] for a type other than F32/F16/BF16/Q8_0/Q4_0/Q4_1, and
-/// [`Error::InvalidInput`] when `bytes` is not exactly `out.len()` elements of `ty`.
+/// [`GgufError::UnsupportedTensorType`] for a type other than F32/F16/BF16/Q8_0/Q4_0/Q4_1, and
+/// [`crate::Error::InvalidInput`] when `bytes` is not exactly `out.len()` elements of `ty`.
 ///
 /// # Examples
 /// ```
@@ -200,10 +201,11 @@ impl std::fmt::Display for GgmlType {
 /// ```
 pub fn dequantize(tensor: &str, ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     if !ty.is_supported() {
-        return Err(Error::UnsupportedTensorType {
+        return Err(GgufError::UnsupportedTensorType {
             tensor: tensor.to_string(),
             dtype: ty.name().into(),
-        });
+        }
+        .into());
     }
     let expected = ty.storage_bytes(out.len() as u64);
     if expected != Some(bytes.len() as u64) {
@@ -245,6 +247,7 @@ fn blocks<B: Pod>(bytes: &[u8], out: &mut [f32], f: impl Fn(&B, &mut [f32])) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     fn f16_bytes(x: f32) -> [u8; 2] {
         f16::from_f32(x).to_le_bytes()
@@ -302,7 +305,9 @@ mod tests {
         assert!(matches!(e, Error::InvalidInput { .. }));
         let q5k = GgmlType::from_id(13).unwrap();
         let e = dequantize("k", q5k, &[0; 176], &mut [0f32; 256]).unwrap_err();
-        assert!(matches!(e, Error::UnsupportedTensorType { ref dtype, .. } if dtype == "Q5_K"));
+        assert!(
+            matches!(e, Error::Gguf(GgufError::UnsupportedTensorType { ref dtype, .. }) if dtype == "Q5_K")
+        );
         assert_eq!(GgmlType::from_id(4), None);
         assert_eq!(GgmlType::Q4_1.storage_bytes(33), None);
     }

@@ -3,7 +3,7 @@
 //! limited in depth, so a corrupt or hostile header cannot exhaust memory or the stack.
 
 use super::cursor::Cursor;
-use crate::error::{Error, Result};
+use super::error::{GgufError, Result};
 
 /// Arrays may nest (an array of arrays); real files use one level. Deeper is rejected.
 const MAX_ARRAY_DEPTH: usize = 4;
@@ -169,7 +169,7 @@ fn read_array(c: &mut Cursor<'_>, depth: usize) -> Result<MetaValue> {
         .ok_or_else(|| invalid("array element type", at, format!("unknown type tag {ty}")))?;
     // Bound the allocation by what the file can hold before reserving anything.
     if len.checked_mul(min).is_none_or(|need| need > c.remaining() as u64) {
-        return Err(Error::GgufTruncated {
+        return Err(GgufError::Truncated {
             what: "array elements",
             offset: c.pos() as u64,
             needed: len.saturating_mul(min),
@@ -183,8 +183,8 @@ fn read_array(c: &mut Cursor<'_>, depth: usize) -> Result<MetaValue> {
     Ok(MetaValue::Array(items))
 }
 
-fn invalid(what: &str, offset: u64, reason: String) -> Error {
-    Error::GgufInvalid { what: what.to_string(), offset, reason }
+fn invalid(what: &str, offset: u64, reason: String) -> GgufError {
+    GgufError::Invalid { what: what.to_string(), offset, reason }
 }
 
 #[cfg(test)]
@@ -211,15 +211,15 @@ mod tests {
     fn huge_array_count_is_rejected_before_allocating() {
         let b = array_bytes(8, u64::MAX / 2, &[]);
         let e = read_value(&mut Cursor::new(&b), 9, 0).unwrap_err();
-        assert!(matches!(e, Error::GgufTruncated { what: "array elements", .. }));
+        assert!(matches!(e, GgufError::Truncated { what: "array elements", .. }));
     }
 
     #[test]
     fn bad_bool_unknown_type_and_deep_nesting_are_typed() {
-        assert!(matches!(read_value(&mut Cursor::new(&[2]), 7, 0), Err(Error::GgufInvalid { .. })));
+        assert!(matches!(read_value(&mut Cursor::new(&[2]), 7, 0), Err(GgufError::Invalid { .. })));
         assert!(matches!(
             read_value(&mut Cursor::new(&[0; 8]), 13, 0),
-            Err(Error::GgufInvalid { .. })
+            Err(GgufError::Invalid { .. })
         ));
         let mut nested = Vec::new();
         for _ in 0..8 {
@@ -228,6 +228,6 @@ mod tests {
         }
         nested.extend_from_slice(&[0; 64]);
         let e = read_value(&mut Cursor::new(&nested), 9, 0).unwrap_err();
-        assert!(matches!(e, Error::GgufInvalid { ref reason, .. } if reason.contains("nested")));
+        assert!(matches!(e, GgufError::Invalid { ref reason, .. } if reason.contains("nested")));
     }
 }
