@@ -45,12 +45,17 @@ impl PrefillObserver for Feed<'_> {
     fn attention(&mut self, layer: usize, t: &AttentionTensors) -> Result<()> {
         let (q, k, v, o) =
             (token_major(&t.q)?, token_major(&t.k)?, token_major(&t.v)?, token_major(&t.o)?);
-        let acts = LayerActivations {
-            n_tokens: k.size()[0] as usize,
-            queries: f32_slice(&q)?,
-            keys: f32_slice(&k)?,
-            values: f32_slice(&v)?,
-            attn_out: f32_slice(&o)?,
+        // SAFETY: `q`, `k`, `v`, `o` are contiguous results of `token_major` (fresh
+        // tensors, or aliases of the observer's read-only inputs); nothing writes to them
+        // while the borrows below live (they end with this function).
+        let acts = unsafe {
+            LayerActivations {
+                n_tokens: k.size()[0] as usize,
+                queries: f32_slice(&q)?,
+                keys: f32_slice(&k)?,
+                values: f32_slice(&v)?,
+                attn_out: f32_slice(&o)?,
+            }
         };
         self.stats.max_abs_key = self.stats.max_abs_key.max(max_abs(acts.keys));
         self.stats.max_abs_value = self.stats.max_abs_value.max(max_abs(acts.values));

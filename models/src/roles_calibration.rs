@@ -32,7 +32,7 @@ use kv_tiered::{HeadRoles, TriageConfig};
 
 use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp, invalid};
-use crate::host::f32_slice;
+use crate::host::to_f32_vec;
 use crate::llama::Llama;
 
 /// One teacher-forced calibration sequence over a marked span.
@@ -367,7 +367,7 @@ impl RoleCalibrator {
             for (layer, grad) in grads.iter().enumerate() {
                 let grad = grad.f_contiguous().op("contiguous")?;
                 let per_head = sample.span.len() * self.head_dim;
-                for (kv, head) in f32_slice(&grad)?.chunks_exact(per_head).enumerate() {
+                for (kv, head) in to_f32_vec(&grad)?.chunks_exact(per_head).enumerate() {
                     self.hs.observe_gradients(layer, kv, head, self.head_dim)?;
                 }
             }
@@ -411,7 +411,7 @@ fn voice_hits(
         .op("span columns")?
         .f_contiguous()
         .op("contiguous")?;
-    let data = f32_slice(&block)?;
+    let data = to_f32_vec(&block)?;
     for (h, head) in data.chunks_exact(rows.len() * s).enumerate() {
         for (row, aligned) in head.chunks_exact(s).zip(&sample.aligned) {
             if let Some(r) = aligned {

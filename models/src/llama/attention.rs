@@ -364,7 +364,10 @@ impl Attention {
     ) -> Result<Tensor> {
         let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
         let DecodeScratch { q, k, out } = scratch;
-        attend_row(f32_slice(&qkv)?, (q, k), rope, position, (layer, cache), out.as_mut_slice())?;
+        // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
+        // writes to it while the row is borrowed.
+        let row = unsafe { f32_slice(&qkv)? };
+        attend_row(row, (q, k), rope, position, (layer, cache), out.as_mut_slice())?;
         self.output(scratch.out.tensor())
     }
 }
@@ -399,7 +402,9 @@ impl Attention {
             ));
         }
         let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
-        let rows = f32_slice(&qkv)?;
+        // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
+        // writes to it while the rows are borrowed.
+        let rows = unsafe { f32_slice(&qkv)? };
         let width = rows.len() / batch;
         let BatchScratch { q, k, out, cache_s } = scratch;
         let out_rows = out.as_mut_slice();
@@ -453,5 +458,8 @@ pub(crate) fn prefill_cache(
     v: &Tensor,
 ) -> Result<()> {
     let tokens = k.size()[1] as usize;
-    cache.prefill(layer, LayerKv { keys: f32_slice(k)?, values: f32_slice(v)?, tokens })
+    // SAFETY: `k` and `v` are the prefill's contiguous K/V, borrowed read-only for the call;
+    // no handle writes to them while the cache copies them in.
+    let (keys, values) = unsafe { (f32_slice(k)?, f32_slice(v)?) };
+    cache.prefill(layer, LayerKv { keys, values, tokens })
 }

@@ -472,10 +472,10 @@ fn feed_cache(
     received: Option<&Tensor>,
 ) -> Result<()> {
     if let Some(r) = received {
-        cache.prefill_attention(
-            layer,
-            crate::host::f32_slice(&r.f_contiguous().op("contiguous")?)?,
-        )?;
+        let r = r.f_contiguous().op("contiguous")?;
+        // SAFETY: `r` is the prefill's received-attention sums, read-only here; nothing
+        // writes to it while the cache reads the slice.
+        cache.prefill_attention(layer, unsafe { crate::host::f32_slice(&r)? })?;
     }
     attention::prefill_cache(cache, layer, &t.k, &t.v)
 }

@@ -1,12 +1,12 @@
 //! Hugging Face safetensors checkpoints: one `model.safetensors` or shards listed by
-//! `model.safetensors.index.json`. Files are memory-mapped; each header is parsed and
-//! validated once by the `safetensors` crate, and tensors are copied out (converted to
+//! `model.safetensors.index.json`. Each file is read into memory (a memory map would alias
+//! a file another process may rewrite, which safe code cannot rule out), its header parsed
+//! and validated once by the `safetensors` crate, and tensors are copied out (converted to
 //! the compute dtype) only when the model asks for them. f32, f16 and bf16 are accepted.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 use tch::{Kind, Tensor};
 
@@ -18,12 +18,12 @@ const LEN_PREFIX: usize = 8;
 
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    bytes: Vec<u8>,
     header_len: usize,
     meta: Metadata,
 }
 
-/// Tensors of one or more memory-mapped safetensors files.
+/// Tensors of one or more safetensors files, held in memory.
 pub struct SafetensorsSource {
     shards: Vec<Shard>,
     by_name: HashMap<String, usize>,
@@ -34,7 +34,7 @@ impl SafetensorsSource {
     /// `model.safetensors`.
     ///
     /// # Errors
-    /// [`Error::Io`] if neither file exists or a shard cannot be mapped;
+    /// [`Error::Io`] if neither file exists or a shard cannot be read;
     /// [`Error::Safetensors`] for an invalid header or an index that names a tensor its
     /// shard does not contain; [`Error::Json`] for a malformed index.
     pub fn open_dir(dir: &Path) -> Result<Self> {
@@ -124,22 +124,14 @@ impl SafetensorsSource {
 }
 
 fn open_shard(path: &Path) -> Result<Shard> {
-    let file = std::fs::File::open(path).map_err(|source| Error::Io {
-        op: "open",
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        op: "read",
         path: path.into(),
         source,
     })?;
-    // SAFETY: read-only private mapping; bytes are read only through slices the
-    // safetensors header validation bounds. Another process truncating or rewriting the
-    // file while it is mapped is memmap2's documented caveat for every mapped loader.
-    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
-        op: "map",
-        path: path.into(),
-        source,
-    })?;
-    let (header_len, meta) = SafeTensors::read_metadata(&map)
+    let (header_len, meta) = SafeTensors::read_metadata(&bytes)
         .map_err(|e| Error::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
-    Ok(Shard { path: path.to_path_buf(), map, header_len, meta })
+    Ok(Shard { path: path.to_path_buf(), bytes, header_len, meta })
 }
 
 fn torch_kind(dtype: Dtype) -> Option<Kind> {
@@ -161,13 +153,16 @@ impl WeightSource for SafetensorsSource {
         let missing = || Error::MissingTensor { name: name.to_string() };
         let shard = &self.shards[*self.by_name.get(name).ok_or_else(missing)?];
         let info = shard.meta.info(name).ok_or_else(missing)?;
-        let stored = torch_kind(info.dtype).ok_or_else(|| Error::UnsupportedTensorType {
-            tensor: name.to_string(),
-            dtype: format!("{:?} (safetensors; supported: F32, F16, BF16)", info.dtype),
+        let stored = torch_kind(info.dtype).ok_or_else(|| Error::Safetensors {
+            path: shard.path.clone(),
+            reason: format!(
+                "tensor `{name}`: unsupported dtype {:?} (supported: F32, F16, BF16)",
+                info.dtype
+            ),
         })?;
         let start = LEN_PREFIX + shard.header_len + info.data_offsets.0;
         let end = LEN_PREFIX + shard.header_len + info.data_offsets.1;
-        tensor_from_bytes(&shard.map[start..end], &info.shape, stored, kind)
+        tensor_from_bytes(&shard.bytes[start..end], &info.shape, stored, kind)
     }
 
     fn describe(&self) -> String {
