@@ -4,4 +4,4 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$KVTIDE_ROOT"
 bash scripts/setup.sh
-cargo run --release -q -p models --bin kvtide -- "$@"
+cargo run --release -q -p kvtide --bin kvtide -- "$@"

@@ -20,5 +20,5 @@ step "cuda feature: tests";   LD_LIBRARY_PATH="$CUDA_LIBRARY_PATH/lib64${LD_LIBR
 # Reuses the dev-profile kvtide that `cargo test` just built (no extra release build).
 step "kvtide reproduce --quick"
 repro_out="$(mktemp -d)"; trap 'rm -rf "$repro_out"' EXIT
-cargo run -q -p models --bin kvtide -- reproduce --quick --out "$repro_out"
+cargo run -q -p kvtide --bin kvtide -- reproduce --quick --out "$repro_out"
 step "all tests passed"

@@ -7,7 +7,7 @@ use std::io::Cursor;
 use std::path::PathBuf;
 
 use models::audio::{Audio, LogMelExtractor, read_wav_from};
-use models::spec::CacheSpec;
+use models::cache::spec::CacheSpec;
 use models::{Checkpoint, Error, ModelConfig};
 use projection::{ModelDims, ProjectionSet};
 

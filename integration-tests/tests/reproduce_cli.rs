@@ -2,11 +2,11 @@
 //! real model writes its report, JSON and figures, and every enforced check passes. The
 //! studies that decode thousands of tokens run in `kvtide reproduce --quick` (CI script).
 
-use models::reproduce::{ReproduceArgs, run};
+use kvtide::reproduce::{ReproduceArgs, run};
 
 #[test]
 fn memory_study_writes_a_complete_report() {
-    let model = models::paths::default_model();
+    let model = kvtide::paths::default_model();
     if !model.exists() {
         eprintln!("skipping: {} not fetched (scripts/setup.sh)", model.display());
         return;

@@ -1,5 +1,6 @@
 //! `models`: thin libtorch-backed model forwards that plug kvtide's caches into a real
-//! runtime, and the `kvtide` command-line interface.
+//! runtime. The `kvtide` command-line interface and the papers' studies live in the `kvtide`
+//! application crate on top of this one.
 //!
 //! * Loading: [`ModelConfig`] from HF `config.json` or GGUF metadata; weights from
 //!   safetensors (single or sharded) or GGUF ([`gguf`]), behind [`weights::WeightSource`];
@@ -9,8 +10,7 @@
 //! * Uses: teacher-forced [`score`] (perplexity) and [`generate::greedy`] generation.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod audio; // audio engineer (issue 8): audio front end and audio-LLM forwards
-pub mod bench_attn;
+pub mod audio;
 pub mod cache;
 pub mod calibrate;
 pub mod chat;
@@ -21,13 +21,10 @@ pub mod generate;
 pub mod gguf;
 pub mod host;
 pub mod llama;
-pub mod paths;
-pub mod reproduce; // reproduce engineer (issue 9): `kvtide reproduce`
-pub mod roles_calibration; // audio engineer (issue 8): span-generic WnW role calibration
+pub mod roles_calibration;
 pub mod rope;
 pub mod score;
 pub mod session;
-pub mod spec;
 pub mod text;
 pub mod tokenizer;
 pub mod weights;

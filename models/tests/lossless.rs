@@ -15,7 +15,7 @@ const TOL: f64 = 1e-3;
 
 /// Logits `[vocab]` predicting `ids[p]` for every `p ≥ prefix`, through the decode path.
 fn logits(ckpt: &Checkpoint, spec: &str, ids: &[u32], prefix: usize) -> Vec<Tensor> {
-    let spec: models::spec::CacheSpec = spec.parse().unwrap();
+    let spec: models::cache::spec::CacheSpec = spec.parse().unwrap();
     let (model, cache) = spec.build(&ckpt.model).unwrap();
     let mut session = Session::new(model, cache).unwrap();
     let mut out = Vec::new();
@@ -79,10 +79,10 @@ fn tiny_models_every_lossless_cache_matches_dense() {
 
 #[test]
 fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
-    let path = models::paths::default_model();
+    let path = common::default_model();
     assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
     let ckpt = Checkpoint::load(&path).unwrap();
-    let text = models::text::read_text(&models::paths::plays_dir().join("macbeth.md")).unwrap();
+    let text = models::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
     let ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..6000]).unwrap();
     let ids = &ids[..512];
     // Dense attention over the full K/V: the libtorch prefill (whose decode path matches it

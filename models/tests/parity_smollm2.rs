@@ -21,7 +21,7 @@ const TOL: f64 = 1e-3;
 fn checkpoint() -> MutexGuard<'static, Checkpoint> {
     static CKPT: OnceLock<Mutex<Checkpoint>> = OnceLock::new();
     let ckpt = CKPT.get_or_init(|| {
-        let path = models::paths::default_model();
+        let path = common::default_model();
         assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
         Mutex::new(Checkpoint::load(&path).unwrap())
     });
@@ -73,7 +73,7 @@ fn chat_template_renders_like_transformers() {
 #[test]
 fn prompt_tokenises_like_the_fixture() {
     let prompt = read_json(&fixtures().join("smollm2/prompt.json"));
-    let text = models::text::read_text(&models::paths::default_play()).unwrap();
+    let text = models::text::read_text(&common::plays_dir().join("hamlet.md")).unwrap();
     let ckpt = checkpoint();
     let got = tokenizer(&ckpt).encode(&text[..2000]).unwrap();
     assert_eq!(

@@ -11,7 +11,6 @@
 
 mod align;
 pub mod calibrate;
-pub mod cli;
 mod encoder;
 pub mod mel;
 mod model;
@@ -19,7 +18,6 @@ pub mod mrope;
 mod names;
 pub mod omni;
 mod resample;
-pub mod roles_cli;
 pub mod tiered;
 pub mod transcribe;
 pub mod voxtral;

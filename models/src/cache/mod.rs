@@ -15,10 +15,12 @@
 //! [`crate::session::Session`]; the cache never sees weights.
 
 mod dense;
+pub mod spec;
 mod swan;
 pub mod tiered;
 
 pub use dense::DenseCache;
+pub use spec::{CacheKind, CacheSpec, SwanSpec};
 pub use swan::{Fp8Scale, SwanCache, SwanConfig};
 pub use tiered::{TieredCache, TieredSpec};
 

@@ -13,9 +13,24 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures")
 }
 
-/// The kvtide cache directory (`$KVTIDE_CACHE`, default `~/.cache/kvtide`).
+/// The kvtide cache directory `scripts/setup.sh` fills (`$KVTIDE_CACHE`, default
+/// `~/.cache/kvtide`).
 pub fn kvtide_cache() -> PathBuf {
-    models::paths::cache_dir()
+    match std::env::var_os("KVTIDE_CACHE").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
+            .join(".cache/kvtide"),
+    }
+}
+
+/// The SmolLM2-135M-Instruct GGUF of the cache directory.
+pub fn default_model() -> PathBuf {
+    kvtide_cache().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// The Shakespeare plays of the cache directory.
+pub fn plays_dir() -> PathBuf {
+    kvtide_cache().join("text/plays")
 }
 
 /// Every tensor of a reference safetensors file, as f32 / i64 libtorch tensors.

@@ -23,8 +23,8 @@ use kv_tiered::policy::{
 };
 use kv_tiered::{AudioLayout, HeadRoles, Policy, TriageConfig};
 
+use crate::cache::spec::{Params, spec_err};
 use crate::error::{Error, Result};
-use crate::spec::{Params, spec_err};
 
 /// Which placement policy runs the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

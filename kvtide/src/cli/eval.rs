@@ -1,20 +1,21 @@
 //! `kvtide eval-ppl` (and the no-argument demo): teacher-forced perplexity through the
 //! decode path for several cache configurations on one text, with the KV bytes each holds
 //! at the end, the ratio to dense 16-bit K/V of the same tokens, and decode tokens/s —
-//! all measured in one run. Also `kvtide bench-attn`, which runs `models::bench_attn`.
+//! all measured in one run. Also `kvtide bench-attn`, which runs `crate::bench_attn`.
 
 use std::path::PathBuf;
 
+use crate::Result;
 use clap::Args;
 use kv_sparse::ValueFormat;
 use kv_sparse::memory::dense_row_bytes;
-use models::spec::{CacheKind, CacheSpec};
-use models::{Checkpoint, Result, Session};
+use models::cache::spec::{CacheKind, CacheSpec};
+use models::{Checkpoint, Session};
 use serde_json::{Value, json};
 
-use crate::calibrate::CalibrateArgs;
-use crate::common::{ModelArgs, bar, human_bytes, print_json, read_text, tokenizer};
-use crate::generate::stats_json;
+use crate::cli::calibrate::CalibrateArgs;
+use crate::cli::common::{ModelArgs, bar, human_bytes, print_json, read_text, tokenizer};
+use crate::cli::generate::stats_json;
 
 /// Arguments of `kvtide eval-ppl`.
 #[derive(Args, Debug)]
@@ -69,7 +70,8 @@ struct Row {
 }
 
 fn evaluate(ckpt: &Checkpoint, spec: &CacheSpec, ids: &[u32], prefix: usize) -> Result<Row> {
-    let (model, cache) = spec.build(&ckpt.model)?;
+    let proj = crate::paths::projection_file(&ckpt.config.name);
+    let (model, cache) = spec.clone().with_default_projection(&proj).build(&ckpt.model)?;
     let mut session = Session::new(model, cache)?;
     let progress = bar(ids.len() - prefix, &format!("{spec}"));
     let scores = models::score(&mut session, ids, prefix, &mut |_, _| Ok(()), &mut |n| {
@@ -127,7 +129,7 @@ fn eval_all(
     let ids = tokenizer(ckpt, "eval-ppl")?.encode(text.1)?;
     let n = tokens.min(ids.len());
     if prefix == 0 || prefix >= n {
-        return Err(models::Error::InvalidInput {
+        return Err(crate::Error::InvalidInput {
             op: "eval-ppl",
             reason: format!("prefix {prefix} must be in 1..{n}"),
         });
@@ -167,7 +169,7 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
         }
         _ => false,
     });
-    let path = models::paths::projection_file(&ckpt.config.name);
+    let path = crate::paths::projection_file(&ckpt.config.name);
     if needs && !path.is_file() {
         eprintln!("no projection file at {}: calibrating first", path.display());
         let args = CalibrateArgs {
@@ -179,7 +181,7 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
             out: Some(path),
             json: false,
         };
-        crate::calibrate::calibrate(&args, ckpt)?;
+        crate::cli::calibrate::calibrate(&args, ckpt)?;
     }
     Ok(())
 }
@@ -191,7 +193,8 @@ pub fn demo() -> Result<()> {
         env!("CARGO_PKG_VERSION")
     );
     let ckpt = ModelArgs { model: None }.load()?;
-    let caches: Vec<CacheSpec> = DEMO_CACHES.iter().map(|s| s.parse()).collect::<Result<_>>()?;
+    let caches: Vec<CacheSpec> =
+        DEMO_CACHES.iter().map(|s| s.parse()).collect::<models::Result<_>>()?;
     ensure_projection(&ckpt, &caches)?;
     let (path, text) = read_text(None)?;
     eval_all(&ckpt, &caches, (&path, &text), DEMO_TOKENS, DEMO_PREFIX, false)
@@ -208,15 +211,15 @@ pub struct BenchArgs {
     json: bool,
 }
 
-/// Runs `kvtide bench-attn` (`models::bench_attn`).
+/// Runs `kvtide bench-attn` (`crate::bench_attn`).
 pub fn bench(a: &BenchArgs) -> Result<()> {
     let opts = if a.quick {
-        models::bench_attn::BenchAttnOptions::quick()
+        crate::bench_attn::BenchAttnOptions::quick()
     } else {
-        models::bench_attn::BenchAttnOptions::full()
+        crate::bench_attn::BenchAttnOptions::full()
     };
-    let spinner = crate::common::spinner("bench-attn: timing kernels");
-    let out = models::bench_attn::run(&opts);
+    let spinner = crate::cli::common::spinner("bench-attn: timing kernels");
+    let out = crate::bench_attn::run(&opts);
     spinner.finish_and_clear();
     print_json(&out?);
     Ok(())

@@ -12,14 +12,14 @@ use kv_sparse::ValueFormat;
 use kv_tiered::policy::{EvictionLag, SegmentQuota};
 use serde::Serialize;
 
-use super::tiered::AudioTiered;
-use super::transcribe::{AudioPrompt, Transcription, greedy};
-use super::{Audio, AudioLlm, Backbone, read_wav};
-use crate::cache::tiered::{PolicyKind, RolesSource};
-use crate::cache::{CacheShape, DenseCache, KvCache};
 use crate::error::{Result, invalid};
-use crate::generate::StopReason;
-use crate::tokenizer::Tokenizer;
+use models::audio::tiered::AudioTiered;
+use models::audio::transcribe::{AudioPrompt, Transcription, greedy};
+use models::audio::{Audio, AudioLlm, Backbone, read_wav};
+use models::cache::tiered::{PolicyKind, RolesSource};
+use models::cache::{CacheShape, DenseCache, KvCache};
+use models::generate::StopReason;
+use models::tokenizer::Tokenizer;
 
 /// Which KV cache serves the decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -225,8 +225,8 @@ pub struct TranscribeReport {
 
 /// Reads and concatenates the input clips at 16 kHz.
 fn read_inputs(paths: &[PathBuf]) -> Result<Audio> {
-    let clips = paths.iter().map(|p| read_wav(p)?.to_16k()).collect::<Result<Vec<_>>>()?;
-    Audio::concat(&clips)
+    let clips = paths.iter().map(|p| read_wav(p)?.to_16k()).collect::<models::Result<Vec<_>>>()?;
+    Ok(Audio::concat(&clips)?)
 }
 
 fn stat(stats: &[(&'static str, f64)], key: &str) -> Option<f64> {

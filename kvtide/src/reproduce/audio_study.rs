@@ -14,11 +14,11 @@ use super::Context;
 use super::findings::Check;
 use super::report::{Section, Table, num, pct};
 use super::wer::{EditCounts, truncated_tokens};
-use crate::audio::{Audio, AudioLlm, AudioPrompt, read_wav, transcribe};
-use crate::cache::KvCache;
 use crate::error::{Result, invalid};
 use crate::paths;
-use crate::spec::CacheSpec;
+use models::audio::{Audio, AudioLlm, AudioPrompt, read_wav, transcribe};
+use models::cache::KvCache;
+use models::cache::spec::CacheSpec;
 
 /// One cache's transcription.
 #[derive(Clone, Debug, Serialize)]
@@ -70,7 +70,7 @@ fn clips() -> Result<(Vec<String>, Audio, usize)> {
     let parts = ids
         .iter()
         .map(|id| read_wav(&dir.join(format!("{id}.wav")))?.to_16k())
-        .collect::<Result<Vec<_>>>()?;
+        .collect::<models::Result<Vec<_>>>()?;
     let transcript = std::fs::read_to_string(dir.join("transcription")).unwrap_or_default();
     let words = transcript
         .lines()

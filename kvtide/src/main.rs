@@ -10,13 +10,8 @@
 //! markdown stripped by the rule in `models::text` (headings, speaker names and stage
 //! directions dropped, escapes removed, lines joined with spaces).
 
-mod calibrate;
-mod common;
-mod eval;
-mod generate;
-mod info;
-
 use clap::{Parser, Subcommand};
+use kvtide::cli::{calibrate, calibrate_roles, eval, generate, info, transcribe};
 
 /// kvtide: KV-cache toolkit for LLM inference (SWAN sparse caches, WnW tiered caches).
 #[derive(Parser, Debug)]
@@ -42,17 +37,14 @@ enum Command {
     /// Decode-attention kernels vs libtorch vs memory bandwidth (one JSON object).
     BenchAttn(eval::BenchArgs),
     /// Transcribe a WAV file with an audio LLM (Voxtral or Qwen2.5-Omni thinker checkpoint).
-    // Added by the audio engineer (issue 8).
-    Transcribe(models::audio::cli::TranscribeArgs),
+    Transcribe(transcribe::TranscribeArgs),
     /// WnW head roles of an audio LLM from word-aligned clips (voice score × sensitivity).
-    // Added by the audio engineer (issue 8).
-    CalibrateRoles(models::audio::roles_cli::CalibrateRolesArgs),
+    CalibrateRoles(calibrate_roles::CalibrateRolesArgs),
     /// Reproduce the SWAN and WnW papers' findings into results/ (JSON, Markdown, plots).
-    // Added by the reproduce engineer (issue 9).
-    Reproduce(models::reproduce::ReproduceArgs),
+    Reproduce(kvtide::reproduce::ReproduceArgs),
 }
 
-fn run(cli: Cli) -> models::Result<()> {
+fn run(cli: Cli) -> kvtide::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as i32);
     tch::set_num_threads(cli.torch_threads.unwrap_or(cores).max(1));
     tch::set_num_interop_threads(1);
@@ -64,11 +56,12 @@ fn run(cli: Cli) -> models::Result<()> {
         Some(Command::EvalPpl(a)) => eval::run(&a),
         Some(Command::BenchAttn(a)) => eval::bench(&a),
         Some(Command::Transcribe(a)) => {
-            models::audio::cli::run(&a).and_then(|r| models::audio::cli::print(&r, a.json))
+            transcribe::run(&a).and_then(|r| transcribe::print(&r, a.json))
         }
-        Some(Command::Reproduce(a)) => std::process::exit(models::reproduce::cli(&a)),
-        Some(Command::CalibrateRoles(a)) => models::audio::roles_cli::run(&a)
-            .and_then(|r| models::audio::roles_cli::print(&r, a.json)),
+        Some(Command::Reproduce(a)) => std::process::exit(kvtide::reproduce::cli(&a)),
+        Some(Command::CalibrateRoles(a)) => {
+            calibrate_roles::run(&a).and_then(|r| calibrate_roles::print(&r, a.json))
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! Appendix E). Each calibration clip comes with a word alignment (`--alignment`, JSON) or —
 //! for test data without timings — a transcript split at a constant speaking rate
 //! (`--uniform-transcripts`, a Sphinx `transcription` file, labelled as a TEST alignment in
-//! the report). Voice scores and head sensitivities ([`super::calibrate`]) are triaged by
+//! the report). Voice scores and head sensitivities ([`models::audio::calibrate`]) are triaged by
 //! VS×HS into kv-tiered's roles JSON (`--out`), which `kvtide transcribe --roles` reads.
 
 use std::path::{Path, PathBuf};
@@ -11,12 +11,13 @@ use clap::{Args, ValueEnum};
 use kv_tiered::{RankingSignal, Role, TriageConfig};
 use serde::Serialize;
 
-use super::align::{AnswerTokens, WordAlignment, parse_sphinx_transcripts};
-use super::calibrate::{AudioCalibration, calibrate, default_triage};
-use super::{Audio, AudioLlm, audio_err, read_wav};
+use crate::error::audio_err;
 use crate::error::{Error, Result};
-use crate::roles_calibration::{SampleStats, Sensitivity};
-use crate::tokenizer::Tokenizer;
+use models::audio::calibrate::{AudioCalibration, calibrate, default_triage};
+use models::audio::{AnswerTokens, WordAlignment, parse_sphinx_transcripts};
+use models::audio::{Audio, AudioLlm, read_wav};
+use models::roles_calibration::{SampleStats, Sensitivity};
+use models::tokenizer::Tokenizer;
 
 /// Triage ranking signal (§2.2 VS×HS; ablation A3 single signals).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -61,7 +62,7 @@ pub struct CalibrateRolesArgs {
     #[arg(long, value_enum, default_value = "vs-hs")]
     pub signal: Signal,
     /// Alignment-confidence floor for the voice score.
-    #[arg(long, default_value_t = super::align::MIN_WORD_SCORE)]
+    #[arg(long, default_value_t = models::audio::MIN_WORD_SCORE)]
     pub min_word_score: f64,
     /// Head sensitivity from this many answer-token groups per clip instead of every token.
     #[arg(long)]
@@ -131,7 +132,7 @@ fn alignments(args: &CalibrateRolesArgs, clips: &[Audio]) -> Result<Vec<WordAlig
                         format!("no transcript for `{stem}` in {}", path.display()),
                     )
                 })?;
-                WordAlignment::uniform(words, clip.seconds())
+                Ok(WordAlignment::uniform(words, clip.seconds())?)
             })
             .collect();
     }
@@ -145,7 +146,7 @@ fn alignments(args: &CalibrateRolesArgs, clips: &[Audio]) -> Result<Vec<WordAlig
             ),
         ));
     }
-    args.alignment.iter().map(|p| WordAlignment::read(p)).collect()
+    Ok(args.alignment.iter().map(|p| WordAlignment::read(p)).collect::<models::Result<_>>()?)
 }
 
 fn answer_tokens(model: &AudioLlm, dir: &Path) -> Result<(Option<Tokenizer>, &'static str)> {
@@ -172,7 +173,8 @@ pub fn run(args: &CalibrateRolesArgs) -> Result<CalibrateRolesReport> {
     let model = AudioLlm::load(&args.model)?;
     let (tokenizer, how) = answer_tokens(&model, &args.model)?;
     let tokens = tokenizer.as_ref().map_or(AnswerTokens::Bytes, AnswerTokens::Tokenizer);
-    let clips = args.audio.iter().map(|p| read_wav(p)?.to_16k()).collect::<Result<Vec<_>>>()?;
+    let clips =
+        args.audio.iter().map(|p| read_wav(p)?.to_16k()).collect::<models::Result<Vec<_>>>()?;
     let aligned = alignments(args, &clips)?;
     let cfg = AudioCalibration {
         min_word_score: args.min_word_score,

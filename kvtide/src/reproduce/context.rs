@@ -1,5 +1,5 @@
-//! What every study of a `kvtide reproduce` run shares: the plan, the model (decode path)
-//! and its differentiable twin, the tokenised corpus, the calibrated SWAN projection file,
+//! What every study of a `kvtide reproduce` run shares: the plan, the model (decode path
+//! and, through its key-offset forward, the differentiable one), the tokenised corpus, the calibrated SWAN projection file,
 //! a scratch directory, and a log that prints above the progress bar.
 
 use std::path::{Path, PathBuf};
@@ -7,15 +7,14 @@ use std::time::Instant;
 
 use indicatif::ProgressBar;
 
-use super::autograd::GradModel;
 use super::corpus::{Corpus, SWAN_CALIBRATION_PLAYS};
 use super::grid::{Plan, Size};
-use crate::calibrate::{CalibrationStats, calibrate};
-use crate::config::ModelConfig;
 use crate::error::{Error, Result, invalid};
-use crate::gguf::GgufSource;
-use crate::llama::Llama;
-use crate::tokenizer::Tokenizer;
+use models::calibrate::{CalibrationStats, calibrate};
+use models::config::ModelConfig;
+use models::gguf::GgufSource;
+use models::llama::Llama;
+use models::tokenizer::Tokenizer;
 
 /// Shared state of one run.
 pub struct Context {
@@ -29,9 +28,7 @@ pub struct Context {
     pub work: PathBuf,
     /// `fixtures/` of this repository.
     pub fixtures: PathBuf,
-    source: GgufSource,
     config: ModelConfig,
-    grad: Option<GradModel>,
     projection: Option<(PathBuf, CalibrationStats)>,
     started: Instant,
     progress: ProgressBar,
@@ -62,9 +59,7 @@ impl Context {
             corpus: Corpus::new(tokenizer),
             work,
             fixtures,
-            source,
             config,
-            grad: None,
             projection: None,
             started: Instant::now(),
             progress,
@@ -91,17 +86,6 @@ impl Context {
     /// Seconds since the run started.
     pub fn elapsed(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
-    }
-
-    /// The differentiable twin of the model (loaded on first use).
-    ///
-    /// # Errors
-    /// Loading errors.
-    pub fn grad(&mut self) -> Result<&GradModel> {
-        if self.grad.is_none() {
-            self.grad = Some(GradModel::load(&self.source, &self.config)?);
-        }
-        self.grad.as_ref().ok_or_else(|| invalid("reproduce", "grad model"))
     }
 
     /// The calibrated SWAN projection file (calibrated on first use).

@@ -16,7 +16,7 @@ use super::report::{Table, num, pct};
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::memory::fp8_equal_budget_k;
+/// use kvtide::reproduce::memory::fp8_equal_budget_k;
 /// assert_eq!(fp8_equal_budget_k(32, 64), 48); // 2·48+2 = 98 = 3·32+2
 /// assert_eq!(fp8_equal_budget_k(19, 64), 28); // 58 ≤ 59
 /// assert_eq!(fp8_equal_budget_k(48, 64), 64); // capped
@@ -119,7 +119,7 @@ pub fn figure(head_dims: &[usize]) -> (Plot, Table) {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::memory::retained_k;
+/// use kvtide::reproduce::memory::retained_k;
 /// assert_eq!(retained_k(0.3, 64), 19);
 /// assert_eq!(retained_k(0.75, 64), 48);
 /// ```

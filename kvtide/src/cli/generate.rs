@@ -3,12 +3,13 @@
 
 use std::io::Write;
 
+use crate::Result;
 use clap::Args;
-use models::spec::CacheSpec;
-use models::{ChatMessage, Result, Session};
+use models::cache::spec::CacheSpec;
+use models::{ChatMessage, Session};
 use serde_json::json;
 
-use crate::common::{ModelArgs, human_bytes, print_json, tokenizer};
+use crate::cli::common::{ModelArgs, human_bytes, print_json, tokenizer};
 
 /// Arguments of `kvtide generate`.
 #[derive(Args, Debug)]
@@ -27,7 +28,7 @@ pub struct GenerateArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_new_tokens: usize,
-    /// Cache specification (see `models::spec`), e.g. `dense`, `swan:k=32,value=fp8`.
+    /// Cache specification (see `models::cache::spec`), e.g. `dense`, `swan:k=32,value=fp8`.
     #[arg(long, default_value = "dense")]
     cache: CacheSpec,
     /// Print one JSON object instead of streaming text.
@@ -39,7 +40,7 @@ fn prompt_text(a: &GenerateArgs, ckpt: &models::Checkpoint) -> Result<String> {
     if a.raw {
         return Ok(a.prompt.clone());
     }
-    let template = ckpt.chat_template.as_ref().ok_or_else(|| models::Error::InvalidInput {
+    let template = ckpt.chat_template.as_ref().ok_or_else(|| crate::Error::InvalidInput {
         op: "generate",
         reason: "the checkpoint has no chat template: use --raw".into(),
     })?;
@@ -48,7 +49,7 @@ fn prompt_text(a: &GenerateArgs, ckpt: &models::Checkpoint) -> Result<String> {
         messages.push(ChatMessage::new("system", system));
     }
     messages.push(ChatMessage::new("user", &a.prompt));
-    template.render(&messages, true)
+    Ok(template.render(&messages, true)?)
 }
 
 /// Runs `kvtide generate`.
@@ -56,11 +57,12 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     let ckpt = a.model.load()?;
     let tok = tokenizer(&ckpt, "generate")?;
     let ids = tok.encode(&prompt_text(a, &ckpt)?)?;
-    let (model, cache) = a.cache.build(&ckpt.model)?;
+    let proj = crate::paths::projection_file(&ckpt.config.name);
+    let (model, cache) = a.cache.clone().with_default_projection(&proj).build(&ckpt.model)?;
     let mut session = Session::new(model, cache)?;
     let mut shown = String::new();
     let mut generated = Vec::new();
-    let mut stream = |id: u32| -> Result<()> {
+    let mut stream = |id: u32| -> models::Result<()> {
         generated.push(id);
         if !a.json {
             // Print once the bytes decode to whole characters (byte-level BPE can split them).

@@ -220,7 +220,7 @@ pub struct Plan {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::grid::scaled_n_voice;
+/// use kvtide::reproduce::grid::scaled_n_voice;
 /// assert_eq!(scaled_n_voice(90, 90, 5), 34);
 /// assert_eq!(scaled_n_voice(10, 90, 5), 6);
 /// ```
@@ -516,7 +516,7 @@ mod tests {
     fn specs_parse() {
         for r in Plan::new(Size::Full, 64, 90).swan {
             let s = r.spec("/tmp/p.safetensors", 2);
-            assert!(s.parse::<crate::spec::CacheSpec>().is_ok(), "{s}");
+            assert!(s.parse::<models::cache::spec::CacheSpec>().is_ok(), "{s}");
         }
     }
 }

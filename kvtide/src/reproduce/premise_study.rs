@@ -107,7 +107,7 @@ pub fn run(ctx: &mut Context) -> Result<PremiseStudy> {
     for (variant, n, plays) in ctx.plan.premise.clone() {
         for play in plays {
             let task = ctx.corpus.copy_task(play, n, variant)?;
-            let row = measure(ctx.grad()?, &task)?;
+            let row = measure(&ctx.model, &task)?;
             ctx.log(&format!(
                 "premise {} {play} N={n}: prefill first-10% {:.3}, decode {:.3}, J@100 {:.3}, 2nd copy {:.3} ({:.0} s)",
                 variant.name(),

@@ -53,7 +53,7 @@ impl Table {
     ///
     /// # Examples
     /// ```
-    /// use models::reproduce::report::Table;
+    /// use kvtide::reproduce::report::Table;
     /// let mut t = Table::new("t", "Demo", &["a", "b"]);
     /// t.row(vec!["1".into(), "x|y".into()]);
     /// assert!(t.to_markdown().contains("| 1 | x\\|y |"));

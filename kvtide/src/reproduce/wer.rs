@@ -52,7 +52,7 @@ impl EditCounts {
     ///
     /// # Examples
     /// ```
-    /// use models::reproduce::wer::truncated_wer;
+    /// use kvtide::reproduce::wer::truncated_wer;
     /// assert_eq!(truncated_wer("hello world", "Hello, duck!").wer(), 0.5);
     /// ```
     pub fn wer(&self) -> f64 {
@@ -78,7 +78,7 @@ impl EditCounts {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::wer::normalize;
+/// use kvtide::reproduce::wer::normalize;
 /// assert_eq!(normalize("Well—it's 3.5, \"Sir\"!"), ["wellit's", "3.5", "sir"]);
 /// ```
 pub fn normalize(text: &str) -> Vec<String> {
@@ -90,7 +90,7 @@ pub fn normalize(text: &str) -> Vec<String> {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::wer::truncation_len;
+/// use kvtide::reproduce::wer::truncation_len;
 /// assert_eq!(truncation_len(10), 12);
 /// assert_eq!(truncation_len(7), 8); // ⌊8.4⌋
 /// ```
@@ -105,7 +105,7 @@ pub fn truncation_len(reference_words: usize) -> usize {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::wer::align;
+/// use kvtide::reproduce::wer::align;
 /// let c = align(&["the", "cat", "sat", "down"], &["the", "bat", "sat", "down", "now"]);
 /// assert_eq!((c.substitutions, c.deletions, c.insertions), (1, 0, 1));
 /// let c = align(&["a", "b", "c"], &["a", "c"]);
@@ -165,7 +165,7 @@ pub fn align<T: PartialEq>(reference: &[T], hypothesis: &[T]) -> EditCounts {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::wer::truncated_tokens;
+/// use kvtide::reproduce::wer::truncated_tokens;
 /// let reference = [1u32, 2, 3, 4, 5];
 /// let looping = [1u32, 2, 3, 4, 5, 5, 5, 5, 5, 5, 5, 5];
 /// assert_eq!(truncated_tokens(&reference, &looping).insertions, 1); // 6 tokens kept
@@ -179,7 +179,7 @@ pub fn truncated_tokens<T: PartialEq>(reference: &[T], hypothesis: &[T]) -> Edit
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::wer::truncated_wer;
+/// use kvtide::reproduce::wer::truncated_wer;
 /// // 8 reference words: the looping hypothesis is cut to 9 words ("ill-disposed" →
 /// // "illdisposed"), so 4 edits remain however they are split: WER 4 / 8.
 /// let c = truncated_wer("He was not an ill disposed young man",

@@ -15,12 +15,12 @@
 use std::collections::HashSet;
 
 use serde::Serialize;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
-use super::autograd::{AttentionTap, GradModel};
 use super::corpus::CopyTask;
 use crate::error::{Result, TorchOp};
-use crate::host::f32_slice;
+use models::Llama;
+use models::host::to_f32_vec;
 
 /// Attention rows of one layer, `[q_heads][N]` each.
 #[derive(Default)]
@@ -36,11 +36,11 @@ struct PremiseTap<'a> {
 }
 
 fn host(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(f32_slice(&t.f_contiguous().op("contiguous")?)?.to_vec())
+    Ok(to_f32_vec(&t.f_contiguous().op("contiguous")?)?)
 }
 
-impl AttentionTap for PremiseTap<'_> {
-    fn probs(&mut self, _layer: usize, probs: &Tensor) -> Result<()> {
+impl PremiseTap<'_> {
+    fn probs(&mut self, probs: &Tensor) -> Result<()> {
         let (span, n) = (self.task.span(), self.task.passage.len() as i64);
         let q = self.task.answer_query(0) as i64;
         let s = probs.f_narrow(2, span.start as i64, n).op("span cols")?;
@@ -139,7 +139,7 @@ fn top_k(d: &[f64], k: usize) -> HashSet<usize> {
 ///
 /// # Examples
 /// ```
-/// use models::reproduce::premise::jaccard;
+/// use kvtide::reproduce::premise::jaccard;
 /// assert_eq!(jaccard(&[3.0, 2.0, 1.0, 0.0], &[0.0, 2.0, 3.0, 1.0], 2), 1.0 / 3.0);
 /// ```
 pub fn jaccard(a: &[f64], b: &[f64], k: usize) -> f64 {
@@ -193,11 +193,34 @@ fn copy_score(logits: &Tensor, first_query: usize, targets: &[u32]) -> Result<Co
     })
 }
 
+/// Logits `[T, vocab]` of one causal forward over `seq`, each layer's attention
+/// probabilities `[q_heads, T, T]` handed to `tap`: the decoder's key-offset forward with
+/// zero offsets that require no grad (so nothing is recorded).
+fn causal_forward(model: &Llama, seq: &[u32], tap: &mut PremiseTap<'_>) -> Result<Tensor> {
+    let cfg = model.config();
+    let shape = [cfg.num_kv_heads as i64, seq.len() as i64, cfg.head_dim as i64];
+    let zero = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu)).op("zero offsets")?;
+    let offsets: Vec<Tensor> = (0..cfg.num_layers).map(|_| zero.shallow_clone()).collect();
+    // The forward's callback speaks the model crate's error; a tap failure (a libtorch op
+    // on the probabilities) is carried through it as text.
+    let mut probs = |_: usize, p: &Tensor| {
+        tap.probs(p)
+            .map_err(|e| models::Error::InvalidInput { op: "premise tap", reason: e.to_string() })
+    };
+    Ok(model.forward_key_offsets(
+        &model.embed(seq)?,
+        model.rope().tables(0, seq.len())?,
+        0..seq.len(),
+        &offsets,
+        &mut probs,
+    )?)
+}
+
 /// Measures the premise on one copy task.
 ///
 /// # Errors
 /// Forward errors; [`crate::Error::InvalidInput`] for passages under 100 tokens.
-pub fn measure(gm: &GradModel, task: &CopyTask) -> Result<Premise> {
+pub fn measure(model: &Llama, task: &CopyTask) -> Result<Premise> {
     let n = task.passage.len();
     if n < 100 {
         return Err(crate::error::invalid(
@@ -209,7 +232,7 @@ pub fn measure(gm: &GradModel, task: &CopyTask) -> Result<Premise> {
     let _guard = tch::no_grad_guard();
     let seq = task.sequence();
     let mut tap = PremiseTap { task, layers: Vec::new() };
-    let logits = gm.forward(&seq, None, &mut tap)?;
+    let logits = causal_forward(model, &seq, &mut tap)?;
     let layers = tap.layers;
     let (pre, first, dec) = (
         distribution(&layers, n, |l| &l.prefill),
@@ -230,7 +253,7 @@ pub fn measure(gm: &GradModel, task: &CopyTask) -> Result<Premise> {
         jaccard_500: (n >= 1000).then(|| jaccard(&pre, &dec, 500)),
         jaccard_first_token_100: jaccard(&first, &dec, 100),
         jaccard_random_100: 100.0 / (2 * n - 100) as f64,
-        per_head_jaccard_100: per_head(&layers, n, gm.config().num_kv_heads),
+        per_head_jaccard_100: per_head(&layers, n, model.config().num_kv_heads),
         histogram_20: (n.is_multiple_of(20)).then(|| (hist(&pre), hist(&dec))),
         second_copy: copy_score(&logits, task.answer_query(0), &task.passage)?,
         first_copy: copy_score(&logits, first_start - 1, &seq[first_start..span.end])?,

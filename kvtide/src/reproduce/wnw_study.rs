@@ -22,10 +22,10 @@ use super::decode::{
     Agreement, StepSample, Trace, agreement, group_by_weights, teacher_force_batch,
 };
 use super::grid::{Method, Signal, WnwRun};
-use super::roles::{RoleScores, calibrate};
-use crate::cache::KvCache;
+use super::roles::{TextCalibration, calibrate};
 use crate::error::Result;
-use crate::spec::CacheSpec;
+use models::cache::KvCache;
+use models::cache::spec::CacheSpec;
 
 /// One configuration's figures over all evaluation passages.
 #[derive(Clone, Debug, Serialize)]
@@ -77,7 +77,7 @@ pub struct WnwStudy {
     /// Evaluation plays.
     pub plays: Vec<&'static str>,
     /// Calibrated scores.
-    pub scores: RoleScores,
+    pub scores: TextCalibration,
     /// Anchor heads (`layer.kv_head`) of the main roles.
     pub anchors: Vec<String>,
     /// Results, in plan order.
@@ -118,7 +118,7 @@ fn signal_key(signal: Signal) -> &'static str {
 /// Writes (once) the roles file for `n_voice` and `signal`; returns its path.
 fn roles_file(
     ctx: &Context,
-    scores: &RoleScores,
+    scores: &TextCalibration,
     n_voice: usize,
     signal: Signal,
 ) -> Result<PathBuf> {
@@ -223,7 +223,7 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
         "wnw: calibrating roles (VS, HS by autograd) on {} passages of {cal_n} tokens",
         cal_tasks.len()
     ));
-    let scores = calibrate(ctx.grad()?, &cal_tasks, groups, &mut |_| {})?;
+    let scores = calibrate(&ctx.model, &cal_tasks, groups, &mut |_| {})?;
     debug_assert!(cal_plays.iter().all(|p| WNW_CALIBRATION_PLAYS.contains(p)));
     let n = ctx.plan.wnw_passage;
     let plays = ctx.plan.wnw_plays.clone();
@@ -287,7 +287,7 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
     let anchors = scores
         .roles(main_nv, ctx.plan.n_anchor, RankingSignal::VsHs)?
         .heads_with(kv_tiered::Role::Anchor)
-        .map(|h| format!("{}.{}", h / scores.kv_heads, h % scores.kv_heads))
+        .map(|h| format!("{}.{}", h / scores.scores.kv_heads, h % scores.scores.kv_heads))
         .collect();
     Ok(WnwStudy {
         passage: n,

@@ -9,11 +9,11 @@ use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
 use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_texts};
 use super::grid::{SwanGroup, SwanRun};
-use crate::cache::KvCache;
-use crate::calibrate::CalibrationStats;
 use crate::error::Result;
-use crate::llama::Llama;
-use crate::spec::CacheSpec;
+use models::cache::KvCache;
+use models::cache::spec::CacheSpec;
+use models::calibrate::CalibrationStats;
+use models::llama::Llama;
 
 /// One configuration's figures over all evaluation windows.
 #[derive(Clone, Debug, Serialize)]

@@ -4,9 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::Result;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use models::{Checkpoint, Result};
+use models::Checkpoint;
 
 /// Which model to load.
 #[derive(Args, Debug, Clone)]
@@ -19,7 +20,7 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The path to load.
     pub fn path(&self) -> PathBuf {
-        self.model.clone().unwrap_or_else(models::paths::default_model)
+        self.model.clone().unwrap_or_else(crate::paths::default_model)
     }
 
     /// Loads the model with a spinner.
@@ -28,7 +29,7 @@ impl ModelArgs {
         let bar = spinner(&format!("loading {}", path.display()));
         let ckpt = Checkpoint::load(&path);
         bar.finish_and_clear();
-        ckpt
+        Ok(ckpt?)
     }
 }
 
@@ -52,7 +53,7 @@ pub fn bar(len: usize, msg: &str) -> ProgressBar {
 
 /// The tokenizer of a checkpoint, or an error naming the command.
 pub fn tokenizer<'a>(ckpt: &'a Checkpoint, command: &'static str) -> Result<&'a models::Tokenizer> {
-    ckpt.tokenizer.as_ref().ok_or_else(|| models::Error::InvalidInput {
+    ckpt.tokenizer.as_ref().ok_or_else(|| crate::Error::InvalidInput {
         op: command,
         reason: "the checkpoint has no tokenizer (tokenizer.json or GGUF vocabulary)".into(),
     })
@@ -60,7 +61,7 @@ pub fn tokenizer<'a>(ckpt: &'a Checkpoint, command: &'static str) -> Result<&'a 
 
 /// A text file (markdown stripped) or the default play.
 pub fn read_text(path: Option<&Path>) -> Result<(PathBuf, String)> {
-    let path = path.map_or_else(models::paths::default_play, Path::to_path_buf);
+    let path = path.map_or_else(crate::paths::default_play, Path::to_path_buf);
     let text = models::text::read_text(&path)?;
     Ok((path, text))
 }

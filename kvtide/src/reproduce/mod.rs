@@ -7,7 +7,8 @@
 //! * WnW (`papers/wnw.txt` §2–3, Table 5 / Figure 3, Table 3, Table 4, Figure 4, Figure 1):
 //!   [`wnw_study`] — the long-form "transcription" analogue on text (teacher-forced copy of a
 //!   passage through the decode path) with roles calibrated by [`roles`] (VS from the known
-//!   alignment, HS by autograd through [`autograd`]); [`premise_study`] — Figure 1, checked
+//!   alignment, HS by autograd through the decoder's key-offset forward); [`premise_study`] —
+//!   Figure 1, checked
 //!   against the transformers fixtures; [`audio_study`] — the Voxtral-style pipeline end to
 //!   end on LibriVox clips with the tiny parity model; [`wer`] — truncated WER.
 //! * Output: [`report`] and [`plot`]; claims and enforced checks: [`findings`]; the grids
@@ -19,7 +20,6 @@
 //! figure is present. [`run`] returns the outcome; the CLI exits non-zero on a failed check.
 
 pub mod audio_study;
-pub mod autograd;
 pub mod corpus;
 pub mod decode;
 pub mod findings;

@@ -4,7 +4,7 @@
 //! and fed back one at a time through [`Session::decode`] — so every prediction after the
 //! first is made by the cache under test (`papers/swan.txt` decode step; `papers/wnw.txt`
 //! §3.5–3.9: accuracy, measured retention, recall bytes and time per decoded token). Unlike
-//! [`crate::score`], the loop can sample the cache after every step (WnW Figure 4: KV size
+//! [`models::score`], the loop can sample the cache after every step (WnW Figure 4: KV size
 //! over decode steps).
 
 use std::time::Instant;
@@ -12,11 +12,11 @@ use std::time::Instant;
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
-use crate::cache::{CacheBytes, KvCache};
 use crate::error::{Result, TorchOp, invalid};
-use crate::generate::argmax;
-use crate::llama::{BatchScratch, Llama, NoObserver};
-use crate::session::Session;
+use models::cache::{CacheBytes, KvCache};
+use models::generate::argmax;
+use models::llama::{BatchScratch, Llama, NoObserver};
+use models::session::Session;
 
 /// The cache after one decode step.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -48,7 +48,7 @@ pub struct Trace {
     pub after_prefill: CacheBytes,
     /// Cache bytes at the end.
     pub at_end: CacheBytes,
-    /// The cache's own figures at the end ([`crate::KvCache::stats`]).
+    /// The cache's own figures at the end ([`models::KvCache::stats`]).
     pub stats: Vec<(String, f64)>,
     /// Per-step samples (empty unless asked for).
     pub samples: Vec<StepSample>,

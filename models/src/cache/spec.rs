@@ -10,12 +10,12 @@
 //! Every cache also takes `threads=N` (attention threads; default: all cores). SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
 //! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
-//! (needs a `ProjectionSet` file: `proj=PATH`, default `$KVTIDE_CACHE/projections/<model>.safetensors`
-//! as written by `kvtide calibrate`), `identity`, `random[:seed]`, or an ablation of the
+//! (needs a `ProjectionSet` file: `proj=PATH`, or the default the application supplies through
+//! [`CacheSpec::with_default_projection`]; `kvtide calibrate` writes one), `identity`, `random[:seed]`, or an ablation of the
 //! calibrated file: `layer-shuffle[:seed]`, `head-shuffle[:seed]`, `kv-shuffle`
 //! (`papers/swan.txt`, projection ablations).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -211,9 +211,11 @@ impl SwanSpec {
         let cfg = model.config();
         let dims = ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)?;
         let load = || {
-            let path =
-                self.proj.clone().unwrap_or_else(|| crate::paths::projection_file(&cfg.name));
-            ProjectionSet::load_for(&path, &dims, None).map_err(|e| Error::CacheSpec {
+            let path = self.proj.as_ref().ok_or_else(|| Error::CacheSpec {
+                spec: format!("basis={}", self.basis),
+                reason: "this basis needs a projection file: give proj=PATH".into(),
+            })?;
+            ProjectionSet::load_for(path, &dims, None).map_err(|e| Error::CacheSpec {
                 spec: format!("proj={}", path.display()),
                 reason: format!("{e} (run `kvtide calibrate` first)"),
             })
@@ -232,7 +234,7 @@ impl FromStr for CacheSpec {
 
     /// # Examples
     /// ```
-    /// use models::spec::{CacheKind, CacheSpec};
+    /// use models::cache::spec::{CacheKind, CacheSpec};
     /// let s: CacheSpec = "swan:k=32,value=fp8,b=128,basis=random:7".parse()?;
     /// assert!(matches!(s.kind, CacheKind::Swan(ref w) if w.k_key == Some(32) && w.buffer == 128));
     /// assert!("swan:q=3".parse::<CacheSpec>().is_err());
@@ -278,6 +280,25 @@ fn default_threads() -> usize {
 }
 
 impl CacheSpec {
+    /// The same spec with `path` as the projection file of every SWAN part that names
+    /// none (`proj=` given in the spec wins). Bases other than `identity` and `random`
+    /// need a file; the application decides where its default lives.
+    ///
+    /// # Examples
+    /// ```
+    /// use models::cache::spec::{CacheKind, CacheSpec};
+    /// let s: CacheSpec = "swan:k=16".parse()?;
+    /// let s = s.with_default_projection(std::path::Path::new("/tmp/p.safetensors"));
+    /// assert!(matches!(s.kind, CacheKind::Swan(ref w) if w.proj.is_some()));
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn with_default_projection(mut self, path: &Path) -> Self {
+        if let CacheKind::Swan(swan) | CacheKind::SwanTiered(swan, _) = &mut self.kind {
+            swan.proj.get_or_insert_with(|| path.to_path_buf());
+        }
+        self
+    }
+
     /// Builds the cache for `model` and the model it must run with (SWAN needs `P_VO`
     /// absorbed; other caches use `model` as is — its weights are shared, not copied).
     ///

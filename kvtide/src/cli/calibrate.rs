@@ -6,16 +6,17 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::Result;
 use clap::Args;
-use models::Result;
 use projection::{CalibrationConfig, Stream};
 use serde_json::json;
 
-use crate::common::{ModelArgs, bar, print_json, tokenizer};
+use crate::cli::common::{ModelArgs, bar, print_json, tokenizer};
 
 /// Arguments of `kvtide calibrate`.
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
+    /// Which model to load.
     #[command(flatten)]
     pub model: ModelArgs,
     /// Calibration text files (`.md` plays are stripped); default: three plays other than the
@@ -55,7 +56,7 @@ fn calibration_ids(texts: &[PathBuf], tok: &models::Tokenizer, limit: usize) -> 
 /// Calibrates and writes the file; returns its path (used by the demo too).
 pub fn calibrate(a: &CalibrateArgs, ckpt: &models::Checkpoint) -> Result<PathBuf> {
     let texts: Vec<PathBuf> = if a.texts.is_empty() {
-        DEFAULT_PLAYS.iter().map(|p| models::paths::plays_dir().join(p)).collect()
+        DEFAULT_PLAYS.iter().map(|p| crate::paths::plays_dir().join(p)).collect()
     } else {
         a.texts.clone()
     };
@@ -69,9 +70,9 @@ pub fn calibrate(a: &CalibrateArgs, ckpt: &models::Checkpoint) -> Result<PathBuf
         &mut |i| progress.set_position(i as u64),
     )?;
     progress.finish_and_clear();
-    let out = a.out.clone().unwrap_or_else(|| models::paths::projection_file(&ckpt.config.name));
+    let out = a.out.clone().unwrap_or_else(|| crate::paths::projection_file(&ckpt.config.name));
     if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| models::Error::Io {
+        std::fs::create_dir_all(dir).map_err(|source| crate::Error::Io {
             op: "create",
             path: dir.to_path_buf(),
             source,

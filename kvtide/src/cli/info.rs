@@ -3,13 +3,14 @@
 //! bytes at 16 bits, `2k+2` at fp8; `papers/swan.txt`, memory section) — with SWAN's
 //! compute break-even length `b + d_h²/(d_h − k)` for `b = 128`.
 
+use crate::Result;
 use clap::Args;
 use kv_sparse::ValueFormat;
 use kv_sparse::memory::{break_even_len, dense_row_bytes, sparse_row_bytes};
-use models::{ModelConfig, Result};
+use models::ModelConfig;
 use serde_json::json;
 
-use crate::common::{ModelArgs, print_json};
+use crate::cli::common::{ModelArgs, print_json};
 
 /// Arguments of `kvtide info`.
 #[derive(Args, Debug)]
