@@ -58,7 +58,7 @@ mod fault;
 mod host;
 mod pool;
 
-pub use fault::{FaultSchedule, FaultyTier};
+pub use fault::{FaultOp, FaultPlan, FaultRates, FaultSchedule, FaultyEvent, FaultyTier};
 pub use host::HostTier;
 pub use pool::{PageGrant, PagePool};
 
