@@ -14,7 +14,7 @@ use crate::layout::{
 use crate::policy::{WnwConfig, WnwPolicy};
 use crate::roles::{HeadRoles, RankingSignal, TriageConfig};
 use crate::rows::RowLayout;
-use crate::store::{DenseKv, StoreConfig, TieredStore};
+use crate::store::{DensePromptKv, StoreConfig, TieredStore};
 
 /// Shape and knobs of a synthetic run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -127,7 +127,7 @@ pub struct SimModel {
     /// Triage from random VS/HS.
     pub roles: HeadRoles,
     /// Prompt K/V (uniform in [-1, 1]).
-    pub kv: DenseKv,
+    pub kv: DensePromptKv,
     /// Per-head prefill scores (sink-heavy: decaying over the audio, plus noise).
     pub scores: Vec<f32>,
 }
@@ -152,7 +152,8 @@ impl SimModel {
         let n = heads * seq * config.head_dim;
         let keys = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
         let values = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
-        let kv = DenseKv::new(config.layers, config.kv_heads, seq, config.head_dim, keys, values)?;
+        let kv =
+            DensePromptKv::new(config.layers, config.kv_heads, seq, config.head_dim, keys, values)?;
         let t = config.audio_len as f32;
         let scores = (0..heads * config.audio_len)
             .map(|i| (-3.0 * (i % config.audio_len) as f32 / t).exp() + 0.2 * rng.unit())

@@ -3,7 +3,8 @@
 
 use kv_tiered::policy::{WnwConfig, WnwPolicy};
 use kv_tiered::{
-    AudioLayout, DenseKv, HeadRoles, HeadView, RetentionSchedule, Role, StoreConfig, TieredStore,
+    AudioLayout, DensePromptKv, HeadRoles, HeadView, RetentionSchedule, Role, StoreConfig,
+    TieredStore,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -15,7 +16,7 @@ pub struct Model {
     pub q_heads: usize,
     pub head_dim: usize,
     pub layout: AudioLayout,
-    pub kv: DenseKv,
+    pub kv: DensePromptKv,
     pub keys: Vec<f32>,
     pub values: Vec<f32>,
     pub scores: Vec<f32>,
@@ -37,7 +38,7 @@ impl Model {
         let scores = (0..layers * kv_heads * layout.audio_len())
             .map(|_| rng.random_range(0.0..1.0))
             .collect();
-        let kv = DenseKv::new(
+        let kv = DensePromptKv::new(
             layers,
             kv_heads,
             layout.seq_len(),
