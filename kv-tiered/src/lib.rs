@@ -26,7 +26,7 @@
 //! ```
 //! use kv_tiered::{AudioLayout, DensePromptKv, HeadRoles, StoreConfig, TieredStore, TriageConfig};
 //! use kv_tiered::policy::{WnwConfig, WnwPolicy};
-//! // 2 layers × 2 kv-heads, 4 q-heads, d = 4; 40-token prompt with audio at 5..35.
+//! // 2 layers × 2 kv-heads, 4 q-heads, head_dim = 4; 40-token prompt with audio at 5..35.
 //! let layout = AudioLayout::new(40, 5..35, 5, 10)?;
 //! let roles = HeadRoles::triage(2, 2, &[0.9, 0.5, 0.4, 0.1], &[1.0; 4],
 //!     TriageConfig { n_voice: 3, n_anchor: 1, ..Default::default() })?;

@@ -4,8 +4,8 @@
 //! the transcript advances, over a small noise floor. Deterministic per seed (SplitMix64), no
 //! extra dependencies.
 //!
-//! [`SimConfig::voxtral_mini`] is the Voxtral-mini scale: 30 layers × 8 kv-heads,
-//! 32 q-heads, d = 128, 5 anchors, 90 voice heads, 3000 audio tokens (4 min at 12.5 tok/s).
+//! [`SimConfig::voxtral_mini`] is Voxtral-mini's scale: 30 layers × 8 kv-heads,
+//! 32 q-heads, head_dim = 128, 5 anchors, 90 voice heads, 3000 audio tokens (4 min at 12.5 tok/s).
 
 use crate::error::Result;
 use crate::layout::{

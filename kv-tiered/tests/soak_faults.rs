@@ -63,9 +63,15 @@ struct Episode {
 }
 
 /// Row `i` of a generated token: deterministic in (layer, kv-head, token, value/key).
-fn generated_row(layer: usize, kv_head: usize, token: usize, d: usize, value: bool) -> Vec<f32> {
+fn generated_row(
+    layer: usize,
+    kv_head: usize,
+    token: usize,
+    head_dim: usize,
+    value: bool,
+) -> Vec<f32> {
     let salt = layer * 7 + kv_head * 3 + token * 5 + usize::from(value) * 11;
-    (0..d).map(|j| ((salt + j * 13) % 17) as f32 * 0.25 - 2.0).collect()
+    (0..head_dim).map(|j| ((salt + j * 13) % 17) as f32 * 0.25 - 2.0).collect()
 }
 
 /// Totals over the whole soak.

@@ -110,9 +110,10 @@ pub fn random_roles(rng: &mut StdRng, heads: usize) -> Vec<Role> {
         .collect()
 }
 
-/// Softmax attention of `q` (group × d) over `(keys, values)` rows; returns outputs and the
-/// per-row weights summed over the group.
-pub fn attend(q: &[f32], keys: &[f32], values: &[f32], d: usize) -> (Vec<f32>, Vec<f32>) {
+/// Softmax attention of `q` (group × head_dim) over `(keys, values)` rows; returns outputs and
+/// the per-row weights summed over the group.
+pub fn attend(q: &[f32], keys: &[f32], values: &[f32], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let d = head_dim;
     let n = keys.len() / d;
     let g = q.len() / d;
     let scale = 1.0 / (d as f32).sqrt();
