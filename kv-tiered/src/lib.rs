@@ -33,7 +33,8 @@
 //! let policy = WnwPolicy::for_target(roles, layout, 0.5, WnwConfig::default())?;
 //! let config = StoreConfig::new(2, 2, 4, 4, layout, 8);
 //! let n = 2 * 2 * 40 * 4;
-//! let kv = DensePromptKv::new(2, 2, 40, 4, (0..n).map(|i| (i % 7) as f32).collect(), vec![0.5; n])?;
+//! let keys = (0..n).map(|i| (i % 7) as f32).collect();
+//! let kv = DensePromptKv::new(2, 2, 40, 4, keys, vec![0.5; n])?;
 //! let scores: Vec<f32> = (0..4 * 30).map(|i| (i % 11) as f32).collect();
 //! let mut store = TieredStore::prefill_host(config, Box::new(policy), &kv, &scores)?;
 //! for layer in 0..2 {

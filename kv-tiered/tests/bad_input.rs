@@ -1,6 +1,6 @@
-//! Bad input gets typed errors, never a panic (team standard; issue "bad input"): score
-//! arrays of the wrong length, NaN scores, an audio span outside the sequence, a target r_GPU
-//! outside (0, 1], and misuse of the decode API.
+//! Bad input gets typed errors, never a panic (team standard): score arrays of the wrong
+//! length and NaN scores (WnW §2.2–2.3 signals), an audio span outside the sequence (§2.3
+//! layout), a target r_GPU outside (0, 1] (§3.4), and misuse of the decode API.
 
 mod common;
 

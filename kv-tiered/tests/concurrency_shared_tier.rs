@@ -1,6 +1,6 @@
-//! Concurrency stress (issue 10: "the recall worker and residency tables under loom, or a
-//! documented argument plus a stress test with many threads hammering views while recalls
-//! complete"). The argument is in `docs/bad-inputs.md` ("Concurrency"); in short, loom can
+//! Concurrency stress of the WnW §2.3 recall path: the recall worker and the residency
+//! tables, with many threads hammering views while recalls complete. Why this is a stress
+//! test and not a loom model is argued in `docs/bad-inputs.md` ("Concurrency"); in short, loom can
 //! only model code written against loom's own primitives, and the store's worker protocol
 //! runs on `parking_lot` locks, a `parking_lot::Condvar` with a timed wait and a crossbeam
 //! channel — none of which loom can substitute without rewriting the store. These tests

@@ -1,5 +1,5 @@
-//! Property tests of the WnW store's invariants (issue: "invariants under property tests over
-//! random roles, lengths and score streams"): anchors always hold every audio position; tidal
+//! Property tests of the WnW store's invariants (§2.2 roles, §2.3 prefill and chunk swap)
+//! over random roles, lengths and score streams: anchors always hold every audio position; tidal
 //! heads never lose one (device ∪ host = all audio); fixed heads never recall; text and
 //! generated tokens are always resident; a recalled segment is released exactly after δ
 //! consecutive unselected steps (checked against an independent model of §2.3); r_GPU equals

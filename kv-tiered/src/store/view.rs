@@ -2,8 +2,8 @@
 //! resident positions in ascending order and the arena row holding each, borrowed straight
 //! from the residency tables and the tier's arena — no copy, no allocation.
 //!
-//! Row `r` of a dense arena is `keys[r·head_dim..(r+1)·head_dim]` (the `rows` list indexes it), matching the
-//! gathered kernels' "arena + per-head row list" input (`attn-kernels` `DenseHeads` with
+//! Row `r` of a dense arena is `keys[r·head_dim..(r+1)·head_dim]` (the `rows` list indexes
+//! it), matching the gathered kernels' "arena + per-head row list" input (`attn-kernels` `DenseHeads` with
 //! gathered rows; a layer-wide arena means the per-head arena capacity is 0 there, i.e. row ids
 //! are absolute). With SWAN sparse rows enabled, a non-exact head's audio rows are in the
 //! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are

@@ -127,6 +127,8 @@ impl PagePool {
 
 #[cfg(test)]
 mod tests {
+    //! The pool's invariants against a model, and under concurrent allocation.
+
     use std::collections::BTreeSet;
 
     use proptest::prelude::*;
@@ -168,7 +170,7 @@ mod tests {
                 match op {
                     Op::Alloc => match pool.alloc() {
                         Some(g) => {
-                            prop_assert!(held.insert(g.index), "index {} handed out twice", g.index);
+                            prop_assert!(held.insert(g.index), "{} handed out twice", g.index);
                             if let Some(last) = freed.pop() {
                                 prop_assert_eq!((g.index, g.fresh), (last, false));
                             } else {

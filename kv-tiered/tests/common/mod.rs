@@ -1,4 +1,5 @@
-//! Shared test helpers: random models, a reference attention, store builders.
+//! Shared test helpers: random models, a reference attention, store builders — the inputs of
+//! the WnW tests (§2.2 roles, §2.3 store).
 #![allow(dead_code)]
 
 use kv_tiered::policy::{WnwConfig, WnwPolicy};
