@@ -1,6 +1,6 @@
-//! Per-step policy cost at Voxtral-mini scale (issue 6 bench): 30 layers × 8 kv-heads,
-//! 32 q-heads, d = 128, 5 anchors, 90 voice heads, 3000 audio tokens, r_GPU = 0.2. One
-//! iteration = report the step's anchor weights + `end_step` (chunk scores, top-3, recall and
+//! Per-step policy cost at Voxtral-mini scale (WnW §2.3 decode step; Table 4 runtime): 30
+//! layers × 8 kv-heads, 32 q-heads, head_dim = 128, 5 anchors, 90 voice heads, 3000 audio
+//! tokens, r_GPU = 0.2. One iteration = report the step's anchor weights + `end_step` (chunk scores, top-3, recall and
 //! release decisions, bookkeeping, issuing recall jobs); the copies themselves run on the
 //! recall worker and are waited for *outside* the timed region. Baseline in the same run:
 //! the Full-cache policy through the same store (the harness's fixed per-step cost).

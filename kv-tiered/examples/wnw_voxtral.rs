@@ -1,6 +1,6 @@
 //! WnW at Voxtral-mini scale on the synthetic frontier workload (`kv_tiered::sim`): r_GPU,
 //! r_GPU+CPU, recall traffic and policy time per step for dense f32 / dense bf16 rows and
-//! SWAN fp8 sparse rows inside WnW (issue 6: "bytes/step with and without sparse rows").
+//! SWAN fp8 sparse rows inside WnW (recall bytes/step with and without sparse rows).
 //!
 //! Run: `cargo run --release -p kv-tiered --example wnw_voxtral`
 

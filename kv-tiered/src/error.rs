@@ -1,5 +1,6 @@
 //! The crate's error type: one `thiserror` enum whose variants name the operation that
-//! failed and the expected/got values (team standard; no panics on bad input).
+//! failed and the expected/got values (team standard; no panics on bad input). It implements
+//! no paper section; every WnW piece (§2.2 triage, §2.3 store, §3.4 solver) reports through it.
 
 use crate::tier::TierError;
 

@@ -24,16 +24,17 @@
 //! (`tests/lossless.rs`).
 //!
 //! ```
-//! use kv_tiered::{AudioLayout, DenseKv, HeadRoles, StoreConfig, TieredStore, TriageConfig};
+//! use kv_tiered::{AudioLayout, DensePromptKv, HeadRoles, StoreConfig, TieredStore, TriageConfig};
 //! use kv_tiered::policy::{WnwConfig, WnwPolicy};
-//! // 2 layers × 2 kv-heads, 4 q-heads, d = 4; 40-token prompt with audio at 5..35.
+//! // 2 layers × 2 kv-heads, 4 q-heads, head_dim = 4; 40-token prompt with audio at 5..35.
 //! let layout = AudioLayout::new(40, 5..35, 5, 10)?;
 //! let roles = HeadRoles::triage(2, 2, &[0.9, 0.5, 0.4, 0.1], &[1.0; 4],
 //!     TriageConfig { n_voice: 3, n_anchor: 1, ..Default::default() })?;
 //! let policy = WnwPolicy::for_target(roles, layout, 0.5, WnwConfig::default())?;
 //! let config = StoreConfig::new(2, 2, 4, 4, layout, 8);
 //! let n = 2 * 2 * 40 * 4;
-//! let kv = DenseKv::new(2, 2, 40, 4, (0..n).map(|i| (i % 7) as f32).collect(), vec![0.5; n])?;
+//! let keys = (0..n).map(|i| (i % 7) as f32).collect();
+//! let kv = DensePromptKv::new(2, 2, 40, 4, keys, vec![0.5; n])?;
 //! let scores: Vec<f32> = (0..4 * 30).map(|i| (i % 11) as f32).collect();
 //! let mut store = TieredStore::prefill_host(config, Box::new(policy), &kv, &scores)?;
 //! for layer in 0..2 {
@@ -69,5 +70,7 @@ pub use policy::Policy;
 pub use retention::RetentionSchedule;
 pub use roles::{HeadRoles, RankingSignal, Role, TriageConfig};
 pub use rows::{RowCodec, RowLayout};
-pub use store::{Audit, DenseKv, Gather, HeadView, LayerView, PromptKv, StoreConfig, TieredStore};
+pub use store::{
+    Audit, DensePromptKv, Gather, HeadView, LayerView, PromptKv, StoreConfig, TieredStore,
+};
 pub use tier::{HostTier, Tier};

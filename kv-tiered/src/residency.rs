@@ -108,6 +108,9 @@ impl PosRows {
 
 #[cfg(test)]
 mod tests {
+    //! Merging recalled rows into a residency list and removing them again keep the positions
+    //! sorted and each paired with its arena row.
+
     use super::*;
 
     #[test]

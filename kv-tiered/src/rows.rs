@@ -144,7 +144,7 @@ fn decode_dense(format: ValueFormat, bytes: &[u8], out: &mut [f32]) {
 /// audio of non-exact heads (tidal and fixed under WnW).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowLayout {
-    /// Head dimension `d_h`.
+    /// Head dimension (`head_dim`).
     pub head_dim: usize,
     /// Dense rows (pool 0): text, anchors, and all audio unless `sparse` is set.
     pub dense: ValueFormat,

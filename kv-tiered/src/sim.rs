@@ -4,8 +4,8 @@
 //! the transcript advances, over a small noise floor. Deterministic per seed (SplitMix64), no
 //! extra dependencies.
 //!
-//! [`SimConfig::voxtral_mini`] is the Voxtral-mini scale: 30 layers × 8 kv-heads,
-//! 32 q-heads, d = 128, 5 anchors, 90 voice heads, 3000 audio tokens (4 min at 12.5 tok/s).
+//! [`SimConfig::voxtral_mini`] is Voxtral-mini's scale: 30 layers × 8 kv-heads,
+//! 32 q-heads, head_dim = 128, 5 anchors, 90 voice heads, 3000 audio tokens (4 min at 12.5 tok/s).
 
 use crate::error::Result;
 use crate::layout::{
@@ -14,7 +14,7 @@ use crate::layout::{
 use crate::policy::{WnwConfig, WnwPolicy};
 use crate::roles::{HeadRoles, RankingSignal, TriageConfig};
 use crate::rows::RowLayout;
-use crate::store::{DenseKv, StoreConfig, TieredStore};
+use crate::store::{DensePromptKv, StoreConfig, TieredStore};
 
 /// Shape and knobs of a synthetic run.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -127,7 +127,7 @@ pub struct SimModel {
     /// Triage from random VS/HS.
     pub roles: HeadRoles,
     /// Prompt K/V (uniform in [-1, 1]).
-    pub kv: DenseKv,
+    pub kv: DensePromptKv,
     /// Per-head prefill scores (sink-heavy: decaying over the audio, plus noise).
     pub scores: Vec<f32>,
 }
@@ -152,7 +152,8 @@ impl SimModel {
         let n = heads * seq * config.head_dim;
         let keys = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
         let values = (0..n).map(|_| 2.0 * rng.unit() - 1.0).collect();
-        let kv = DenseKv::new(config.layers, config.kv_heads, seq, config.head_dim, keys, values)?;
+        let kv =
+            DensePromptKv::new(config.layers, config.kv_heads, seq, config.head_dim, keys, values)?;
         let t = config.audio_len as f32;
         let scores = (0..heads * config.audio_len)
             .map(|i| (-3.0 * (i % config.audio_len) as f32 / t).exp() + 0.2 * rng.unit())

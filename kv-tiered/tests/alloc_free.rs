@@ -1,6 +1,6 @@
-//! The per-step API the decoder drives (append, layer views, anchor weights, end_step,
-//! recall worker) does not allocate once warmed up (issue: "keep that API simple and
-//! allocation-free per step"). A counting global allocator checks it.
+//! The per-step API the decoder drives through a WnW decode step (§2.3: append, layer views,
+//! anchor weights, end_step, recall worker) stays simple and does not allocate once warmed
+//! up. A counting global allocator checks it.
 
 mod common;
 

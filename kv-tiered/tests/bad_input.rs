@@ -1,6 +1,6 @@
-//! Bad input gets typed errors, never a panic (team standard; issue "bad input"): score
-//! arrays of the wrong length, NaN scores, an audio span outside the sequence, a target r_GPU
-//! outside (0, 1], and misuse of the decode API.
+//! Bad input gets typed errors, never a panic (team standard): score arrays of the wrong
+//! length and NaN scores (WnW §2.2–2.3 signals), an audio span outside the sequence (§2.3
+//! layout), a target r_GPU outside (0, 1] (§3.4), and misuse of the decode API.
 
 mod common;
 
@@ -14,7 +14,7 @@ use kv_tiered::policy::{
 use kv_tiered::scores::{HeadSensitivityAccumulator, VoiceScoreAccumulator, hit_ratio};
 use kv_tiered::tier::{PoolSpec, TierConfig};
 use kv_tiered::{
-    AudioLayout, DenseKv, Error, HeadRoles, HostTier, RetentionSchedule, Role, TieredStore,
+    AudioLayout, DensePromptKv, Error, HeadRoles, HostTier, RetentionSchedule, Role, TieredStore,
     TriageConfig,
 };
 
@@ -150,13 +150,13 @@ fn prefill_scores_wrong_length_nan_or_negative() {
     // K/V with a NaN, or too short.
     let mut keys = m.keys.clone();
     keys[3] = f32::NAN;
-    let kv = DenseKv::new(2, 2, 30, 4, keys, m.values.clone()).unwrap();
+    let kv = DensePromptKv::new(2, 2, 30, 4, keys, m.values.clone()).unwrap();
     assert!(matches!(
         TieredStore::prefill_host(m.config(2), wnw(&m), &kv, &m.scores),
         Err(Error::NonFinite { .. })
     ));
     assert!(matches!(
-        DenseKv::new(2, 2, 30, 4, vec![0.0; 5], vec![0.0; 5]),
+        DensePromptKv::new(2, 2, 30, 4, vec![0.0; 5], vec![0.0; 5]),
         Err(Error::Shape { .. })
     ));
 }

@@ -10,14 +10,14 @@ use kv_tiered::policy::{
     FullPolicy, StepSignal, WnwConfig, WnwPolicy,
 };
 use kv_tiered::{
-    AudioLayout, DenseKv, HeadRoles, Policy, RetentionSchedule, Role, RunMetrics, TieredStore,
+    AudioLayout, DensePromptKv, HeadRoles, Policy, RetentionSchedule, Role, RunMetrics, TieredStore,
 };
 use rand::Rng;
 
 /// One harness for every policy: feeds the signal the policy asks for, audits every step.
 fn harness(
     m: &Model,
-    kv: &DenseKv,
+    kv: &DensePromptKv,
     policy: Box<dyn Policy>,
     steps: usize,
     seed: u64,
@@ -159,7 +159,7 @@ fn arkvale_recalls_the_page_the_query_points_at() {
             keys[p * d] = 1.0;
         }
     }
-    let kv = DenseKv::new(1, 1, 128, d, keys, vec![0.5; 128 * d]).unwrap();
+    let kv = DensePromptKv::new(1, 1, 128, d, keys, vec![0.5; 128 * d]).unwrap();
     let m = Model {
         layers: 1,
         kv_heads: 1,

@@ -1,6 +1,6 @@
-//! Concurrency stress (issue 10: "the recall worker and residency tables under loom, or a
-//! documented argument plus a stress test with many threads hammering views while recalls
-//! complete"). The argument is in `docs/bad-inputs.md` ("Concurrency"); in short, loom can
+//! Concurrency stress of the WnW §2.3 recall path: the recall worker and the residency
+//! tables, with many threads hammering views while recalls complete. Why this is a stress
+//! test and not a loom model is argued in `docs/bad-inputs.md` ("Concurrency"); in short, loom can
 //! only model code written against loom's own primitives, and the store's worker protocol
 //! runs on `parking_lot` locks, a `parking_lot::Condvar` with a timed wait and a crossbeam
 //! channel — none of which loom can substitute without rewriting the store. These tests
@@ -80,9 +80,16 @@ fn policy(m: &Model, seed: u64) -> WnwPolicy {
 }
 
 /// Row of generated token `t` (deterministic per store, layer, head).
-fn generated_row(store: usize, layer: usize, head: usize, t: usize, d: usize, v: bool) -> Vec<f32> {
+fn generated_row(
+    store: usize,
+    layer: usize,
+    head: usize,
+    t: usize,
+    head_dim: usize,
+    v: bool,
+) -> Vec<f32> {
     let salt = store * 131 + layer * 17 + head * 7 + t * 3 + usize::from(v);
-    (0..d).map(|j| ((salt + j * 11) % 23) as f32 * 0.125 - 1.0).collect()
+    (0..head_dim).map(|j| ((salt + j * 11) % 23) as f32 * 0.125 - 1.0).collect()
 }
 
 /// Decodes every head of every layer and checks each row against its source.
@@ -290,7 +297,7 @@ fn second_view_while_another_thread_waits_to_grow_the_arena() {
         });
         std::thread::sleep(Duration::from_millis(200)); // let the grower queue for the lock
         let second = store.layer_view(0).unwrap();
-        assert_eq!(second.num_heads(), first.num_heads());
+        assert_eq!(second.kv_heads(), first.kv_heads());
         drop((first, second));
         grower.join().unwrap();
     });

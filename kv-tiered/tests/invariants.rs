@@ -1,5 +1,5 @@
-//! Property tests of the WnW store's invariants (issue: "invariants under property tests over
-//! random roles, lengths and score streams"): anchors always hold every audio position; tidal
+//! Property tests of the WnW store's invariants (§2.2 roles, §2.3 prefill and chunk swap)
+//! over random roles, lengths and score streams: anchors always hold every audio position; tidal
 //! heads never lose one (device ∪ host = all audio); fixed heads never recall; text and
 //! generated tokens are always resident; a recalled segment is released exactly after δ
 //! consecutive unselected steps (checked against an independent model of §2.3); r_GPU equals
@@ -161,7 +161,7 @@ fn report(
     r: &mut impl Rng,
     anchors: &[usize],
     layout: &AudioLayout,
-    kv: usize,
+    kv_heads: usize,
     w: &[f32],
 ) {
     if anchors.is_empty() || r.random_bool(0.5) {
@@ -180,7 +180,7 @@ fn report(
         let mut list = std::mem::take(&mut split[n]);
         list.push((layout.seq_len() as u32 + 3, 9.0)); // a generated (text) position
         let (pos, wt): (Vec<u32>, Vec<f32>) = list.into_iter().unzip();
-        store.add_anchor_weights(h / kv, h % kv, &pos, &wt).unwrap();
+        store.add_anchor_weights(h / kv_heads, h % kv_heads, &pos, &wt).unwrap();
     }
 }
 

@@ -1,7 +1,8 @@
 //! Lossless mode (team standard: every lossy knob has a lossless setting proven equal to
 //! dense): with δ = ∞, every chunk selected and retention 1, attention over the store's
-//! gathered views equals dense attention over the full cache — and, stronger, with any
-//! retention once every tidal segment has been recalled (this exercises the recall path).
+//! gathered views equals dense attention over the full cache (WnW §3.3's Full Cache) — and,
+//! stronger, with any retention once every tidal segment has been recalled (this exercises
+//! the recall path).
 
 mod common;
 

@@ -1,6 +1,7 @@
-//! Fault-injection soak (issue 10): many short WnW episodes (random shapes, roles, retention,
-//! δ and top-k) on a tier that fails device allocations, copy issues and copy completions at
-//! random, with the store's invariants checked after **every** step:
+//! Fault-injection soak (WnW §2.3 recall path under failures): many short WnW episodes
+//! (random shapes, roles, retention, δ and top-k) on the crate's [`FaultyTier`] with a random
+//! [`FaultRates`] plan per episode — device allocations, copy issues and copy completions
+//! fail at random — with the store's invariants checked after **every** step:
 //!
 //! * no lost CPU copy: anchors hold all audio on the device, tidal heads cover all audio
 //!   (device ∪ host), fixed heads never recall ([`TieredStore::audit`] also checks the
@@ -25,12 +26,11 @@ mod common;
 use std::collections::BTreeSet;
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Model, random_roles, rng};
 use kv_tiered::policy::{EvictionLag, SegmentQuota, WnwConfig, WnwPolicy};
-use kv_tiered::tier::{CopyEvent, DevicePage, HostPage, MoveError, PoolSpec, TierError};
+use kv_tiered::tier::{FaultOp, FaultRates, FaultyTier, TierError};
 use kv_tiered::{AudioLayout, HeadRoles, HostTier, RetentionSchedule, Role, Tier, TieredStore};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -38,159 +38,17 @@ use rand::rngs::StdRng;
 /// Steps per episode (a fresh prefill each time).
 const EPISODE_STEPS: usize = 400;
 
-/// Fault probabilities, in parts per 2^16.
-#[derive(Clone, Copy, Debug)]
-struct Rates {
-    alloc: u64,
-    copy: u64,
-    event: u64,
+/// The crate's one fault injector, fed a random plan per episode: draws are a hash of
+/// (seed, operation, call number), so a run is reproducible — allocations happen on the
+/// store's thread and copies on its worker, each in a deterministic order.
+type Faulty = FaultyTier<HostTier>;
+
+/// Faults injected so far, per operation.
+fn injected(tier: &Faulty) -> [u64; 3] {
+    FaultOp::ALL.map(|op| tier.injected_of(op))
 }
 
-/// A tier decorator failing operations at random. Draws are a hash of (seed, operation,
-/// call number), so a run is reproducible: allocations happen on the store's thread and
-/// copies on its worker, each in a deterministic order.
-struct RandomFaults<T> {
-    inner: T,
-    seed: u64,
-    rates: Rates,
-    armed: AtomicBool,
-    calls: [AtomicU64; 3],
-    injected: [AtomicU64; 3],
-}
-
-const ALLOC: usize = 0;
-const COPY: usize = 1;
-const EVENT: usize = 2;
-
-fn splitmix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-impl<T: Tier> RandomFaults<T> {
-    fn new(inner: T, seed: u64, rates: Rates) -> Self {
-        Self {
-            inner,
-            seed,
-            rates,
-            armed: AtomicBool::new(true),
-            calls: Default::default(),
-            injected: Default::default(),
-        }
-    }
-
-    fn hit(&self, op: usize, rate: u64) -> bool {
-        if !self.armed.load(Ordering::SeqCst) {
-            return false;
-        }
-        let n = self.calls[op].fetch_add(1, Ordering::SeqCst);
-        let hit = splitmix(self.seed ^ splitmix(n * 3 + op as u64)) & 0xffff < rate;
-        if hit {
-            self.injected[op].fetch_add(1, Ordering::SeqCst);
-        }
-        hit
-    }
-
-    fn injected(&self) -> [u64; 3] {
-        std::array::from_fn(|i| self.injected[i].load(Ordering::SeqCst))
-    }
-
-    fn total_injected(&self) -> u64 {
-        self.injected().iter().sum()
-    }
-}
-
-/// A copy event that may fail at `wait()` (after the inner copy completed).
-enum Event<E> {
-    Ok(E),
-    Fail(E),
-}
-
-impl<E: CopyEvent> CopyEvent for Event<E> {
-    fn wait(self) -> Result<(), TierError> {
-        match self {
-            Event::Ok(e) => e.wait(),
-            Event::Fail(e) => {
-                e.wait()?;
-                Err(TierError::Injected { op: "soak: CopyEvent::wait" })
-            }
-        }
-    }
-}
-
-impl<T: Tier> Tier for RandomFaults<T> {
-    type Event = Event<T::Event>;
-    type Arena<'a> = T::Arena<'a>;
-
-    fn layers(&self) -> usize {
-        self.inner.layers()
-    }
-    fn pools(&self) -> &[PoolSpec] {
-        self.inner.pools()
-    }
-    fn alloc_device(&self, pool: usize, layer: usize) -> Result<DevicePage, TierError> {
-        if self.hit(ALLOC, self.rates.alloc) {
-            return Err(TierError::Injected { op: "soak: alloc_device" });
-        }
-        self.inner.alloc_device(pool, layer)
-    }
-    fn free_device(&self, page: DevicePage) {
-        self.inner.free_device(page);
-    }
-    fn write_device(
-        &self,
-        page: &DevicePage,
-        first_row: usize,
-        keys: &[u8],
-        values: &[u8],
-    ) -> Result<(), TierError> {
-        self.inner.write_device(page, first_row, keys, values)
-    }
-    fn alloc_host(&self, pool: usize) -> Result<HostPage, TierError> {
-        self.inner.alloc_host(pool)
-    }
-    fn free_host(&self, page: HostPage) {
-        self.inner.free_host(page);
-    }
-    fn write_host(
-        &self,
-        page: HostPage,
-        first_row: usize,
-        keys: &[u8],
-        values: &[u8],
-    ) -> Result<(), TierError> {
-        self.inner.write_host(page, first_row, keys, values)
-    }
-    fn read_host(
-        &self,
-        page: HostPage,
-        first_row: usize,
-        keys: &mut [u8],
-        values: &mut [u8],
-    ) -> Result<(), TierError> {
-        self.inner.read_host(page, first_row, keys, values)
-    }
-    fn copy_to_device(
-        &self,
-        src: HostPage,
-        dst: DevicePage,
-        rows: usize,
-    ) -> Result<(DevicePage, Self::Event), MoveError> {
-        if self.hit(COPY, self.rates.copy) {
-            return Err(MoveError { page: dst, error: TierError::Injected { op: "soak: copy" } });
-        }
-        let (page, event) = self.inner.copy_to_device(src, dst, rows)?;
-        let fail = self.hit(EVENT, self.rates.event);
-        Ok((page, if fail { Event::Fail(event) } else { Event::Ok(event) }))
-    }
-    fn arena(&self, pool: usize, layer: usize) -> Self::Arena<'_> {
-        self.inner.arena(pool, layer)
-    }
-}
-
-type Store = TieredStore<RandomFaults<HostTier>>;
+type Store = TieredStore<Faulty>;
 
 /// One episode's model, roles, policy knobs and the rows of its generated tokens.
 struct Episode {
@@ -205,9 +63,15 @@ struct Episode {
 }
 
 /// Row `i` of a generated token: deterministic in (layer, kv-head, token, value/key).
-fn generated_row(layer: usize, kv_head: usize, token: usize, d: usize, value: bool) -> Vec<f32> {
+fn generated_row(
+    layer: usize,
+    kv_head: usize,
+    token: usize,
+    head_dim: usize,
+    value: bool,
+) -> Vec<f32> {
     let salt = layer * 7 + kv_head * 3 + token * 5 + usize::from(value) * 11;
-    (0..d).map(|j| ((salt + j * 13) % 17) as f32 * 0.25 - 2.0).collect()
+    (0..head_dim).map(|j| ((salt + j * 13) % 17) as f32 * 0.25 - 2.0).collect()
 }
 
 /// Totals over the whole soak.
@@ -264,7 +128,7 @@ fn prefill(
     ep: &Episode,
     policy: WnwPolicy,
     config: kv_tiered::StoreConfig,
-    tier: &Arc<RandomFaults<HostTier>>,
+    tier: &Arc<Faulty>,
     figures: &mut Figures,
 ) -> Store {
     let m = &ep.model;
@@ -276,22 +140,22 @@ fn prefill(
             assert!(matches!(e, kv_tiered::Error::Tier(TierError::Injected { .. })), "{e}");
             assert_no_pages(tier, m.layers);
             figures.failed_prefills += 1;
-            tier.armed.store(false, Ordering::SeqCst);
+            tier.set_armed(false);
             let store =
                 TieredStore::prefill(config, Arc::clone(tier), Box::new(policy), &m.kv, &m.scores)
                     .unwrap();
-            tier.armed.store(true, Ordering::SeqCst);
+            tier.set_armed(true);
             store
         }
     }
 }
 
-fn assert_no_pages(tier: &RandomFaults<HostTier>, layers: usize) {
+fn assert_no_pages(tier: &Faulty, layers: usize) {
     for pool in 0..tier.pools().len() {
         for l in 0..layers {
-            assert_eq!(tier.inner.device_pages_in_use(pool, l), 0, "device pages leaked");
+            assert_eq!(tier.inner().device_pages_in_use(pool, l), 0, "device pages leaked");
         }
-        assert_eq!(tier.inner.host_pages_in_use(pool), 0, "host pages leaked");
+        assert_eq!(tier.inner().host_pages_in_use(pool), 0, "host pages leaked");
     }
 }
 
@@ -427,14 +291,8 @@ fn check_audit(store: &mut Store, ep: &Episode) {
     }
 }
 
-fn step(
-    store: &mut Store,
-    ep: &mut Episode,
-    r: &mut StdRng,
-    tier: &RandomFaults<HostTier>,
-    f: &mut Figures,
-) {
-    let before = tier.total_injected();
+fn step(store: &mut Store, ep: &mut Episode, r: &mut StdRng, tier: &Faulty, f: &mut Figures) {
+    let before = tier.injected();
     if ep.generated[0] < ep.max_new && r.random_bool(0.05) {
         append_token(store, ep, f);
     }
@@ -454,7 +312,7 @@ fn step(
     f.reported_failed_recalls += u64::from(store.sync().unwrap());
     check_audit(store, ep);
     check_views(store, ep, true, f);
-    if tier.total_injected() == before {
+    if tier.injected() == before {
         let sel = selected_segments(&layout, &w, ep.top_chunks);
         for (h, role) in ep.roles.iter().enumerate() {
             for (s, &on) in sel.iter().enumerate() {
@@ -471,16 +329,18 @@ fn step(
 fn run_soak(total_steps: u64, seed: u64) -> Figures {
     let mut r = rng(seed);
     let mut f = Figures::default();
+    // Fault probabilities per episode, in parts per 2^16 (the seed is drawn per episode).
     let rate_sets = [
-        Rates { alloc: 0, copy: 0, event: 0 },
-        Rates { alloc: 3000, copy: 3000, event: 3000 },
-        Rates { alloc: 20_000, copy: 10_000, event: 20_000 },
+        FaultRates::default(),
+        FaultRates { alloc_device: 3000, copy: 3000, event: 3000, seed: 0 },
+        FaultRates { alloc_device: 20_000, copy: 10_000, event: 20_000, seed: 0 },
     ];
     while f.steps < total_steps {
         let (mut ep, policy, config) = random_episode(&mut r, 24);
         let rates = rate_sets[f.episodes as usize % rate_sets.len()];
         let inner = HostTier::new(config.tier_config(&policy)).unwrap();
-        let tier = Arc::new(RandomFaults::new(inner, r.random(), rates));
+        let plan = FaultRates { seed: r.random(), ..rates };
+        let tier = Arc::new(FaultyTier::new(inner, plan));
         let mut store = prefill(&ep, policy, config, &tier, &mut f);
         ep.retained = retained_audio(&store, &ep);
         check_audit(&mut store, &ep);
@@ -488,7 +348,7 @@ fn run_soak(total_steps: u64, seed: u64) -> Figures {
         for _ in 0..steps {
             step(&mut store, &mut ep, &mut r, &tier, &mut f);
         }
-        let injected = tier.injected();
+        let injected = injected(&tier);
         let accounted = f.failed_prefills + f.failed_appends + f.reported_failed_recalls;
         drop(store);
         assert_no_pages(&tier, ep.model.layers);
@@ -532,7 +392,7 @@ fn soak_random_faults_every_step_checked() {
 /// that every page comes back.
 #[test]
 fn prefill_failing_at_any_allocation_returns_every_page() {
-    use kv_tiered::tier::{FaultSchedule, FaultyTier};
+    use kv_tiered::tier::FaultSchedule;
     let layout = AudioLayout::new(70, 5..65, 4, 8).unwrap();
     let model = Model::random(3, 2, 2, 2, 8, layout);
     let roles = [Role::Anchor, Role::Tidal, Role::Tidal, Role::Fixed];

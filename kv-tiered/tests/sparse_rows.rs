@@ -1,7 +1,7 @@
 //! SWAN rows inside WnW (beyond the paper): non-anchor audio stored and recalled as SWAN
 //! sparse fp8 rows. Checks the codecs, where rows land, that every resident sparse row
 //! decodes to exactly the codec's image of the prompt row, that recall decisions are
-//! unchanged while recall bytes shrink by `(2k_K + 2k_V) / (2·d·4)`, and that attention
+//! unchanged while recall bytes shrink by `(2k_K + 2k_V) / (2·head_dim·4)`, and that attention
 //! stays close to dense.
 
 mod common;

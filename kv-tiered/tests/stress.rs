@@ -1,7 +1,7 @@
-//! Concurrency stress (issue: "10⁵ random steps with the recall worker, checked invariants,
-//! no deadlock (bounded time), no lost segment"): a runtime-shaped loop — per layer append,
-//! wait for the layer's view and read it, then end the step — under random anchor weights,
-//! with the recall worker copying concurrently. A watchdog bounds the wall time.
+//! Concurrency stress of the WnW §2.3 decode loop — 10⁵ random steps with the recall worker,
+//! checked invariants, no deadlock (bounded time), no lost segment: a runtime-shaped loop —
+//! per layer append, wait for the layer's view and read it, then end the step — under random
+//! anchor weights, with the recall worker copying concurrently. A watchdog bounds the wall time.
 
 mod common;
 

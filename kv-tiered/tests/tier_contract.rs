@@ -1,5 +1,6 @@
-//! Every tier in the crate passes the one conformance check of the `Tier` contract (the CUDA
-//! tier runs the same body on a device: `kv_tiered::tier::contract::check_contract`).
+//! Every tier in the crate passes the one conformance check of the `Tier` contract — the
+//! GPU portion / CPU complement storage of WnW §2.3 (the CUDA tier runs the same body on a
+//! device: `kv_tiered::tier::contract::check_contract`).
 
 use kv_tiered::tier::contract::check_contract;
 use kv_tiered::tier::{FaultSchedule, FaultyTier, HostTier, TierConfig};

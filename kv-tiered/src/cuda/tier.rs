@@ -2,7 +2,8 @@
 //! "Limitations": recall overlapped with attention through CUDA streams).
 //!
 //! * Device arenas: one `DeviceBuffer<u8>` pair (keys, values) per `(pool, layer)`, allocated
-//!   once at `device_pages_per_layer` pages; pages come from a free list.
+//!   once at `device_pages_per_layer` pages; page indices come from the crate's one
+//!   [`PagePool`] (free list and capacity accounting shared with the host tier).
 //! * Host pool: one pinned `LockedBuffer<u8>` pair per pool, allocated once at `host_pages`
 //!   pages ("use pinned memory sparingly": one pool, reused, never reallocated).
 //! * Recall: `copy_to_device` issues two `cuMemcpyHtoDAsync` on a dedicated copy stream and
@@ -15,13 +16,14 @@ use cust::memory::{
     AsyncCopyDestination, CopyDestination, DeviceBuffer, DeviceSlice, LockedBuffer,
 };
 use cust::stream::{Stream, StreamFlags};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::RwLock;
 
 use attn_kernels::cuda::Gpu;
 
 use super::CudaArena;
 use crate::tier::{
-    CopyEvent, DevicePage, HostPage, MoveError, PoolSpec, Tier, TierConfig, TierError, check_rows,
+    CopyEvent, DevicePage, HostPage, MoveError, PagePool, PoolSpec, Tier, TierConfig, TierError,
+    check_rows,
 };
 
 fn backend(op: &'static str) -> impl Fn(cust::error::CudaError) -> TierError {
@@ -32,41 +34,16 @@ fn gpu_err(op: &'static str, e: attn_kernels::Error) -> TierError {
     TierError::Backend { op, message: e.to_string() }
 }
 
-struct Pages {
-    capacity: usize,
-    free: Mutex<(Vec<u32>, u32)>,
-}
-
-impl Pages {
-    fn new(capacity: usize) -> Self {
-        Self { capacity, free: Mutex::new((Vec::new(), 0)) }
-    }
-    fn alloc(&self) -> Option<u32> {
-        let mut f = self.free.lock();
-        if let Some(i) = f.0.pop() {
-            return Some(i);
-        }
-        if (f.1 as usize) < self.capacity {
-            f.1 += 1;
-            return Some(f.1 - 1);
-        }
-        None
-    }
-    fn release(&self, i: u32) {
-        self.free.lock().0.push(i);
-    }
-}
-
 struct DeviceArena {
     keys: DeviceBuffer<u8>,
     values: DeviceBuffer<u8>,
-    pages: Pages,
+    pages: PagePool,
 }
 
 struct HostPool {
     /// Pinned (keys, values). Written under the write lock (prefill), read by async copies.
     bytes: RwLock<(LockedBuffer<u8>, LockedBuffer<u8>)>,
-    pages: Pages,
+    pages: PagePool,
 }
 
 /// Completion of one recall on the copy stream.
@@ -89,6 +66,10 @@ pub struct CudaTier {
     gpu: Gpu,
     layers: usize,
     pools: Vec<PoolSpec>,
+    /// Pages of every `(pool, layer)` arena.
+    device_pages: usize,
+    /// Pages of every host pool.
+    host_pages: usize,
     device: Vec<DeviceArena>,
     host: Vec<HostPool>,
     copy_stream: Stream,
@@ -133,7 +114,7 @@ impl CudaTier {
             device.push(DeviceArena {
                 keys: zeroed(dev_pages * s.page_key_bytes())?,
                 values: zeroed(dev_pages * s.page_value_bytes())?,
-                pages: Pages::new(dev_pages),
+                pages: PagePool::new(Some(dev_pages)),
             });
         }
         let host = config
@@ -144,11 +125,20 @@ impl CudaTier {
                     pinned(host_pages * s.page_key_bytes())?,
                     pinned(host_pages * s.page_value_bytes())?,
                 );
-                Ok(HostPool { bytes: RwLock::new(bytes), pages: Pages::new(host_pages) })
+                Ok(HostPool { bytes: RwLock::new(bytes), pages: PagePool::new(Some(host_pages)) })
             })
             .collect::<Result<Vec<_>, TierError>>()?;
         let copy_stream = Stream::new(StreamFlags::NON_BLOCKING, None).map_err(backend(OP))?;
-        Ok(Self { gpu, layers: config.layers, pools: config.pools, device, host, copy_stream })
+        Ok(Self {
+            gpu,
+            layers: config.layers,
+            pools: config.pools,
+            device_pages: dev_pages,
+            host_pages,
+            device,
+            host,
+            copy_stream,
+        })
     }
 
     /// Reads rows of a device page back (verification): waits for the copy stream first, so
@@ -211,6 +201,18 @@ impl CudaTier {
         (k0..k0 + rows * spec.key_row_bytes, v0..v0 + rows * spec.value_row_bytes)
     }
 
+    fn check_host_page(&self, op: &'static str, page: HostPage) -> Result<(), TierError> {
+        if page.index() as usize >= self.host_pages {
+            return Err(TierError::Bounds {
+                op,
+                what: "host page",
+                got: page.index() as usize,
+                limit: self.host_pages,
+            });
+        }
+        Ok(())
+    }
+
     /// Issues the two async copies of a recall and records its event.
     fn issue(
         &self,
@@ -257,17 +259,17 @@ impl Tier for CudaTier {
 
     fn alloc_device(&self, pool: usize, layer: usize) -> Result<DevicePage, TierError> {
         let a = self.arena_of("CudaTier::alloc_device", pool, layer)?;
-        let i = a.pages.alloc().ok_or(TierError::OutOfDeviceMemory {
+        let grant = a.pages.alloc().ok_or(TierError::OutOfDeviceMemory {
             pool,
             layer,
-            capacity: a.pages.capacity,
+            capacity: self.device_pages,
         })?;
-        Ok(DevicePage::from_parts(pool, layer, i))
+        Ok(DevicePage::from_parts(pool, layer, grant.index))
     }
 
     fn free_device(&self, page: DevicePage) {
         if let Ok(a) = self.arena_of("CudaTier::free_device", page.pool(), page.layer()) {
-            a.pages.release(page.index());
+            a.pages.free(page.index());
         }
     }
 
@@ -295,11 +297,11 @@ impl Tier for CudaTier {
             got: pool,
             limit: self.host.len(),
         })?;
-        let i = h
+        let grant = h
             .pages
             .alloc()
-            .ok_or(TierError::OutOfHostMemory { pool, capacity: h.pages.capacity })?;
-        Ok(HostPage::from_parts(pool, i))
+            .ok_or(TierError::OutOfHostMemory { pool, capacity: self.host_pages })?;
+        Ok(HostPage::from_parts(pool, grant.index))
     }
 
     fn write_host(
@@ -312,7 +314,7 @@ impl Tier for CudaTier {
         const OP: &str = "CudaTier::write_host";
         let spec = self.spec(OP, page.pool())?;
         let rows = check_rows(OP, &spec, first_row, keys.len(), values.len())?;
-        check_host_page(OP, &self.host[page.pool()], page)?;
+        self.check_host_page(OP, page)?;
         let (k, v) = Self::host_range(&spec, page.index(), first_row, rows);
         let mut h = self.host[page.pool()].bytes.write();
         h.0[k].copy_from_slice(keys);
@@ -330,7 +332,7 @@ impl Tier for CudaTier {
         const OP: &str = "CudaTier::read_host";
         let spec = self.spec(OP, page.pool())?;
         let rows = check_rows(OP, &spec, first_row, keys.len(), values.len())?;
-        check_host_page(OP, &self.host[page.pool()], page)?;
+        self.check_host_page(OP, page)?;
         let (k, v) = Self::host_range(&spec, page.index(), first_row, rows);
         let h = self.host[page.pool()].bytes.read();
         keys.copy_from_slice(&h.0[k]);
@@ -362,14 +364,14 @@ impl Tier for CudaTier {
                     limit: spec.page_rows,
                 });
             }
-            check_host_page(OP, &self.host[src.pool()], src)?;
-            let a = self.arena_of(OP, dst.pool(), dst.layer())?;
-            if dst.index() as usize >= a.pages.capacity {
+            self.check_host_page(OP, src)?;
+            self.arena_of(OP, dst.pool(), dst.layer())?;
+            if dst.index() as usize >= self.device_pages {
                 return Err(TierError::Bounds {
                     op: OP,
                     what: "device page",
                     got: dst.index() as usize,
-                    limit: a.pages.capacity,
+                    limit: self.device_pages,
                 });
             }
             Ok(spec)
@@ -382,23 +384,11 @@ impl Tier for CudaTier {
 
     fn arena(&self, pool: usize, layer: usize) -> Self::Arena<'_> {
         let a = &self.device[pool * self.layers + layer];
-        let rows = a.pages.capacity * self.pools[pool].page_rows;
+        let rows = self.device_pages * self.pools[pool].page_rows;
         CudaArena {
             keys: a.keys.as_device_ptr().as_raw(),
             values: a.values.as_device_ptr().as_raw(),
             rows,
         }
     }
-}
-
-fn check_host_page(op: &'static str, pool: &HostPool, page: HostPage) -> Result<(), TierError> {
-    if page.index() as usize >= pool.pages.capacity {
-        return Err(TierError::Bounds {
-            op,
-            what: "host page",
-            got: page.index() as usize,
-            limit: pool.pages.capacity,
-        });
-    }
-    Ok(())
 }

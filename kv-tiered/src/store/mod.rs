@@ -182,16 +182,19 @@ pub trait PromptKv {
     fn values(&self, layer: usize, kv_head: usize) -> &[f32];
 }
 
-/// Dense prompt K/V in one buffer each, laid out `[layer][kv_head][position][dim]`.
+/// The whole prompt's K/V rows, owned, as prefill input: one f32 buffer for keys and one for
+/// values, each laid out `[layer][kv_head][position][head_dim]` (the simplest
+/// [`PromptKv`]). Not to be confused with `attn_kernels::DenseKv`, a borrowed per-head view
+/// the attention kernels read.
 #[derive(Clone, Debug, PartialEq)]
-pub struct DenseKv {
+pub struct DensePromptKv {
     kv_heads: usize,
     stride: usize,
     keys: Vec<f32>,
     values: Vec<f32>,
 }
 
-impl DenseKv {
+impl DensePromptKv {
     /// Wraps `keys`/`values` of `layers × kv_heads × seq_len × head_dim` floats.
     ///
     /// # Errors
@@ -205,13 +208,13 @@ impl DenseKv {
         values: Vec<f32>,
     ) -> Result<Self> {
         let n = layers * kv_heads * seq_len * head_dim;
-        check_len("DenseKv::new", "keys", &keys, n)?;
-        check_len("DenseKv::new", "values", &values, n)?;
+        check_len("DensePromptKv::new", "keys", &keys, n)?;
+        check_len("DensePromptKv::new", "values", &values, n)?;
         Ok(Self { kv_heads, stride: seq_len * head_dim, keys, values })
     }
 }
 
-impl PromptKv for DenseKv {
+impl PromptKv for DensePromptKv {
     fn keys(&self, layer: usize, kv_head: usize) -> &[f32] {
         let i = (layer * self.kv_heads + kv_head) * self.stride;
         &self.keys[i..i + self.stride]

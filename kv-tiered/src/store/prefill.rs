@@ -28,18 +28,18 @@ struct Bufs {
 }
 
 impl Bufs {
-    /// Encodes the rows of `positions` (absolute) from `keys`/`values` (`seq × d`).
+    /// Encodes the rows of `positions` (absolute) from `keys`/`values` (`seq_len × head_dim`).
     fn encode(
         &mut self,
         codecs: (RowCodec, RowCodec),
         keys: &[f32],
         values: &[f32],
-        d: usize,
+        head_dim: usize,
     ) -> Result<()> {
         self.keys.clear();
         self.values.clear();
         for &p in &self.positions {
-            let r = p as usize * d..(p as usize + 1) * d;
+            let r = p as usize * head_dim..(p as usize + 1) * head_dim;
             codecs.0.encode(&keys[r.clone()], &mut self.keys, &mut self.topk)?;
             codecs.1.encode(&values[r], &mut self.values, &mut self.topk)?;
         }

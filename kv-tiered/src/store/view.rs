@@ -2,8 +2,8 @@
 //! resident positions in ascending order and the arena row holding each, borrowed straight
 //! from the residency tables and the tier's arena — no copy, no allocation.
 //!
-//! Row `r` of a dense arena is `keys[r·d..(r+1)·d]` (the `rows` list indexes it), matching the
-//! gathered kernels' "arena + per-head row list" input (`attn-kernels` `DenseHeads` with
+//! Row `r` of a dense arena is `keys[r·head_dim..(r+1)·head_dim]` (the `rows` list indexes
+//! it), matching the gathered kernels' "arena + per-head row list" input (`attn-kernels` `DenseHeads` with
 //! gathered rows; a layer-wide arena means the per-head arena capacity is 0 there, i.e. row ids
 //! are absolute). With SWAN sparse rows enabled, a non-exact head's audio rows are in the
 //! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are
@@ -61,8 +61,8 @@ impl<T: Tier> TieredStore<T> {
 }
 
 impl<'a, T: Tier> LayerView<'a, T> {
-    /// KV-heads in the layer.
-    pub fn num_heads(&self) -> usize {
+    /// KV-heads in the layer (`kv_heads`).
+    pub fn kv_heads(&self) -> usize {
         self.tables.len()
     }
 
@@ -88,7 +88,7 @@ impl<'a, T: Tier> LayerView<'a, T> {
     /// has SWAN sparse rows (those need a kernel over [`HeadView::sparse`]).
     pub fn gathered_into<'s, D: Value>(&'s self, out: &mut Vec<GatheredKv<'s, D>>) -> Result<()> {
         out.clear();
-        for k in 0..self.num_heads() {
+        for k in 0..self.kv_heads() {
             let view = self
                 .head(k)
                 .ok_or_else(|| param("LayerView::gathered_into", "kv_head", k, "in range"))?;
@@ -130,7 +130,7 @@ impl<'a, T: Tier> LayerView<'a, T> {
         const OP: &str = "LayerView::gathered_parts_into";
         dense.clear();
         sparse.clear();
-        for k in 0..self.num_heads() {
+        for k in 0..self.kv_heads() {
             let view = self.head(k).ok_or_else(|| param(OP, "kv_head", k, "in range"))?;
             dense
                 .push(view.gathered().ok_or_else(|| {
@@ -208,7 +208,7 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
         let (k, v) = self.dense_arena.host_bytes()?;
         bytemuck::try_cast_slice(if values { v } else { k }).ok()
     }
-    /// The whole dense key arena as `D` values (row `r` at `r·d`); `None` if `D` is not the
+    /// The whole dense key arena as `D` values (row `r` at `r·head_dim`); `None` if `D` is not the
     /// dense format or the arena is device memory.
     pub fn dense_keys<D: Value>(&self) -> Option<&'v [D]> {
         self.typed(false)

@@ -1,4 +1,5 @@
-//! A conformance check of the [`Tier`] contract (module docs of [`crate::tier`], points 1–6),
+//! A conformance check of the [`Tier`] contract (module docs of [`crate::tier`], points 1–6;
+//! the GPU portion / CPU complement storage of WnW §2.3),
 //! written once over any tier so every implementation — [`HostTier`](super::HostTier), the
 //! CUDA tier on a device, a fault-injecting wrapper with faults disarmed — runs the same
 //! body: page allocation limits and reuse, row writes and read-back, bounds errors that write

@@ -5,13 +5,14 @@
 //!
 //! Each arena is a `parking_lot::RwLock` over word-aligned byte storage (so dense f32 rows can
 //! be viewed as `&[f32]` without copying); readers (kernels) and writers (prefill, recall)
-//! never alias. Freed pages go to a free list and are reused before the arena grows.
+//! never alias. Page indices come from a [`PagePool`] (shared with the CUDA tier): freed pages
+//! are reused before the arena grows.
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{RwLock, RwLockReadGuard};
 
 use super::{
-    ArenaRead, DevicePage, HostPage, MoveError, PoolSpec, ReadyEvent, Tier, TierConfig, TierError,
-    check_rows,
+    ArenaRead, DevicePage, HostPage, MoveError, PagePool, PoolSpec, ReadyEvent, Tier, TierConfig,
+    TierError, check_rows,
 };
 
 #[derive(Default)]
@@ -65,51 +66,30 @@ impl Region {
     }
 }
 
-struct FreeList {
-    free: Vec<u32>,
-    next: u32,
-}
-
-/// A growable paged byte arena with a free list.
+/// A growable paged byte arena; its pages come from a [`PagePool`].
 struct Paged {
     spec: PoolSpec,
-    capacity: Option<usize>,
     region: RwLock<Region>,
-    alloc: Mutex<FreeList>,
+    pages: PagePool,
 }
 
 impl Paged {
     fn new(spec: PoolSpec, capacity: Option<usize>) -> Self {
-        Self {
-            spec,
-            capacity,
-            region: RwLock::new(Region::default()),
-            alloc: Mutex::new(FreeList { free: Vec::new(), next: 0 }),
-        }
+        Self { spec, region: RwLock::new(Region::default()), pages: PagePool::new(capacity) }
     }
 
-    /// A free page index, or `None` when the capacity is reached.
+    /// A free page index, or `None` when the capacity is reached. A page never handed out
+    /// before grows the region (the pool's lock is released by then).
     fn alloc(&self) -> Option<u32> {
-        let mut a = self.alloc.lock();
-        if let Some(i) = a.free.pop() {
-            return Some(i);
+        let grant = self.pages.alloc()?;
+        if grant.fresh {
+            self.region.write().grow(&self.spec, grant.index as usize + 1);
         }
-        if self.capacity.is_some_and(|c| a.next as usize >= c) {
-            return None;
-        }
-        let i = a.next;
-        a.next += 1;
-        drop(a);
-        self.region.write().grow(&self.spec, i as usize + 1);
-        Some(i)
+        Some(grant.index)
     }
 
     fn reserve(&self, more: usize) {
-        let mut guard = self.alloc.lock();
-        let a = &mut *guard;
-        let want = a.next as usize + more;
-        a.free.reserve(want.saturating_sub(a.free.len()));
-        drop(guard);
+        let want = self.pages.reserve(more);
         let mut guard = self.region.write();
         let r = &mut *guard;
         let keys = (want * self.spec.page_key_bytes()).div_ceil(8);
@@ -118,13 +98,8 @@ impl Paged {
         r.values.reserve(values.saturating_sub(r.values.len()));
     }
 
-    fn free(&self, index: u32) {
-        self.alloc.lock().free.push(index);
-    }
-
-    fn in_use(&self) -> usize {
-        let a = self.alloc.lock();
-        a.next as usize - a.free.len()
+    fn capacity(&self) -> usize {
+        self.pages.capacity().unwrap_or(0)
     }
 }
 
@@ -205,12 +180,12 @@ impl HostTier {
 
     /// Device pages currently allocated in `(pool, layer)`.
     pub fn device_pages_in_use(&self, pool: usize, layer: usize) -> usize {
-        self.device_arena("device_pages_in_use", pool, layer).map_or(0, Paged::in_use)
+        self.device_arena("device_pages_in_use", pool, layer).map_or(0, |a| a.pages.in_use())
     }
 
     /// Host pages currently allocated in `pool`.
     pub fn host_pages_in_use(&self, pool: usize) -> usize {
-        self.host_pool("host_pages_in_use", pool).map_or(0, Paged::in_use)
+        self.host_pool("host_pages_in_use", pool).map_or(0, |a| a.pages.in_use())
     }
 }
 
@@ -242,17 +217,13 @@ impl Tier for HostTier {
         let arena = self.device_arena("alloc_device", pool, layer)?;
         match arena.alloc() {
             Some(i) => Ok(DevicePage::from_parts(pool, layer, i)),
-            None => Err(TierError::OutOfDeviceMemory {
-                pool,
-                layer,
-                capacity: arena.capacity.unwrap_or(0),
-            }),
+            None => Err(TierError::OutOfDeviceMemory { pool, layer, capacity: arena.capacity() }),
         }
     }
 
     fn free_device(&self, page: DevicePage) {
         if let Ok(arena) = self.device_arena("free_device", page.pool(), page.layer()) {
-            arena.free(page.index());
+            arena.pages.free(page.index());
         }
     }
 
@@ -279,13 +250,13 @@ impl Tier for HostTier {
         let p = self.host_pool("alloc_host", pool)?;
         match p.alloc() {
             Some(i) => Ok(HostPage::from_parts(pool, i)),
-            None => Err(TierError::OutOfHostMemory { pool, capacity: p.capacity.unwrap_or(0) }),
+            None => Err(TierError::OutOfHostMemory { pool, capacity: p.capacity() }),
         }
     }
 
     fn free_host(&self, page: HostPage) {
         if let Ok(p) = self.host_pool("free_host", page.pool()) {
-            p.free(page.index());
+            p.pages.free(page.index());
         }
     }
 

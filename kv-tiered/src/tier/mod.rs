@@ -46,6 +46,9 @@
 //!    sent once after prefill; allocate-once tiers may ignore it and size themselves from
 //!    `StoreConfig::bounded_tier_config`, whose limits a store never exceeds.
 //!
+//! Both tiers take page indices from one [`PagePool`] per arena and per host pool (free list,
+//! reuse, capacity accounting); a new tier can do the same and keep only the bytes.
+//!
 //! A fault-injecting wrapper ([`FaultyTier`]) shows how to decorate any tier; hardening tests
 //! use it to prove that failed moves lose neither a CPU copy nor a residency entry.
 //! [`contract::check_contract`] is a conformance check to run against any new tier.
@@ -53,9 +56,11 @@
 pub mod contract;
 mod fault;
 mod host;
+mod pool;
 
-pub use fault::{FaultSchedule, FaultyTier};
+pub use fault::{FaultOp, FaultPlan, FaultRates, FaultSchedule, FaultyEvent, FaultyTier};
 pub use host::HostTier;
+pub use pool::{PageGrant, PagePool};
 
 /// Geometry of one page pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

@@ -1,9 +1,11 @@
-//! Shared test helpers: random models, a reference attention, store builders.
+//! Shared test helpers: random models, a reference attention, store builders — the inputs of
+//! the WnW tests (§2.2 roles, §2.3 store).
 #![allow(dead_code)]
 
 use kv_tiered::policy::{WnwConfig, WnwPolicy};
 use kv_tiered::{
-    AudioLayout, DenseKv, HeadRoles, HeadView, RetentionSchedule, Role, StoreConfig, TieredStore,
+    AudioLayout, DensePromptKv, HeadRoles, HeadView, RetentionSchedule, Role, StoreConfig,
+    TieredStore,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -15,7 +17,7 @@ pub struct Model {
     pub q_heads: usize,
     pub head_dim: usize,
     pub layout: AudioLayout,
-    pub kv: DenseKv,
+    pub kv: DensePromptKv,
     pub keys: Vec<f32>,
     pub values: Vec<f32>,
     pub scores: Vec<f32>,
@@ -37,7 +39,7 @@ impl Model {
         let scores = (0..layers * kv_heads * layout.audio_len())
             .map(|_| rng.random_range(0.0..1.0))
             .collect();
-        let kv = DenseKv::new(
+        let kv = DensePromptKv::new(
             layers,
             kv_heads,
             layout.seq_len(),
@@ -109,9 +111,10 @@ pub fn random_roles(rng: &mut StdRng, heads: usize) -> Vec<Role> {
         .collect()
 }
 
-/// Softmax attention of `q` (group × d) over `(keys, values)` rows; returns outputs and the
-/// per-row weights summed over the group.
-pub fn attend(q: &[f32], keys: &[f32], values: &[f32], d: usize) -> (Vec<f32>, Vec<f32>) {
+/// Softmax attention of `q` (group × head_dim) over `(keys, values)` rows; returns outputs and
+/// the per-row weights summed over the group.
+pub fn attend(q: &[f32], keys: &[f32], values: &[f32], head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+    let d = head_dim;
     let n = keys.len() / d;
     let g = q.len() / d;
     let scale = 1.0 / (d as f32).sqrt();
