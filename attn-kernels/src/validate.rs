@@ -18,17 +18,27 @@ pub(crate) fn call(
     out: &[f32],
     heads: usize,
 ) -> Result<()> {
-    let expected = cfg.q_len();
-    if q.len() != expected {
-        return Err(Error::LengthMismatch { op, what: "q", expected, got: q.len() });
-    }
-    if out.len() != expected {
-        return Err(Error::LengthMismatch { op, what: "out", expected, got: out.len() });
-    }
+    lengths(op, cfg, q.len(), out.len())?;
     if heads != cfg.num_kv_heads() {
         let expected = cfg.num_kv_heads();
         return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: heads });
     }
+    finite_query(op, cfg, q)
+}
+
+/// Query and output lengths: `q_len()` elements each.
+pub(crate) fn lengths(op: &'static str, cfg: &AttnConfig, q: usize, out: usize) -> Result<()> {
+    let expected = cfg.q_len();
+    for (what, got) in [("q", q), ("out", out)] {
+        if got != expected {
+            return Err(Error::LengthMismatch { op, what, expected, got });
+        }
+    }
+    Ok(())
+}
+
+/// A query without NaN or infinity.
+pub(crate) fn finite_query(op: &'static str, cfg: &AttnConfig, q: &[f32]) -> Result<()> {
     if let Some(i) = q.iter().position(|x| !x.is_finite()) {
         let d = cfg.head_dim();
         return Err(Error::NonFiniteQuery { op, q_head: i / d, dim: i % d, value: q[i] });

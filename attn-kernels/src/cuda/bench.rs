@@ -6,17 +6,17 @@
 use kv_sparse::ValueFormat;
 use kv_sparse::fp8::Fp8E4M3;
 
-use super::layout::{LayerShape, PackedCsr, PackedDense};
+use super::layout::{PackedCsr, PackedDense};
 use super::{DecodeDevice, Gpu, LayerCache};
-use crate::Result;
+use crate::{AttnConfig, Result};
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
     /// Sequence lengths (rows per kv-head).
     pub lengths: Vec<usize>,
-    /// Layer shape (q-heads, kv-heads, head_dim, scale).
-    pub shape: LayerShape,
+    /// The attention layer measured (q-heads, kv-heads, head_dim, scale).
+    pub attn: AttnConfig,
     /// Stored dims per sparse row.
     pub k: usize,
     /// Dense buffer rows of the hybrid cache.
@@ -30,12 +30,12 @@ pub struct BenchConfig {
 }
 
 impl Default for BenchConfig {
-    /// The configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
+    /// The measured configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
     /// buffer 128, fp8 and f16, H200 HBM peak 4.8 TB/s.
     fn default() -> Self {
         Self {
             lengths: vec![4096, 32_768, 131_072],
-            shape: LayerShape::new(32, 8, 128),
+            attn: AttnConfig::new(32, 8, 128).expect("32 q / 8 kv heads of 128 is a valid layout"),
             k: 64,
             buffer: 128,
             formats: vec![ValueFormat::Fp8E4M3, ValueFormat::F16],
@@ -191,14 +191,14 @@ fn measure(
     q: &[f32],
     check: bool,
 ) -> Result<BenchRow> {
-    let dev = gpu.upload(&cfg.shape, cache)?;
-    let seconds = gpu.time_decode(&cfg.shape, q, &dev, cfg.iters)?;
+    let dev = gpu.upload(&cfg.attn, cache)?;
+    let seconds = gpu.time_decode(&cfg.attn, q, &dev, cfg.iters)?;
     let mut max_abs_err = f32::NAN;
     if check {
         let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-        gpu.decode_resident(&cfg.shape, q, &dev, &mut a, None)?;
+        gpu.decode_resident(&cfg.attn, q, &dev, &mut a, None)?;
         super::KernelEmulation { target_blocks: 4 * gpu.sm_count() }
-            .decode(&cfg.shape, q, cache, &mut b, None)?;
+            .decode(&cfg.attn, q, cache, &mut b, None)?;
         max_abs_err = max_abs_diff(&a, &b);
     }
     let len = cache.rows_of(0);
@@ -221,14 +221,14 @@ fn measure(
 /// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.
 pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
     let gpu = Gpu::new()?;
-    let s = cfg.shape;
+    let s = cfg.attn;
     let mut g = Gen(7);
-    let q: Vec<f32> = (0..s.num_q_heads * s.head_dim).map(|_| g.unit()).collect();
+    let q: Vec<f32> = (0..s.q_len()).map(|_| g.unit()).collect();
     let mut rows = Vec::new();
     for (i, &len) in cfg.lengths.iter().enumerate() {
         let check = i == 0;
-        let dk = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 11);
-        let dv = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 12);
+        let dk = synthetic_dense(s.num_kv_heads(), len, s.head_dim(), ValueFormat::F16, 11);
+        let dv = synthetic_dense(s.num_kv_heads(), len, s.head_dim(), ValueFormat::F16, 12);
         let base = measure(
             &gpu,
             cfg,
@@ -239,15 +239,25 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
         )?;
         drop((dk, dv));
         let sparse_rows = len.saturating_sub(cfg.buffer);
-        let bk =
-            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 13);
-        let bv =
-            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 14);
+        let bk = synthetic_dense(
+            s.num_kv_heads(),
+            len - sparse_rows,
+            s.head_dim(),
+            ValueFormat::F16,
+            13,
+        );
+        let bv = synthetic_dense(
+            s.num_kv_heads(),
+            len - sparse_rows,
+            s.head_dim(),
+            ValueFormat::F16,
+            14,
+        );
         let base_s = base.seconds;
         rows.push(base);
         for &f in &cfg.formats {
-            let k = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 21);
-            let v = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 22);
+            let k = synthetic_csr(s.num_kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 21);
+            let v = synthetic_csr(s.num_kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 22);
             let cache =
                 LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
             let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;

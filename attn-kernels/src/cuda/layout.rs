@@ -7,6 +7,8 @@
 //!   values, u16 row offsets relative to their block, u64 block bases) plus one sentinel base
 //!   per head (its nnz) and a per-head nnz offset, so a host cache uploads without repacking;
 //! * [`PackedDense`] — dense rows `[n_kv][rows][d]`, or an arena with position lists;
+//! * [`check_gpu`] — what the kernels add to a layer's [`AttnConfig`] (`head_dim ≤`
+//!   [`MAX_HEAD_DIM`]) and the per-call query checks;
 //! * [`Plan`] — how rows are cut into splits, warps and tiles (mirrors `cuda/common.cuh`);
 //! * the `#[repr(C)]` kernel parameter blocks, with compile-time size checks against the
 //!   C structs.
@@ -15,6 +17,8 @@ use kv_sparse::csr::CsrView;
 use kv_sparse::hybrid::HybridView;
 use kv_sparse::{SparseIndex, Value, ValueFormat};
 
+use crate::config::AttnConfig;
+use crate::validate;
 use crate::{Error, Result};
 
 /// Warps per thread block (`KV_WARPS`).
@@ -103,74 +107,36 @@ const _: () = assert!(std::mem::size_of::<CsrHeadsArgs>() == 56);
 const _: () = assert!(std::mem::size_of::<DenseHeadsArgs>() == 32);
 const _: () = assert!(std::mem::size_of::<DecodeArgs>() == 64);
 
-/// Shape of one decode step of a layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerShape {
-    /// Query heads.
-    pub num_q_heads: usize,
-    /// Key/value heads (`num_q_heads` must be a multiple).
-    pub num_kv_heads: usize,
-    /// Elements per head vector (≤ [`MAX_HEAD_DIM`] on the GPU).
-    pub head_dim: usize,
-    /// Softmax scale, usually `1/√head_dim`.
-    pub scale: f32,
-}
-
-impl LayerShape {
-    /// A shape with the default scale `1/√head_dim`.
-    ///
-    /// # Examples
-    /// ```
-    /// let s = attn_kernels::cuda::LayerShape::new(32, 8, 128);
-    /// assert_eq!(s.group(), 4);
-    /// ```
-    pub fn new(num_q_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
-        let scale = 1.0 / (head_dim.max(1) as f32).sqrt();
-        Self { num_q_heads, num_kv_heads, head_dim, scale }
-    }
-
-    /// q-heads per kv-head.
-    pub fn group(&self) -> usize {
-        self.num_q_heads / self.num_kv_heads.max(1)
-    }
-
-    /// Checks the shape and the query `q` (`num_q_heads · head_dim` finite values).
-    ///
-    /// # Errors
-    /// [`Error::InvalidLayout`], [`Error::InvalidScale`], [`Error::LengthMismatch`] or
-    /// [`Error::NonFiniteQuery`].
-    pub fn check(&self, op: &'static str, q: &[f32], out_len: usize) -> Result<()> {
-        let bad = |reason| Error::InvalidLayout {
+/// The GPU's limit on a layer's [`AttnConfig`] plus the per-call query and output checks
+/// every CUDA backend runs before touching a row: `head_dim ≤` [`MAX_HEAD_DIM`], `q` and the
+/// output of `q_len()` elements, `q` finite. (Head counts, GQA grouping and the scale are
+/// valid by construction of [`AttnConfig`].)
+///
+/// # Errors
+/// [`Error::InvalidLayout`] for a head wider than the kernels support;
+/// [`Error::LengthMismatch`] or [`Error::NonFiniteQuery`] as [`crate::DecodeAttention`].
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, cuda::check_gpu};
+/// let cfg = AttnConfig::new(4, 2, 64)?;
+/// assert!(check_gpu("example", &cfg, &[0.0; 256], 256).is_ok());
+/// let wide = AttnConfig::new(4, 2, 300)?; // fine on the CPU, too wide for the GPU kernels
+/// assert!(check_gpu("example", &wide, &[0.0; 1200], 1200).is_err());
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+pub fn check_gpu(op: &'static str, cfg: &AttnConfig, q: &[f32], out_len: usize) -> Result<()> {
+    if cfg.head_dim() > MAX_HEAD_DIM {
+        return Err(Error::InvalidLayout {
             op,
-            num_q_heads: self.num_q_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            reason,
-        };
-        if self.num_kv_heads == 0 || self.num_q_heads == 0 || self.head_dim == 0 {
-            return Err(bad("zero heads or head_dim"));
-        }
-        if !self.num_q_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(bad("q-heads not a multiple of kv-heads"));
-        }
-        if self.head_dim > MAX_HEAD_DIM {
-            return Err(bad("GPU kernels support head_dim <= 256"));
-        }
-        if !(self.scale.is_finite() && self.scale > 0.0) {
-            return Err(Error::InvalidScale { op, scale: self.scale });
-        }
-        let n = self.num_q_heads * self.head_dim;
-        for (what, got) in [("q", q.len()), ("out", out_len)] {
-            if got != n {
-                return Err(Error::LengthMismatch { op, what, expected: n, got });
-            }
-        }
-        if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-            let (q_head, dim) = (i / self.head_dim, i % self.head_dim);
-            return Err(Error::NonFiniteQuery { op, q_head, dim, value: q[i] });
-        }
-        Ok(())
+            num_q_heads: cfg.num_q_heads(),
+            num_kv_heads: cfg.num_kv_heads(),
+            head_dim: cfg.head_dim(),
+            reason: "GPU kernels support head_dim <= 256",
+        });
     }
+    validate::lengths(op, cfg, q.len(), out_len)?;
+    validate::finite_query(op, cfg, q)
 }
 
 /// Decodes element `i` of a packed value array.

@@ -52,12 +52,12 @@ mod tests;
 pub use cache::LayerCache;
 pub use kernels::{COMBINE_KERNEL, Family, HYBRID_PAIRS, WEIGHTS_KERNEL, kernel_for};
 pub use layout::{
-    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, LayerShape, MAX_GROUP_PASS, MAX_HEAD_DIM, MAX_PARTS,
-    PackedCsr, PackedDense, PackedHybrid, Plan, TILE, WARPS, group_passes,
+    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, MAX_GROUP_PASS, MAX_HEAD_DIM, MAX_PARTS, PackedCsr,
+    PackedDense, PackedHybrid, Plan, TILE, WARPS, check_gpu, group_passes,
 };
 pub use reference::{CpuReference, KernelEmulation};
 
-use crate::Result;
+use crate::{AttnConfig, Result};
 
 /// A decode backend: the GPU, or a CPU reference with the identical signature.
 pub trait DecodeDevice {
@@ -74,7 +74,7 @@ pub trait DecodeDevice {
     /// Any [`LayerCache::check`] failure; GPU driver errors as [`crate::Error::Cuda`].
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],

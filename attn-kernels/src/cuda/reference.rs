@@ -9,8 +9,8 @@
 
 use super::DecodeDevice;
 use super::cache::LayerCache;
-use super::layout::{LayerShape, Plan, TILE, WARPS, group_passes};
-use crate::Result;
+use super::layout::{Plan, TILE, WARPS, group_passes};
+use crate::{AttnConfig, Result};
 
 /// Key dot product `q · k_r` (f64) of row `r` of head `h`, sparse rows first.
 fn key_dot(cache: &LayerCache<'_>, h: usize, r: usize, q: &[f32]) -> f64 {
@@ -53,7 +53,7 @@ impl DecodeDevice for CpuReference {
 
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],
@@ -61,7 +61,7 @@ impl DecodeDevice for CpuReference {
     ) -> Result<()> {
         cache.check(
             "CpuReference::decode",
-            shape,
+            cfg,
             q,
             out.len(),
             weights.as_deref().map(<[f32]>::len),
@@ -69,15 +69,15 @@ impl DecodeDevice for CpuReference {
         if let Some(w) = weights.as_deref_mut() {
             w.fill(0.0);
         }
-        let (d, group) = (shape.head_dim, shape.group());
+        let (d, group) = (cfg.head_dim(), cfg.group_size());
         let mut first_row = 0;
-        for h in 0..shape.num_kv_heads {
+        for h in 0..cfg.num_kv_heads() {
             let n = cache.rows_of(h);
             for g in 0..group {
                 let qh = h * group + g;
                 let qv = &q[qh * d..(qh + 1) * d];
                 let s: Vec<f64> =
-                    (0..n).map(|r| key_dot(&cache, h, r, qv) * f64::from(shape.scale)).collect();
+                    (0..n).map(|r| key_dot(&cache, h, r, qv) * f64::from(cfg.scale())).collect();
                 let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let l: f64 = p.iter().sum();
@@ -207,7 +207,7 @@ impl DecodeDevice for KernelEmulation {
 
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],
@@ -215,12 +215,12 @@ impl DecodeDevice for KernelEmulation {
     ) -> Result<()> {
         cache.check(
             "KernelEmulation::decode",
-            shape,
+            cfg,
             q,
             out.len(),
             weights.as_deref().map(<[f32]>::len),
         )?;
-        let (d, group, n_kv) = (shape.head_dim, shape.group(), shape.num_kv_heads);
+        let (d, group, n_kv) = (cfg.head_dim(), cfg.group_size(), cfg.num_kv_heads());
         let max_rows = (0..n_kv).map(|h| cache.rows_of(h)).max().unwrap_or(0);
         let plan = Plan::new(max_rows, n_kv, self.target_blocks);
         let mut first_row = 0;
@@ -231,7 +231,7 @@ impl DecodeDevice for KernelEmulation {
                 for g in g0..g0 + gc {
                     let qh = h * group + g;
                     let q_s: Vec<f32> =
-                        q[qh * d..(qh + 1) * d].iter().map(|x| x * shape.scale).collect();
+                        q[qh * d..(qh + 1) * d].iter().map(|x| x * cfg.scale()).collect();
                     let mut scores = vec![0f32; total];
                     let parts: Vec<Partial> = (0..plan.n_parts)
                         .map(|part| {
