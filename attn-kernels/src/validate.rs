@@ -16,12 +16,12 @@ pub(crate) fn call(
     cfg: &AttnConfig,
     q: &[f32],
     out: &[f32],
-    heads: usize,
+    caches: usize,
 ) -> Result<()> {
     lengths(op, cfg, q.len(), out.len())?;
-    if heads != cfg.num_kv_heads() {
-        let expected = cfg.num_kv_heads();
-        return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: heads });
+    if caches != cfg.kv_heads() {
+        let expected = cfg.kv_heads();
+        return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: caches });
     }
     finite_query(op, cfg, q)
 }

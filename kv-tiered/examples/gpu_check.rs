@@ -21,8 +21,8 @@ fn main() {
         attn_kernels::cuda::Gpu::new().map_or_else(|e| e.to_string(), |g| g.name().to_string());
     println!(
         "{{\"device\":{device:?},\"shape\":{{\"q_heads\":{},\"kv_heads\":{},\"head_dim\":{},\"k\":{},\"buffer\":{}}},\"peak_bytes_per_s\":{},\"kernels\":{kernels},\"recall\":{recall}}}",
-        cfg.attn.num_q_heads(),
-        cfg.attn.num_kv_heads(),
+        cfg.attn.q_heads(),
+        cfg.attn.kv_heads(),
         cfg.attn.head_dim(),
         cfg.k,
         cfg.buffer,

@@ -114,7 +114,7 @@ fn encode(format: ValueFormat, x: f32, out: &mut Vec<u8>) {
 /// A synthetic sparse store: `rows` rows per head, each with `k` distinct ascending u8
 /// indices below `head_dim` and values uniform in (−1, 1), in blocks of 256 rows.
 pub fn synthetic_csr(
-    heads: usize,
+    kv_heads: usize,
     rows: usize,
     head_dim: usize,
     k: usize,
@@ -131,16 +131,16 @@ pub fn synthetic_csr(
         rows,
         rows_per_block: rpb,
         n_blocks,
-        indices: Vec::with_capacity(heads * rows * k),
-        values: Vec::with_capacity(heads * rows * k * format.bytes()),
-        offsets: Vec::with_capacity(heads * rows),
-        block_base: Vec::with_capacity(heads * (n_blocks + 1)),
-        head_nnz: Vec::with_capacity(heads),
+        indices: Vec::with_capacity(kv_heads * rows * k),
+        values: Vec::with_capacity(kv_heads * rows * k * format.bytes()),
+        offsets: Vec::with_capacity(kv_heads * rows),
+        block_base: Vec::with_capacity(kv_heads * (n_blocks + 1)),
+        head_nnz: Vec::with_capacity(kv_heads),
         scale: 1.0,
     };
     let k = k.min(head_dim);
     let mut dims: Vec<u8> = (0..head_dim.min(256)).map(|i| i as u8).collect();
-    for h in 0..heads {
+    for h in 0..kv_heads {
         p.head_nnz.push((h * rows * k) as u64);
         for r in 0..rows {
             if r % rpb == 0 {
@@ -163,20 +163,20 @@ pub fn synthetic_csr(
     p
 }
 
-/// Synthetic dense rows `[heads][rows][head_dim]` uniform in (−1, 1).
+/// Synthetic dense rows `[kv_heads][rows][head_dim]` uniform in (−1, 1).
 pub fn synthetic_dense(
-    heads: usize,
+    kv_heads: usize,
     rows: usize,
     head_dim: usize,
     format: ValueFormat,
     seed: u64,
 ) -> PackedDense {
     let mut g = Gen(seed | 1);
-    let mut data = Vec::with_capacity(heads * rows * head_dim * format.bytes());
-    for _ in 0..heads * rows * head_dim {
+    let mut data = Vec::with_capacity(kv_heads * rows * head_dim * format.bytes());
+    for _ in 0..kv_heads * rows * head_dim {
         encode(format, g.unit(), &mut data);
     }
-    PackedDense { format, head_dim, heads, rows, data, gather: None }
+    PackedDense { format, head_dim, kv_heads, rows, data, gather: None }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -227,8 +227,8 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
     let mut rows = Vec::new();
     for (i, &len) in cfg.lengths.iter().enumerate() {
         let check = i == 0;
-        let dk = synthetic_dense(s.num_kv_heads(), len, s.head_dim(), ValueFormat::F16, 11);
-        let dv = synthetic_dense(s.num_kv_heads(), len, s.head_dim(), ValueFormat::F16, 12);
+        let dk = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 11);
+        let dv = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 12);
         let base = measure(
             &gpu,
             cfg,
@@ -239,25 +239,15 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
         )?;
         drop((dk, dv));
         let sparse_rows = len.saturating_sub(cfg.buffer);
-        let bk = synthetic_dense(
-            s.num_kv_heads(),
-            len - sparse_rows,
-            s.head_dim(),
-            ValueFormat::F16,
-            13,
-        );
-        let bv = synthetic_dense(
-            s.num_kv_heads(),
-            len - sparse_rows,
-            s.head_dim(),
-            ValueFormat::F16,
-            14,
-        );
+        let bk =
+            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 13);
+        let bv =
+            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 14);
         let base_s = base.seconds;
         rows.push(base);
         for &f in &cfg.formats {
-            let k = synthetic_csr(s.num_kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 21);
-            let v = synthetic_csr(s.num_kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 22);
+            let k = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 21);
+            let v = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 22);
             let cache =
                 LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
             let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;

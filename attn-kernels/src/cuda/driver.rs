@@ -153,7 +153,7 @@ impl Gpu {
             .dense()
             .map(|(k, v)| Ok::<_, Error>((DenseDev::new(k)?, DenseDev::new(v)?)))
             .transpose()?;
-        let rows: Vec<usize> = (0..cfg.num_kv_heads()).map(|h| cache.rows_of(h)).collect();
+        let rows: Vec<usize> = (0..cfg.kv_heads()).map(|h| cache.rows_of(h)).collect();
         Ok(DeviceCache {
             cfg: *cfg,
             family,
@@ -486,15 +486,15 @@ impl<'c> Prepared<'c> {
     fn new(gpu: &Gpu, cache: &'c DeviceCache, q: &[f32], weights: bool) -> Result<Self> {
         const OP: &str = "Gpu::prepare";
         let s = cache.cfg;
-        let plan = Plan::new(cache.max_rows, s.num_kv_heads(), 4 * gpu.sm_count());
+        let plan = Plan::new(cache.max_rows, s.kv_heads(), 4 * gpu.sm_count());
         let zeros = |n: usize| DeviceBuffer::<f32>::zeroed(n.max(1)).map_err(cuda(OP));
         let scratch = Scratch {
             q: upload(OP, q)?,
-            part_acc: zeros(s.num_q_heads() * plan.n_parts * s.head_dim())?,
-            part_ml: zeros(s.num_q_heads() * plan.n_parts * 2)?,
-            out: zeros(s.num_q_heads() * s.head_dim())?,
-            lse: zeros(s.num_q_heads())?,
-            scores: if weights { Some(zeros(s.num_q_heads() * cache.max_rows)?) } else { None },
+            part_acc: zeros(s.q_heads() * plan.n_parts * s.head_dim())?,
+            part_ml: zeros(s.q_heads() * plan.n_parts * 2)?,
+            out: zeros(s.q_heads() * s.head_dim())?,
+            lse: zeros(s.q_heads())?,
+            scores: if weights { Some(zeros(s.q_heads() * cache.max_rows)?) } else { None },
             weights: if weights { Some(zeros(cache.total_rows)?) } else { None },
         };
         Ok(Self { cache, plan, scratch })
@@ -530,7 +530,7 @@ impl<'c> Prepared<'c> {
             gpu.launch(
                 c.family,
                 &c.kernel,
-                (u(p.n_splits), u(s.num_kv_heads())),
+                (u(p.n_splits), u(s.kv_heads())),
                 u(WARPS * 32),
                 u(shared),
                 args,
@@ -545,7 +545,7 @@ impl<'c> Prepared<'c> {
         gpu.launch(
             Family::Combine,
             COMBINE_KERNEL,
-            (u(s.num_q_heads()), 1),
+            (u(s.q_heads()), 1),
             256,
             u(4 * p.n_parts),
             combine,
@@ -559,7 +559,7 @@ impl<'c> Prepared<'c> {
             gpu.launch(
                 Family::Gathered,
                 WEIGHTS_KERNEL,
-                (u(c.max_rows.div_ceil(256)), u(s.num_kv_heads())),
+                (u(c.max_rows.div_ceil(256)), u(s.kv_heads())),
                 256,
                 0,
                 args,

@@ -71,7 +71,7 @@ impl DecodeDevice for CpuReference {
         }
         let (d, group) = (cfg.head_dim(), cfg.group_size());
         let mut first_row = 0;
-        for h in 0..cfg.num_kv_heads() {
+        for h in 0..cfg.kv_heads() {
             let n = cache.rows_of(h);
             for g in 0..group {
                 let qh = h * group + g;
@@ -220,11 +220,11 @@ impl DecodeDevice for KernelEmulation {
             out.len(),
             weights.as_deref().map(<[f32]>::len),
         )?;
-        let (d, group, n_kv) = (cfg.head_dim(), cfg.group_size(), cfg.num_kv_heads());
-        let max_rows = (0..n_kv).map(|h| cache.rows_of(h)).max().unwrap_or(0);
-        let plan = Plan::new(max_rows, n_kv, self.target_blocks);
+        let (d, group, kv_heads) = (cfg.head_dim(), cfg.group_size(), cfg.kv_heads());
+        let max_rows = (0..kv_heads).map(|h| cache.rows_of(h)).max().unwrap_or(0);
+        let plan = Plan::new(max_rows, kv_heads, self.target_blocks);
         let mut first_row = 0;
-        for h in 0..n_kv {
+        for h in 0..kv_heads {
             let total = cache.rows_of(h);
             let mut head_w = vec![0f32; total];
             for (g0, gc) in group_passes(group) {

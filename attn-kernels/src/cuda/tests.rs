@@ -90,7 +90,7 @@ fn dense_layer<D: Value>(
 ) -> (PackedDense, PackedDense) {
     let d = cfg.head_dim();
     let make = |rng: &mut StdRng| -> Vec<Vec<D>> {
-        (0..cfg.num_kv_heads())
+        (0..cfg.kv_heads())
             .map(|_| random_rows(rng, rows * d).into_iter().map(D::from_f32).collect())
             .collect()
     };
@@ -113,7 +113,7 @@ fn hybrid_layer<I: SparseIndex, V: Value, D: Value>(
     let d = cfg.head_dim();
     let mut hybrid = HybridConfig::new(d, buffer, k);
     hybrid.rows_per_block = 16;
-    let caches: Vec<HybridCache<I, V, D>> = (0..cfg.num_kv_heads())
+    let caches: Vec<HybridCache<I, V, D>> = (0..cfg.kv_heads())
         .map(|_| {
             let mut c = HybridCache::new(hybrid).unwrap();
             c.extend(&random_rows(&mut rng, rows * d), &random_rows(&mut rng, rows * d)).unwrap();
@@ -209,7 +209,7 @@ fn gathered_cases<D: Value>() {
     each_shape(|s| {
         let cap = 200;
         let (mut k, mut v) = dense_layer::<D>(&s, cap, &mut rng);
-        let lists: Vec<Vec<u32>> = (0..s.num_kv_heads())
+        let lists: Vec<Vec<u32>> = (0..s.kv_heads())
             .map(|h| {
                 (0..cap as u32)
                     .filter(|r| h == 0 && *r == 7 || h > 0 && r % (h as u32 + 1) == 0)
