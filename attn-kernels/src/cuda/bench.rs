@@ -8,7 +8,7 @@ use kv_sparse::fp8::Fp8E4M3;
 
 use super::layout::{PackedCsr, PackedDense};
 use super::{DecodeDevice, Gpu, LayerCache};
-use crate::{AttnConfig, Result};
+use crate::{AttnConfig, Reference, Result};
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
@@ -197,8 +197,7 @@ fn measure(
     if check {
         let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
         gpu.decode_resident(&cfg.attn, q, &dev, &mut a, None)?;
-        super::KernelEmulation { target_blocks: 4 * gpu.sm_count() }
-            .decode(&cfg.attn, q, cache, &mut b, None)?;
+        Reference.decode(&cfg.attn, q, cache, &mut b, None)?;
         max_abs_err = max_abs_diff(&a, &b);
     }
     let len = cache.rows_of(0);
@@ -215,7 +214,7 @@ fn measure(
 
 /// Runs the benchmark: per length, the dense f16 baseline then one hybrid cache per format
 /// (`len − buffer` sparse rows + `buffer` dense f16 rows). Outputs of the shortest length
-/// are checked against the CPU kernel emulation.
+/// are checked against the f64 [`Reference`].
 ///
 /// # Errors
 /// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.

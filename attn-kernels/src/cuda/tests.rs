@@ -1,6 +1,7 @@
 //! Tests written once over a decode device: every case runs on the CPU kernel emulation
 //! (two plans: one split and many) and, when a GPU is present, on the GPU — all compared to
-//! the f64 [`CpuReference`]. Without a GPU the GPU leg prints `SKIPPED: <reason>`.
+//! the f64 [`Reference`] the CPU kernels are tested against. Without a GPU the GPU leg prints
+//! `SKIPPED: <reason>`.
 
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{HybridCache, HybridConfig};
@@ -9,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::{AttnConfig, Error};
+use crate::{AttnConfig, Error, Reference};
 
 /// GPU (and emulation) vs the f64 reference, per value format: |got − want| ≤ tol·(1 + |want|).
 /// Stored values decode exactly in every format on both sides (the kernels' fp8 decode is exact,
@@ -63,7 +64,7 @@ fn check_case(what: &str, cfg: &AttnConfig, cache: LayerCache<'_>, seed: u64) {
     let n = q.len();
     let mut want = vec![0f32; n];
     let mut want_w = vec![0f32; if gathered { cache.total_rows() } else { 0 }];
-    CpuReference.decode(cfg, &q, cache, &mut want, gathered.then_some(&mut want_w[..])).unwrap();
+    Reference.decode(cfg, &q, cache, &mut want, gathered.then_some(&mut want_w[..])).unwrap();
     let tol = tolerance(format_of(&cache));
     for dev in devices() {
         let mut got = vec![f32::NAN; n];
@@ -273,11 +274,11 @@ fn lossless_mode_hybrid_f32_full_k_equals_dense_attention() {
     );
     let q = random_rows(&mut rng, 8 * d);
     let (mut sparse, mut dense) = (vec![0f32; 8 * d], vec![0f32; 8 * d]);
-    CpuReference
+    Reference
         .decode(&s, &q, LayerCache::Dense { keys: &dk, values: &dv }, &mut dense, None)
         .unwrap();
     let mut devs = devices();
-    devs.insert(0, Box::new(CpuReference));
+    devs.insert(0, Box::new(Reference));
     for dev in devs {
         dev.decode(&s, &q, p.as_cache(), &mut sparse, None).unwrap();
         for (a, b) in sparse.iter().zip(&dense) {
@@ -292,7 +293,7 @@ fn bad_inputs_are_typed_errors_on_every_device() {
     let p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 8, 8, 1);
     let mut out = vec![0f32; 64];
     let mut devs = devices();
-    devs.push(Box::new(CpuReference));
+    devs.push(Box::new(Reference));
     for dev in &devs {
         let mut q = vec![0.5f32; 64];
         q[17] = f32::NAN;
@@ -318,7 +319,7 @@ fn corrupt_csr_is_rejected_before_any_kernel_runs() {
     let s = AttnConfig::new(2, 1, 16).unwrap();
     let mut p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 0, 8, 2);
     p.keys.indices[5] = 200; // index past head_dim
-    let e = CpuReference.decode(&s, &[0.1; 32], p.as_cache(), &mut [0.0; 32], None).unwrap_err();
+    let e = Reference.decode(&s, &[0.1; 32], p.as_cache(), &mut [0.0; 32], None).unwrap_err();
     assert!(matches!(e, Error::Param { what: "CSR index", .. }), "{e:?}");
     let mut p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 0, 8, 2);
     p.keys.offsets[3] = 60_000; // row range past the head's entries
