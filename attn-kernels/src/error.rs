@@ -1,9 +1,9 @@
 //! The crate's one error type.
 //!
 //! Every kernel validates its whole input before touching a row, so a shape bug in model
-//! code (SWAN's hybrid decode step, WnW's gathered decode over resident positions) surfaces
-//! as a variant naming the operation and the expected/got values — never as a panic, an
-//! out-of-bounds read or a silently wrong output.
+//! code (SWAN's hybrid decode step, method section; WnW's gathered decode over resident
+//! positions, §2.3) surfaces as a variant naming the operation and the expected/got values —
+//! never as a panic, an out-of-bounds read or a silently wrong output.
 
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -215,7 +215,7 @@ pub enum Error {
         /// What was expected.
         expected: &'static str,
     },
-    // ---- GPU path (gpu engineer, issue 5; attn-kernels/src/cuda) ----
+    // ---- GPU path (attn-kernels/src/cuda) ----
     /// The crate was built without the `cuda` feature, so the GPU path does not exist.
     #[error("{op}: attn-kernels was built without the `cuda` feature")]
     CudaNotCompiled {

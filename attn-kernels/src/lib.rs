@@ -44,11 +44,9 @@
 pub mod accuracy;
 mod api;
 pub mod bandwidth;
-// ---- GPU path (gpu engineer, issue 5): attn-kernels/src/cuda ----
-pub mod cuda;
-// ---- end GPU path ----
 mod config;
 mod cpu;
+pub mod cuda;
 mod error;
 mod pool;
 pub mod reference;

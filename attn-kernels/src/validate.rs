@@ -1,6 +1,9 @@
-//! Input validation shared by the reference and the optimized kernels: every shape, count,
-//! scale and ordering a kernel relies on is checked here, once per call, before any row is
-//! read — so a bad input is a typed [`Error`], never a panic or an out-of-bounds read.
+//! Input validation shared by the reference, the optimized CPU kernels and the CUDA path's
+//! query checks: every shape, count, scale and ordering a kernel relies on is checked here,
+//! once per call, before any row is read — so a bad input is a typed [`Error`], never a
+//! panic or an out-of-bounds read. It guards the inputs of SWAN's hybrid decode (method
+//! section: CSR history + dense buffer) and of WnW's gathered decode (§2.3: resident
+//! positions, slots and the dense/sparse split of one kv-head).
 
 use kv_sparse::csr::CsrView;
 use kv_sparse::hybrid::HybridView;

@@ -1,7 +1,8 @@
-//! Tests written once over a decode device: every case runs on the CPU kernel emulation
-//! (two plans: one split and many) and, when a GPU is present, on the GPU — all compared to
-//! the f64 [`Reference`] the CPU kernels are tested against. Without a GPU the GPU leg prints
-//! `SKIPPED: <reason>`.
+//! Tests of the GPU path (SWAN §3 dense, sparse and hybrid decode; WnW §2.3 gathered decode
+//! with anchor weights), written once over a decode device: every case runs on the CPU kernel
+//! emulation (two plans: one split and many) and, when a GPU is present, on the GPU — all
+//! compared to the f64 [`Reference`] the CPU kernels are tested against. Without a GPU the GPU
+//! leg prints `SKIPPED: <reason>`.
 
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{HybridCache, HybridConfig};
