@@ -4,7 +4,7 @@
 //! runs against all of them.
 //!
 //! Each method runs one decode step of *all* heads of a layer (GQA: q-head `h` reads kv-head
-//! `h / group`): `q` and `out` are `num_q_heads × head_dim`, head-major, and the caches come
+//! `h / group`): `q` and `out` are `q_heads × head_dim`, head-major, and the caches come
 //! one per kv-head. The logits are `scale · q·k` ([`AttnConfig::scale`], default `1/√d_h`)
 //! over every cached row (decode is causal by construction); softmax; output `Σ a_j v_j`.
 //!
@@ -24,7 +24,7 @@ use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv
 ///
 /// # Errors (every method)
 /// [`crate::Error::LengthMismatch`] for `q`/`out`/`weights` lengths or a cache count
-/// other than `num_kv_heads`; [`crate::Error::NonFiniteQuery`] for NaN/∞ in `q`;
+/// other than `kv_heads`; [`crate::Error::NonFiniteQuery`] for NaN/∞ in `q`;
 /// [`crate::Error::HeadDimMismatch`], [`crate::Error::RaggedRows`],
 /// [`crate::Error::RowCountMismatch`] for malformed caches;
 /// [`crate::Error::EmptyCache`] when a kv-head has no rows at all (one empty *part* — no

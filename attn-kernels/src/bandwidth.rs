@@ -1,13 +1,13 @@
 //! Memory-bandwidth measurement: the roofline every decode kernel is judged against.
 //!
 //! A decode step reads the whole KV cache once and does little arithmetic per byte, so
-//! on a CPU its speed limit is memory bandwidth (the issue's "every kernel at L ≥ 16k
-//! reaches ≥ 50% of measured bandwidth"; SWAN's compute break-even, Appendix A.2, only
+//! on a CPU its speed limit is memory bandwidth (the target: every kernel at L ≥ 16k
+//! reaches ≥ 50% of measured bandwidth; SWAN's compute break-even, Appendix A.2, only
 //! turns into wall-clock savings where the bytes it saves were the bottleneck). Two
 //! figures, both over buffers far larger than the last-level cache, best of several runs,
 //! on a chosen number of threads (each thread streams its own slice):
 //! * **copy** — `memcpy` of a large buffer, counting bytes read + bytes written (the STREAM
-//!   convention); the issue's reference figure;
+//!   convention); the figure that target refers to;
 //! * **read** — a vectorisable sum over a large buffer, bytes read: the pattern of a
 //!   decode kernel, which only reads.
 

@@ -1,6 +1,6 @@
 //! [`AttnConfig`]: the head layout of one attention layer and its softmax scale.
 //!
-//! Grouped-query attention (GQA): `num_q_heads = group · num_kv_heads`, and q-head `h`
+//! Grouped-query attention (GQA): `q_heads = group · kv_heads`, and q-head `h`
 //! reads kv-head `h / group`. Every kernel of this crate runs one decode step of all heads
 //! of a layer, and one pass over a kv-head's rows serves all `group` q-heads that share it
 //! (SWAN's decode step, method section; WnW's anchor q-heads, §2.3 Eq. 2, are summed over the
@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 /// Head layout and softmax scale of one attention layer's decode step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnConfig {
-    num_q_heads: usize,
-    num_kv_heads: usize,
+    q_heads: usize,
+    kv_heads: usize,
     head_dim: usize,
     scale: f32,
 }
@@ -23,7 +23,7 @@ impl AttnConfig {
     ///
     /// # Errors
     /// [`Error::InvalidLayout`] if a count is zero, `head_dim > 65535` (the largest head any
-    /// `kv-sparse` cache supports), or `num_q_heads` is not a multiple of `num_kv_heads`.
+    /// `kv-sparse` cache supports), or `q_heads` is not a multiple of `kv_heads`.
     ///
     /// # Examples
     /// ```
@@ -34,27 +34,21 @@ impl AttnConfig {
     /// assert!(attn_kernels::AttnConfig::new(9, 2, 64).is_err());
     /// # Ok::<(), attn_kernels::Error>(())
     /// ```
-    pub fn new(num_q_heads: usize, num_kv_heads: usize, head_dim: usize) -> Result<Self> {
+    pub fn new(q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<Self> {
         let bad = |reason| {
-            Err(Error::InvalidLayout {
-                op: "AttnConfig::new",
-                num_q_heads,
-                num_kv_heads,
-                head_dim,
-                reason,
-            })
+            Err(Error::InvalidLayout { op: "AttnConfig::new", q_heads, kv_heads, head_dim, reason })
         };
-        if num_q_heads == 0 || num_kv_heads == 0 || head_dim == 0 {
+        if q_heads == 0 || kv_heads == 0 || head_dim == 0 {
             return bad("head counts and head_dim must be ≥ 1");
         }
         if head_dim > kv_sparse::MAX_HEAD_DIM {
             return bad("head_dim must be ≤ 65535");
         }
-        if !num_q_heads.is_multiple_of(num_kv_heads) {
+        if !q_heads.is_multiple_of(kv_heads) {
             return bad("q-heads must be a multiple of kv-heads");
         }
         let scale = 1.0 / (head_dim as f32).sqrt();
-        Ok(Self { num_q_heads, num_kv_heads, head_dim, scale })
+        Ok(Self { q_heads, kv_heads, head_dim, scale })
     }
 
     /// The same layout with softmax scale `scale` (logits are `scale · q·k`).
@@ -77,13 +71,13 @@ impl AttnConfig {
     }
 
     /// Query heads.
-    pub fn num_q_heads(&self) -> usize {
-        self.num_q_heads
+    pub fn q_heads(&self) -> usize {
+        self.q_heads
     }
 
     /// Key/value heads.
-    pub fn num_kv_heads(&self) -> usize {
-        self.num_kv_heads
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
     }
 
     /// Elements per head vector.
@@ -98,7 +92,7 @@ impl AttnConfig {
 
     /// Query heads per kv-head (GQA group size; 1 for multi-head attention).
     pub fn group_size(&self) -> usize {
-        self.num_q_heads / self.num_kv_heads
+        self.q_heads / self.kv_heads
     }
 
     /// The kv-head that q-head `q_head` reads.
@@ -106,8 +100,8 @@ impl AttnConfig {
         q_head / self.group_size()
     }
 
-    /// Length of the query and output slices: `num_q_heads · head_dim`.
+    /// Length of the query and output slices: `q_heads · head_dim`.
     pub fn q_len(&self) -> usize {
-        self.num_q_heads * self.head_dim
+        self.q_heads * self.head_dim
     }
 }

@@ -1,9 +1,9 @@
 //! The crate's one error type.
 //!
 //! Every kernel validates its whole input before touching a row, so a shape bug in model
-//! code (SWAN's hybrid decode step, WnW's gathered decode over resident positions) surfaces
-//! as a variant naming the operation and the expected/got values — never as a panic, an
-//! out-of-bounds read or a silently wrong output.
+//! code (SWAN's hybrid decode step, method section; WnW's gathered decode over resident
+//! positions, §2.3) surfaces as a variant naming the operation and the expected/got values —
+//! never as a panic, an out-of-bounds read or a silently wrong output.
 
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, Error>;
@@ -15,15 +15,15 @@ pub enum Error {
     /// The head layout is impossible: zero heads, zero `head_dim`, or q-heads not a
     /// multiple of kv-heads.
     #[error(
-        "{op}: invalid head layout {num_q_heads} q-heads / {num_kv_heads} kv-heads / head_dim {head_dim}: {reason}"
+        "{op}: invalid head layout {q_heads} q-heads / {kv_heads} kv-heads / head_dim {head_dim}: {reason}"
     )]
     InvalidLayout {
         /// Operation that failed.
         op: &'static str,
         /// Requested query heads.
-        num_q_heads: usize,
+        q_heads: usize,
         /// Requested key/value heads.
-        num_kv_heads: usize,
+        kv_heads: usize,
         /// Requested head dimension.
         head_dim: usize,
         /// What is wrong.
@@ -184,14 +184,14 @@ pub enum Error {
         slab_rows: usize,
     },
     /// An anchor request names a kv-head the layer does not have.
-    #[error("{op}: anchor kv-head {kv_head} out of range (layer has {num_kv_heads} kv-heads)")]
+    #[error("{op}: anchor kv-head {kv_head} out of range (layer has {kv_heads} kv-heads)")]
     AnchorHeadOutOfRange {
         /// Operation that failed.
         op: &'static str,
         /// Offending kv-head.
         kv_head: usize,
         /// kv-heads of the layer.
-        num_kv_heads: usize,
+        kv_heads: usize,
     },
     /// A thread count of zero, or a worker thread that could not be started.
     #[error("{op}: cannot run on {threads} threads: {reason}")]
@@ -215,7 +215,7 @@ pub enum Error {
         /// What was expected.
         expected: &'static str,
     },
-    // ---- GPU path (gpu engineer, issue 5; attn-kernels/src/cuda) ----
+    // ---- GPU path (attn-kernels/src/cuda) ----
     /// The crate was built without the `cuda` feature, so the GPU path does not exist.
     #[error("{op}: attn-kernels was built without the `cuda` feature")]
     CudaNotCompiled {

@@ -10,7 +10,8 @@
 //!   one pass over a kv-head's rows serves all q-heads of its group);
 //!   [`GatheredSparseAttention`] — the gathered kernel over a tiered store's dense *and*
 //!   SWAN sparse fp8 rows ([`GatheredSparseKv`], [`SparseSlab`]) under one softmax.
-//! * [`Reference`] — plain `f64` kernels, obviously correct, slow.
+//! * [`Reference`] — plain `f64` kernels, obviously correct, slow: the ground truth of the
+//!   CPU kernels and, over the GPU's packed layouts ([`cuda::DecodeDevice`]), of the GPU path.
 //! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX2/FMA/F16C with
 //!   run-time detection ([`Isa`]) and a portable fallback, a persistent [`ThreadPool`]
 //!   splitting heads and long caches, no allocation in the steady state. Outputs do not
@@ -44,11 +45,9 @@
 pub mod accuracy;
 mod api;
 pub mod bandwidth;
-// ---- GPU path (gpu engineer, issue 5): attn-kernels/src/cuda ----
-pub mod cuda;
-// ---- end GPU path ----
 mod config;
 mod cpu;
+pub mod cuda;
 mod error;
 mod pool;
 pub mod reference;

@@ -7,6 +7,9 @@
 //! has finished — which is what makes lending a borrowed closure sound (the same contract
 //! as a scoped thread, without the spawn). Work distribution (an atomic work-item counter)
 //! is the caller's business.
+//!
+//! No paper section: this is the execution substrate of the CPU kernels (SWAN's decode
+//! step, method section and Appendix A.2, and WnW's gathered decode, §2.3).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};

@@ -1,21 +1,30 @@
-//! The reference kernels: plain, obviously correct decode attention in `f64`.
+//! The reference kernels: plain, obviously correct decode attention in `f64`, the ground
+//! truth of every optimized kernel — the CPU ones ([`crate::CpuAttention`], through
+//! [`DecodeAttention`] / [`GatheredSparseAttention`] over borrowed views) and the GPU ones
+//! ([`crate::cuda::Gpu`] and its [`crate::cuda::KernelEmulation`], through
+//! [`DecodeDevice`] over the kernels' packed upload layouts).
 //!
 //! Every cached row is decoded to a dense `f64` vector (sparse rows scattered and scaled,
 //! dense rows converted), then each q-head computes `softmax(scale · q·Kᵀ) V` the textbook
 //! way: all logits, their maximum, exponentials, one normalised sum. No tiling, no online
-//! softmax, no threads. The optimized kernels are tested against this, within the
-//! tolerances of [`crate::accuracy`].
+//! softmax, no threads. A hybrid kv-head attends over `[sparse history; dense buffer]` under
+//! one softmax (SWAN's decode step, method section and §3); gathered attention returns each
+//! resident row's softmax weight summed over the q-heads of its GQA group (WnW's anchor
+//! signal, §2.3 Eq. 2). The optimized kernels are tested against this, within the
+//! tolerances of [`crate::accuracy`] (CPU) and of the GPU tests.
 
 use kv_sparse::csr::{CsrView, SparseRow};
 use kv_sparse::{SparseIndex, Value};
 
 use crate::api::{DecodeAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
+use crate::cuda::{DecodeDevice, LayerCache, PackedCsr};
 use crate::error::Result;
 use crate::validate;
 use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv, SparseSlab};
 
-/// The reference implementation of [`DecodeAttention`] (slow; for tests and checks).
+/// The reference implementation of [`DecodeAttention`], [`GatheredSparseAttention`] and
+/// [`DecodeDevice`] (slow; for tests and checks).
 ///
 /// # Examples
 /// ```
@@ -58,17 +67,29 @@ impl Decoded {
         self.values.extend(vall.map(|x| f64::from(x.to_f32())));
     }
 
+    /// Appends one dense row scattered from `(index, value)` entries, each value times `scale`.
+    fn push_entries(
+        out: &mut Vec<f64>,
+        d: usize,
+        entries: impl Iterator<Item = (usize, f32)>,
+        scale: f32,
+    ) {
+        let start = out.len();
+        out.resize(start + d, 0.0);
+        for (i, x) in entries {
+            if let Some(o) = out[start..].get_mut(i) {
+                *o = f64::from(x) * f64::from(scale);
+            }
+        }
+    }
+
     fn push_sparse_row<I: SparseIndex, V: Value>(
         out: &mut Vec<f64>,
         d: usize,
         row: SparseRow<'_, I, V>,
         scale: f32,
     ) {
-        let start = out.len();
-        out.resize(start + d, 0.0);
-        for (i, x) in row.iter() {
-            out[start + i] = f64::from(x) * f64::from(scale);
-        }
+        Self::push_entries(out, d, row.iter(), scale);
     }
 
     fn push_csr<I: SparseIndex, V: Value>(
@@ -84,14 +105,34 @@ impl Decoded {
     }
 
     fn push_slab_row(out: &mut Vec<f64>, d: usize, slab: &SparseSlab<'_>, row: usize) {
-        let start = out.len();
-        out.resize(start + d, 0.0);
         let bytes = &slab.bytes[row * 2 * slab.k..(row + 1) * 2 * slab.k];
         let (idx, codes) = bytes.split_at(slab.k);
-        for (&i, &c) in idx.iter().zip(codes) {
-            let x = kv_sparse::fp8::Fp8E4M3::from_bits(c).to_f32();
-            if let Some(o) = out[start..].get_mut(usize::from(i)) {
-                *o = f64::from(x) * f64::from(slab.scale);
+        let entries = idx
+            .iter()
+            .zip(codes)
+            .map(|(&i, &c)| (usize::from(i), kv_sparse::fp8::Fp8E4M3::from_bits(c).to_f32()));
+        Self::push_entries(out, d, entries, slab.scale);
+    }
+
+    /// Row `r` of kv-head `h` of a packed CSR layout (the GPU kernels' upload form).
+    fn push_packed_row(out: &mut Vec<f64>, d: usize, p: &PackedCsr, h: usize, r: usize) {
+        let (start, end) = p.row_range(h, r);
+        Self::push_entries(out, d, (start..end).map(|e| (p.index(e), p.value(e))), p.scale);
+    }
+
+    /// kv-head `h` of a packed GPU layout: its sparse rows first, then its dense rows.
+    fn push_packed(&mut self, cache: &LayerCache<'_>, h: usize) {
+        let d = self.d;
+        if let Some((k, v)) = cache.sparse() {
+            for r in 0..k.rows {
+                Self::push_packed_row(&mut self.keys, d, k, h, r);
+                Self::push_packed_row(&mut self.values, d, v, h, r);
+            }
+        }
+        if let Some((k, v)) = cache.dense() {
+            for r in 0..k.rows_of(h) {
+                self.keys.extend((0..d).map(|c| f64::from(k.get(h, r, c))));
+                self.values.extend((0..d).map(|c| f64::from(v.get(h, r, c))));
             }
         }
     }
@@ -156,6 +197,24 @@ fn attend_group(
     }
 }
 
+/// Attends every kv-head's decoded rows in turn (kv-head `h` = the `h`-th item); `weights`,
+/// if given, receives each head's group-summed row weights, kv-head after kv-head.
+fn attend_all(
+    cfg: &AttnConfig,
+    q: &[f32],
+    out: &mut [f32],
+    mut weights: Option<&mut [f32]>,
+    heads: impl Iterator<Item = Decoded>,
+) {
+    let mut offset = 0;
+    for (h, rows) in heads.enumerate() {
+        let n = rows.rows();
+        let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + n]);
+        attend_group(cfg, q, h, &rows, out, w);
+        offset += n;
+    }
+}
+
 impl DecodeAttention for Reference {
     fn dense<D: Value>(
         &mut self,
@@ -169,11 +228,12 @@ impl DecodeAttention for Reference {
         for (h, c) in kv.iter().enumerate() {
             validate::dense(OP, cfg.head_dim(), h, c)?;
         }
-        for (h, c) in kv.iter().enumerate() {
+        let heads = kv.iter().map(|c| {
             let mut rows = Decoded::new(cfg.head_dim());
             rows.push_ring(c.keys, c.values);
-            attend_group(cfg, q, h, &rows, out, None);
-        }
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
         Ok(())
     }
 
@@ -189,11 +249,12 @@ impl DecodeAttention for Reference {
         for (h, c) in kv.iter().enumerate() {
             validate::sparse(OP, cfg.head_dim(), h, c)?;
         }
-        for (h, c) in kv.iter().enumerate() {
+        let heads = kv.iter().map(|c| {
             let mut rows = Decoded::new(cfg.head_dim());
             rows.push_csr(&c.keys, &c.values, (c.key_scale, c.value_scale));
-            attend_group(cfg, q, h, &rows, out, None);
-        }
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
         Ok(())
     }
 
@@ -209,13 +270,14 @@ impl DecodeAttention for Reference {
         for (h, c) in kv.iter().enumerate() {
             validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view())?;
         }
-        for (h, c) in kv.iter().enumerate() {
+        let heads = kv.iter().map(|c| {
             let v = c.hybrid_view();
             let mut rows = Decoded::new(cfg.head_dim());
             rows.push_csr(&v.sparse_keys, &v.sparse_values, v.value_scale);
             rows.push_ring(v.buffer_keys, v.buffer_values);
-            attend_group(cfg, q, h, &rows, out, None);
-        }
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
         Ok(())
     }
 
@@ -225,7 +287,7 @@ impl DecodeAttention for Reference {
         q: &[f32],
         kv: &[GatheredKv<'_, D>],
         out: &mut [f32],
-        mut weights: Option<&mut [f32]>,
+        weights: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "Reference::gathered";
         validate::call(OP, cfg, q, out, kv.len())?;
@@ -234,14 +296,12 @@ impl DecodeAttention for Reference {
             total += validate::gathered(OP, cfg.head_dim(), h, c)?;
         }
         validate::weights(OP, weights.as_deref(), total)?;
-        let (d, mut offset) = (cfg.head_dim(), 0);
-        for (h, c) in kv.iter().enumerate() {
-            let mut rows = Decoded::new(d);
+        let heads = kv.iter().map(|c| {
+            let mut rows = Decoded::new(cfg.head_dim());
             rows.push_gathered(c);
-            let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + c.num_rows()]);
-            attend_group(cfg, q, h, &rows, out, w);
-            offset += c.num_rows();
-        }
+            rows
+        });
+        attend_all(cfg, q, out, weights, heads);
         Ok(())
     }
 }
@@ -254,21 +314,43 @@ impl GatheredSparseAttention for Reference {
         dense: &[GatheredKv<'_, D>],
         sparse: &[GatheredSparseKv<'_>],
         out: &mut [f32],
-        mut weights: Option<&mut [f32]>,
+        weights: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "Reference::gathered_sparse";
         let total = validate::gathered_sparse_call(OP, cfg, q, out, dense, sparse)?;
         validate::weights(OP, weights.as_deref(), total)?;
-        let mut offset = 0;
-        for (h, (dk, sk)) in dense.iter().zip(sparse).enumerate() {
+        let heads = dense.iter().zip(sparse).map(|(dk, sk)| {
             let mut rows = Decoded::new(cfg.head_dim());
             rows.push_gathered(dk);
             rows.push_gathered_sparse(sk);
-            let n = rows.rows();
-            let w = weights.as_deref_mut().map(|w| &mut w[offset..offset + n]);
-            attend_group(cfg, q, h, &rows, out, w);
-            offset += n;
-        }
+            rows
+        });
+        attend_all(cfg, q, out, weights, heads);
+        Ok(())
+    }
+}
+
+impl DecodeDevice for Reference {
+    fn describe(&self) -> String {
+        "cpu-reference (f64)".into()
+    }
+
+    fn decode(
+        &self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        cache: LayerCache<'_>,
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let n_weights = weights.as_deref().map(<[f32]>::len);
+        cache.check("Reference::decode", cfg, q, out.len(), n_weights)?;
+        let heads = (0..cfg.kv_heads()).map(|h| {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_packed(&cache, h);
+            rows
+        });
+        attend_all(cfg, q, out, weights, heads);
         Ok(())
     }
 }

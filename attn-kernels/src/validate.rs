@@ -1,6 +1,9 @@
-//! Input validation shared by the reference and the optimized kernels: every shape, count,
-//! scale and ordering a kernel relies on is checked here, once per call, before any row is
-//! read — so a bad input is a typed [`Error`], never a panic or an out-of-bounds read.
+//! Input validation shared by the reference, the optimized CPU kernels and the CUDA path's
+//! query checks: every shape, count, scale and ordering a kernel relies on is checked here,
+//! once per call, before any row is read — so a bad input is a typed [`Error`], never a
+//! panic or an out-of-bounds read. It guards the inputs of SWAN's hybrid decode (method
+//! section: CSR history + dense buffer) and of WnW's gathered decode (§2.3: resident
+//! positions, slots and the dense/sparse split of one kv-head).
 
 use kv_sparse::csr::CsrView;
 use kv_sparse::hybrid::HybridView;
@@ -16,19 +19,29 @@ pub(crate) fn call(
     cfg: &AttnConfig,
     q: &[f32],
     out: &[f32],
-    heads: usize,
+    caches: usize,
 ) -> Result<()> {
+    lengths(op, cfg, q.len(), out.len())?;
+    if caches != cfg.kv_heads() {
+        let expected = cfg.kv_heads();
+        return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: caches });
+    }
+    finite_query(op, cfg, q)
+}
+
+/// Query and output lengths: `q_len()` elements each.
+pub(crate) fn lengths(op: &'static str, cfg: &AttnConfig, q: usize, out: usize) -> Result<()> {
     let expected = cfg.q_len();
-    if q.len() != expected {
-        return Err(Error::LengthMismatch { op, what: "q", expected, got: q.len() });
+    for (what, got) in [("q", q), ("out", out)] {
+        if got != expected {
+            return Err(Error::LengthMismatch { op, what, expected, got });
+        }
     }
-    if out.len() != expected {
-        return Err(Error::LengthMismatch { op, what: "out", expected, got: out.len() });
-    }
-    if heads != cfg.num_kv_heads() {
-        let expected = cfg.num_kv_heads();
-        return Err(Error::LengthMismatch { op, what: "kv-head caches", expected, got: heads });
-    }
+    Ok(())
+}
+
+/// A query without NaN or infinity.
+pub(crate) fn finite_query(op: &'static str, cfg: &AttnConfig, q: &[f32]) -> Result<()> {
     if let Some(i) = q.iter().position(|x| !x.is_finite()) {
         let d = cfg.head_dim();
         return Err(Error::NonFiniteQuery { op, q_head: i / d, dim: i % d, value: q[i] });

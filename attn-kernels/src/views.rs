@@ -1,6 +1,7 @@
 //! Borrowed inputs of the decode kernels, one per kv-head: dense rows ([`DenseKv`]), CSR
-//! rows ([`SparseKv`]), SWAN's hybrid cache (any [`HybridSource`], e.g. `kv-sparse`'s
-//! `HybridView` or `HybridCache`) and WnW's resident-position lists ([`GatheredKv`]).
+//! rows ([`SparseKv`]), SWAN's hybrid cache (method section; any [`HybridSource`], e.g.
+//! `kv-sparse`'s `HybridView` or `HybridCache`) and WnW's resident-position lists (§2.3;
+//! [`GatheredKv`], with SWAN fp8 rows in [`GatheredSparseKv`]).
 //!
 //! All are plain borrowed slices (row-major, `head_dim` elements per row), so in-memory,
 //! memory-mapped and tiered stores hand their bytes over without copying; the kernels

@@ -2,8 +2,9 @@
 //!
 //! Every fallible operation in `kv-sparse` returns [`Result`]; each variant names the
 //! operation that failed and the expected/got values, so a caller can tell *what* was wrong
-//! with its input (SWAN's hybrid cache is fed by model code, where a shape or NaN bug
-//! should surface as a clear message, never as a panic or a silently corrupted cache).
+//! with its input (SWAN's hybrid cache, method section, is fed by model code, where a shape
+//! or NaN bug should surface as a clear message, never as a panic or a silently corrupted
+//! cache).
 
 use std::path::PathBuf;
 

@@ -21,9 +21,9 @@ fn main() {
         attn_kernels::cuda::Gpu::new().map_or_else(|e| e.to_string(), |g| g.name().to_string());
     println!(
         "{{\"device\":{device:?},\"shape\":{{\"q_heads\":{},\"kv_heads\":{},\"head_dim\":{},\"k\":{},\"buffer\":{}}},\"peak_bytes_per_s\":{},\"kernels\":{kernels},\"recall\":{recall}}}",
-        cfg.shape.num_q_heads,
-        cfg.shape.num_kv_heads,
-        cfg.shape.head_dim,
+        cfg.attn.q_heads(),
+        cfg.attn.kv_heads(),
+        cfg.attn.head_dim(),
         cfg.k,
         cfg.buffer,
         cfg.peak_bytes_per_s

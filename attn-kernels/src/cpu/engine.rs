@@ -109,7 +109,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Workspace {
     fn plan<S: ItemSource>(&mut self, job: &Job<'_>, src: &S, split_rows: usize) {
         self.items.clear();
-        for kv in 0..job.cfg.num_kv_heads() {
+        for kv in 0..job.cfg.kv_heads() {
             let rows = src.rows(kv);
             for block in 0..job.blocks() {
                 let mut start = 0;
@@ -232,7 +232,7 @@ fn softmax_weights<S: ItemSource, const W: usize>(
     let mut offsets = 0;
     let mut final_index = 0;
     let mut i = 0;
-    for kv in 0..job.cfg.num_kv_heads() {
+    for kv in 0..job.cfg.kv_heads() {
         let rows = src.rows(kv);
         let out = &mut w[offsets..offsets + rows];
         out.fill(0.0);

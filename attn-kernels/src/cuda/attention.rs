@@ -6,20 +6,11 @@
 
 use kv_sparse::{SparseIndex, Value};
 
-use super::layout::{LayerShape, PackedCsr, PackedDense, PackedHybrid};
+use super::layout::{PackedCsr, PackedDense, PackedHybrid};
 use super::{DecodeDevice, Gpu, LayerCache};
 use crate::{
     AttnConfig, DecodeAttention, DenseKv, Error, GatheredKv, HybridSource, Result, SparseKv,
 };
-
-fn shape(cfg: &AttnConfig) -> LayerShape {
-    LayerShape {
-        num_q_heads: cfg.num_q_heads(),
-        num_kv_heads: cfg.num_kv_heads(),
-        head_dim: cfg.head_dim(),
-        scale: cfg.scale(),
-    }
-}
 
 fn dense_pair<D: Value>(
     cfg: &AttnConfig,
@@ -95,7 +86,7 @@ impl DecodeAttention for Gpu {
         out: &mut [f32],
     ) -> Result<()> {
         let (k, v) = dense_pair(cfg, kv)?;
-        self.decode(&shape(cfg), q, LayerCache::Dense { keys: &k, values: &v }, out, None)
+        self.decode(cfg, q, LayerCache::Dense { keys: &k, values: &v }, out, None)
     }
 
     fn sparse<I: SparseIndex, V: Value>(
@@ -120,7 +111,7 @@ impl DecodeAttention for Gpu {
             });
         }
         let (k, v) = (PackedCsr::from_views(&keys, ks)?, PackedCsr::from_views(&values, vs)?);
-        self.decode(&shape(cfg), q, LayerCache::Sparse { keys: &k, values: &v }, out, None)
+        self.decode(cfg, q, LayerCache::Sparse { keys: &k, values: &v }, out, None)
     }
 
     fn hybrid<I: SparseIndex, V: Value, D: Value, H: HybridSource<I, V, D>>(
@@ -132,7 +123,7 @@ impl DecodeAttention for Gpu {
     ) -> Result<()> {
         let views: Vec<_> = kv.iter().map(HybridSource::hybrid_view).collect();
         let p = PackedHybrid::from_views(&views)?;
-        self.decode(&shape(cfg), q, p.as_cache(), out, None)
+        self.decode(cfg, q, p.as_cache(), out, None)
     }
 
     fn gathered<D: Value>(
@@ -144,6 +135,6 @@ impl DecodeAttention for Gpu {
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
         let (k, v) = gathered_pair(cfg, kv)?;
-        self.decode(&shape(cfg), q, LayerCache::Gathered { keys: &k, values: &v }, out, weights)
+        self.decode(cfg, q, LayerCache::Gathered { keys: &k, values: &v }, out, weights)
     }
 }

@@ -6,17 +6,17 @@
 use kv_sparse::ValueFormat;
 use kv_sparse::fp8::Fp8E4M3;
 
-use super::layout::{LayerShape, PackedCsr, PackedDense};
+use super::layout::{PackedCsr, PackedDense};
 use super::{DecodeDevice, Gpu, LayerCache};
-use crate::Result;
+use crate::{AttnConfig, Reference, Result};
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchConfig {
     /// Sequence lengths (rows per kv-head).
     pub lengths: Vec<usize>,
-    /// Layer shape (q-heads, kv-heads, head_dim, scale).
-    pub shape: LayerShape,
+    /// The attention layer measured (q-heads, kv-heads, head_dim, scale).
+    pub attn: AttnConfig,
     /// Stored dims per sparse row.
     pub k: usize,
     /// Dense buffer rows of the hybrid cache.
@@ -30,12 +30,12 @@ pub struct BenchConfig {
 }
 
 impl Default for BenchConfig {
-    /// The configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
+    /// The measured configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
     /// buffer 128, fp8 and f16, H200 HBM peak 4.8 TB/s.
     fn default() -> Self {
         Self {
             lengths: vec![4096, 32_768, 131_072],
-            shape: LayerShape::new(32, 8, 128),
+            attn: AttnConfig::new(32, 8, 128).expect("32 q / 8 kv heads of 128 is a valid layout"),
             k: 64,
             buffer: 128,
             formats: vec![ValueFormat::Fp8E4M3, ValueFormat::F16],
@@ -114,7 +114,7 @@ fn encode(format: ValueFormat, x: f32, out: &mut Vec<u8>) {
 /// A synthetic sparse store: `rows` rows per head, each with `k` distinct ascending u8
 /// indices below `head_dim` and values uniform in (−1, 1), in blocks of 256 rows.
 pub fn synthetic_csr(
-    heads: usize,
+    kv_heads: usize,
     rows: usize,
     head_dim: usize,
     k: usize,
@@ -131,16 +131,16 @@ pub fn synthetic_csr(
         rows,
         rows_per_block: rpb,
         n_blocks,
-        indices: Vec::with_capacity(heads * rows * k),
-        values: Vec::with_capacity(heads * rows * k * format.bytes()),
-        offsets: Vec::with_capacity(heads * rows),
-        block_base: Vec::with_capacity(heads * (n_blocks + 1)),
-        head_nnz: Vec::with_capacity(heads),
+        indices: Vec::with_capacity(kv_heads * rows * k),
+        values: Vec::with_capacity(kv_heads * rows * k * format.bytes()),
+        offsets: Vec::with_capacity(kv_heads * rows),
+        block_base: Vec::with_capacity(kv_heads * (n_blocks + 1)),
+        head_nnz: Vec::with_capacity(kv_heads),
         scale: 1.0,
     };
     let k = k.min(head_dim);
     let mut dims: Vec<u8> = (0..head_dim.min(256)).map(|i| i as u8).collect();
-    for h in 0..heads {
+    for h in 0..kv_heads {
         p.head_nnz.push((h * rows * k) as u64);
         for r in 0..rows {
             if r % rpb == 0 {
@@ -163,20 +163,20 @@ pub fn synthetic_csr(
     p
 }
 
-/// Synthetic dense rows `[heads][rows][head_dim]` uniform in (−1, 1).
+/// Synthetic dense rows `[kv_heads][rows][head_dim]` uniform in (−1, 1).
 pub fn synthetic_dense(
-    heads: usize,
+    kv_heads: usize,
     rows: usize,
     head_dim: usize,
     format: ValueFormat,
     seed: u64,
 ) -> PackedDense {
     let mut g = Gen(seed | 1);
-    let mut data = Vec::with_capacity(heads * rows * head_dim * format.bytes());
-    for _ in 0..heads * rows * head_dim {
+    let mut data = Vec::with_capacity(kv_heads * rows * head_dim * format.bytes());
+    for _ in 0..kv_heads * rows * head_dim {
         encode(format, g.unit(), &mut data);
     }
-    PackedDense { format, head_dim, heads, rows, data, gather: None }
+    PackedDense { format, head_dim, kv_heads, rows, data, gather: None }
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -191,14 +191,13 @@ fn measure(
     q: &[f32],
     check: bool,
 ) -> Result<BenchRow> {
-    let dev = gpu.upload(&cfg.shape, cache)?;
-    let seconds = gpu.time_decode(&cfg.shape, q, &dev, cfg.iters)?;
+    let dev = gpu.upload(&cfg.attn, cache)?;
+    let seconds = gpu.time_decode(&cfg.attn, q, &dev, cfg.iters)?;
     let mut max_abs_err = f32::NAN;
     if check {
         let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-        gpu.decode_resident(&cfg.shape, q, &dev, &mut a, None)?;
-        super::KernelEmulation { target_blocks: 4 * gpu.sm_count() }
-            .decode(&cfg.shape, q, cache, &mut b, None)?;
+        gpu.decode_resident(&cfg.attn, q, &dev, &mut a, None)?;
+        Reference.decode(&cfg.attn, q, cache, &mut b, None)?;
         max_abs_err = max_abs_diff(&a, &b);
     }
     let len = cache.rows_of(0);
@@ -215,20 +214,20 @@ fn measure(
 
 /// Runs the benchmark: per length, the dense f16 baseline then one hybrid cache per format
 /// (`len − buffer` sparse rows + `buffer` dense f16 rows). Outputs of the shortest length
-/// are checked against the CPU kernel emulation.
+/// are checked against the f64 [`Reference`].
 ///
 /// # Errors
 /// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.
 pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
     let gpu = Gpu::new()?;
-    let s = cfg.shape;
+    let s = cfg.attn;
     let mut g = Gen(7);
-    let q: Vec<f32> = (0..s.num_q_heads * s.head_dim).map(|_| g.unit()).collect();
+    let q: Vec<f32> = (0..s.q_len()).map(|_| g.unit()).collect();
     let mut rows = Vec::new();
     for (i, &len) in cfg.lengths.iter().enumerate() {
         let check = i == 0;
-        let dk = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 11);
-        let dv = synthetic_dense(s.num_kv_heads, len, s.head_dim, ValueFormat::F16, 12);
+        let dk = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 11);
+        let dv = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 12);
         let base = measure(
             &gpu,
             cfg,
@@ -240,14 +239,14 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
         drop((dk, dv));
         let sparse_rows = len.saturating_sub(cfg.buffer);
         let bk =
-            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 13);
+            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 13);
         let bv =
-            synthetic_dense(s.num_kv_heads, len - sparse_rows, s.head_dim, ValueFormat::F16, 14);
+            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 14);
         let base_s = base.seconds;
         rows.push(base);
         for &f in &cfg.formats {
-            let k = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 21);
-            let v = synthetic_csr(s.num_kv_heads, sparse_rows, s.head_dim, cfg.k, f, 22);
+            let k = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 21);
+            let v = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 22);
             let cache =
                 LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
             let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;

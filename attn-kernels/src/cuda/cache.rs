@@ -1,8 +1,8 @@
 //! [`LayerCache`]: what one GPU decode call attends over, and the checks every backend runs
 //! before touching a row (SWAN §3 hybrid cache; WnW §2.3 gathered resident rows).
 
-use super::layout::{LayerShape, PackedCsr, PackedDense};
-use crate::{Error, Result};
+use super::layout::{PackedCsr, PackedDense, check_gpu};
+use crate::{AttnConfig, Error, Result};
 
 /// One layer's cache in upload form, by kernel family.
 #[derive(Clone, Copy, Debug)]
@@ -68,9 +68,9 @@ impl<'a> LayerCache<'a> {
 
     /// Total attended rows of all heads (the length of gathered anchor weights).
     pub fn total_rows(&self) -> usize {
-        let heads =
-            self.sparse().map(|(k, _)| k.num_heads()).or(self.dense().map(|(k, _)| k.num_heads()));
-        (0..heads.unwrap_or(0)).map(|h| self.rows_of(h)).sum()
+        let kv_heads =
+            self.sparse().map(|(k, _)| k.kv_heads()).or(self.dense().map(|(k, _)| k.kv_heads()));
+        (0..kv_heads.unwrap_or(0)).map(|h| self.rows_of(h)).sum()
     }
 
     /// Bytes the kernels must read for one decode step (K and V, indices, offsets, lists).
@@ -79,27 +79,28 @@ impl<'a> LayerCache<'a> {
             + self.dense().map_or(0, |(k, v)| k.bytes_read() + v.bytes_read())
     }
 
-    /// Checks the cache against `shape` and the output buffers: head counts, head_dim,
-    /// key/value agreement, non-empty heads, scales, gathered lists, weights length.
+    /// Checks the cache against the layer's `cfg` and the call's buffers: the GPU limits and
+    /// the query ([`check_gpu`]), head counts, head_dim, key/value agreement, non-empty heads,
+    /// scales, gathered lists, weights length.
     ///
     /// # Errors
     /// The first violated condition as a typed [`Error`].
     pub fn check(
         &self,
         op: &'static str,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         out: usize,
         weights: Option<usize>,
     ) -> Result<()> {
-        shape.check(op, q, out)?;
+        check_gpu(op, cfg, q, out)?;
         if let Some((k, v)) = self.sparse() {
-            check_csr(op, shape, k, v)?;
+            check_csr(op, cfg, k, v)?;
         }
         if let Some((k, v)) = self.dense() {
-            check_dense(op, shape, k, v)?;
+            check_dense(op, cfg, k, v)?;
         }
-        for h in 0..shape.num_kv_heads {
+        for h in 0..cfg.kv_heads() {
             if self.rows_of(h) == 0 {
                 return Err(Error::EmptyCache { op, kv_head: h });
             }
@@ -124,21 +125,21 @@ impl<'a> LayerCache<'a> {
     }
 }
 
-fn check_csr(op: &'static str, shape: &LayerShape, k: &PackedCsr, v: &PackedCsr) -> Result<()> {
+fn check_csr(op: &'static str, cfg: &AttnConfig, k: &PackedCsr, v: &PackedCsr) -> Result<()> {
     for (what, p) in [("key", k), ("value", v)] {
-        if p.num_heads() != shape.num_kv_heads {
+        if p.kv_heads() != cfg.kv_heads() {
             return Err(Error::LengthMismatch {
                 op,
                 what: "sparse kv-heads",
-                expected: shape.num_kv_heads,
-                got: p.num_heads(),
+                expected: cfg.kv_heads(),
+                got: p.kv_heads(),
             });
         }
-        if p.head_dim != shape.head_dim {
+        if p.head_dim != cfg.head_dim() {
             return Err(Error::HeadDimMismatch {
                 op,
                 kv_head: 0,
-                expected: shape.head_dim,
+                expected: cfg.head_dim(),
                 got: p.head_dim,
             });
         }
@@ -169,11 +170,11 @@ fn check_csr(op: &'static str, shape: &LayerShape, k: &PackedCsr, v: &PackedCsr)
 
 /// Array lengths, monotone row ranges and every index below head_dim: the kernels trust these.
 fn check_csr_structure(op: &'static str, p: &PackedCsr) -> Result<()> {
-    let heads = p.num_heads();
+    let kv_heads = p.kv_heads();
     let nnz = p.values.len() / p.format.bytes();
     let lens = [
-        ("offsets", p.offsets.len(), heads * p.rows),
-        ("block bases", p.block_base.len(), heads * (p.n_blocks + 1)),
+        ("offsets", p.offsets.len(), kv_heads * p.rows),
+        ("block bases", p.block_base.len(), kv_heads * (p.n_blocks + 1)),
         ("indices", p.indices.len(), nnz * p.index_bytes),
         ("blocks", p.n_blocks, p.rows.div_ceil(p.rows_per_block.max(1))),
     ];
@@ -182,8 +183,8 @@ fn check_csr_structure(op: &'static str, p: &PackedCsr) -> Result<()> {
             return Err(Error::LengthMismatch { op, what, expected, got });
         }
     }
-    for h in 0..heads {
-        let end = if h + 1 < heads { p.head_nnz[h + 1] as usize } else { nnz };
+    for h in 0..kv_heads {
+        let end = if h + 1 < kv_heads { p.head_nnz[h + 1] as usize } else { nnz };
         let mut prev = p.head_nnz[h] as usize;
         for r in 0..p.rows {
             let (s, e) = p.row_range(h, r);
@@ -209,30 +210,25 @@ fn check_csr_structure(op: &'static str, p: &PackedCsr) -> Result<()> {
     Ok(())
 }
 
-fn check_dense(
-    op: &'static str,
-    shape: &LayerShape,
-    k: &PackedDense,
-    v: &PackedDense,
-) -> Result<()> {
+fn check_dense(op: &'static str, cfg: &AttnConfig, k: &PackedDense, v: &PackedDense) -> Result<()> {
     for p in [k, v] {
-        if p.num_heads() != shape.num_kv_heads {
+        if p.kv_heads() != cfg.kv_heads() {
             return Err(Error::LengthMismatch {
                 op,
                 what: "dense kv-heads",
-                expected: shape.num_kv_heads,
-                got: p.num_heads(),
+                expected: cfg.kv_heads(),
+                got: p.kv_heads(),
             });
         }
-        if p.head_dim != shape.head_dim {
+        if p.head_dim != cfg.head_dim() {
             return Err(Error::HeadDimMismatch {
                 op,
                 kv_head: 0,
-                expected: shape.head_dim,
+                expected: cfg.head_dim(),
                 got: p.head_dim,
             });
         }
-        let want = shape.num_kv_heads * p.rows * p.head_dim * p.format.bytes();
+        let want = cfg.kv_heads() * p.rows * p.head_dim * p.format.bytes();
         if p.data.len() != want {
             return Err(Error::LengthMismatch {
                 op,
@@ -242,7 +238,7 @@ fn check_dense(
             });
         }
         if let Some((pos, off)) = &p.gather {
-            let ok = off.len() == shape.num_kv_heads + 1
+            let ok = off.len() == cfg.kv_heads() + 1
                 && off.windows(2).all(|w| w[0] <= w[1])
                 && *off.last().unwrap_or(&0) as usize == pos.len();
             if !ok {
@@ -250,7 +246,7 @@ fn check_dense(
                     op,
                     what: "position list offsets",
                     value: format!("{off:?}"),
-                    expected: "n_kv + 1 ascending offsets ending at the list length",
+                    expected: "kv_heads + 1 ascending offsets ending at the list length",
                 });
             }
             if let Some((row, &slot)) = pos.iter().enumerate().find(|(_, s)| **s as usize >= p.rows)
@@ -259,7 +255,7 @@ fn check_dense(
             }
         }
     }
-    for h in 0..shape.num_kv_heads {
+    for h in 0..cfg.kv_heads() {
         if k.rows_of(h) != v.rows_of(h) {
             return Err(Error::RowCountMismatch {
                 op,

@@ -19,10 +19,10 @@ use super::DecodeDevice;
 use super::cache::LayerCache;
 use super::kernels::{COMBINE_KERNEL, Family, WEIGHTS_KERNEL, kernel_for};
 use super::layout::{
-    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, LayerShape, PackedCsr, PackedDense, Plan, WARPS,
+    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, PackedCsr, PackedDense, Plan, WARPS, check_gpu,
     group_passes,
 };
-use crate::{Error, Result};
+use crate::{AttnConfig, Error, Result};
 
 // SAFETY: plain `#[repr(C)]` blocks of integers and floats (device addresses are carried as
 // u64, never dereferenced on the host); any bit pattern is a valid value.
@@ -139,10 +139,10 @@ impl Gpu {
     ///
     /// # Errors
     /// [`LayerCache::check`] failures, unsupported format pairs, driver errors.
-    pub fn upload(&self, shape: &LayerShape, cache: LayerCache<'_>) -> Result<DeviceCache> {
+    pub fn upload(&self, cfg: &AttnConfig, cache: LayerCache<'_>) -> Result<DeviceCache> {
         const OP: &str = "Gpu::upload";
-        let n = shape.num_q_heads * shape.head_dim;
-        cache.check(OP, shape, &vec![0.0; n], n, None)?;
+        let n = cfg.q_len();
+        cache.check(OP, cfg, &vec![0.0; n], n, None)?;
         self.make_current()?;
         let (family, kernel) = kernel_for(&cache)?;
         let sparse = cache
@@ -153,9 +153,9 @@ impl Gpu {
             .dense()
             .map(|(k, v)| Ok::<_, Error>((DenseDev::new(k)?, DenseDev::new(v)?)))
             .transpose()?;
-        let rows: Vec<usize> = (0..shape.num_kv_heads).map(|h| cache.rows_of(h)).collect();
+        let rows: Vec<usize> = (0..cfg.kv_heads()).map(|h| cache.rows_of(h)).collect();
         Ok(DeviceCache {
-            shape: *shape,
+            cfg: *cfg,
             family,
             kernel,
             max_rows: rows.iter().copied().max().unwrap_or(0),
@@ -173,14 +173,14 @@ impl Gpu {
     /// Shape or length mismatches with the uploaded cache; driver errors.
     pub fn decode_resident(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: &DeviceCache,
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "Gpu::decode_resident";
-        cache.check_call(OP, shape, q, out.len(), weights.as_deref().map(<[f32]>::len))?;
+        cache.check_call(OP, cfg, q, out.len(), weights.as_deref().map(<[f32]>::len))?;
         self.make_current()?;
         let run = Prepared::new(self, cache, q, weights.is_some())?;
         run.enqueue(self)?;
@@ -200,13 +200,13 @@ impl Gpu {
     /// As [`Gpu::decode_resident`].
     pub fn time_decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: &DeviceCache,
         iters: usize,
     ) -> Result<f64> {
         const OP: &str = "Gpu::time_decode";
-        cache.check_call(OP, shape, q, q.len(), None)?;
+        cache.check_call(OP, cfg, q, q.len(), None)?;
         self.make_current()?;
         let run = Prepared::new(self, cache, q, false)?;
         let s = &self.inner.stream;
@@ -288,15 +288,15 @@ impl DecodeDevice for Gpu {
 
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
-        cache.check("Gpu::decode", shape, q, out.len(), weights.as_deref().map(<[f32]>::len))?;
-        let dev = self.upload(shape, cache)?;
-        self.decode_resident(shape, q, &dev, out, weights)
+        cache.check("Gpu::decode", cfg, q, out.len(), weights.as_deref().map(<[f32]>::len))?;
+        let dev = self.upload(cfg, cache)?;
+        self.decode_resident(cfg, q, &dev, out, weights)
     }
 }
 
@@ -398,7 +398,7 @@ impl DenseDev {
 
 /// A layer cache resident in device memory (see [`Gpu::upload`]).
 pub struct DeviceCache {
-    shape: LayerShape,
+    cfg: AttnConfig,
     family: Family,
     kernel: String,
     max_rows: usize,
@@ -432,20 +432,20 @@ impl DeviceCache {
     fn check_call(
         &self,
         op: &'static str,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         out: usize,
         weights: Option<usize>,
     ) -> Result<()> {
-        if *shape != self.shape {
+        if *cfg != self.cfg {
             return Err(Error::Param {
                 op,
                 what: "shape",
-                value: format!("{shape:?}"),
+                value: format!("{cfg:?}"),
                 expected: "the shape the cache was uploaded with",
             });
         }
-        shape.check(op, q, out)?;
+        check_gpu(op, cfg, q, out)?;
         match weights {
             Some(n) if self.family != Family::Gathered => Err(Error::Param {
                 op,
@@ -485,37 +485,37 @@ struct Prepared<'c> {
 impl<'c> Prepared<'c> {
     fn new(gpu: &Gpu, cache: &'c DeviceCache, q: &[f32], weights: bool) -> Result<Self> {
         const OP: &str = "Gpu::prepare";
-        let s = cache.shape;
-        let plan = Plan::new(cache.max_rows, s.num_kv_heads, 4 * gpu.sm_count());
+        let s = cache.cfg;
+        let plan = Plan::new(cache.max_rows, s.kv_heads(), 4 * gpu.sm_count());
         let zeros = |n: usize| DeviceBuffer::<f32>::zeroed(n.max(1)).map_err(cuda(OP));
         let scratch = Scratch {
             q: upload(OP, q)?,
-            part_acc: zeros(s.num_q_heads * plan.n_parts * s.head_dim)?,
-            part_ml: zeros(s.num_q_heads * plan.n_parts * 2)?,
-            out: zeros(s.num_q_heads * s.head_dim)?,
-            lse: zeros(s.num_q_heads)?,
-            scores: if weights { Some(zeros(s.num_q_heads * cache.max_rows)?) } else { None },
+            part_acc: zeros(s.q_heads() * plan.n_parts * s.head_dim())?,
+            part_ml: zeros(s.q_heads() * plan.n_parts * 2)?,
+            out: zeros(s.q_heads() * s.head_dim())?,
+            lse: zeros(s.q_heads())?,
+            scores: if weights { Some(zeros(s.q_heads() * cache.max_rows)?) } else { None },
             weights: if weights { Some(zeros(cache.total_rows)?) } else { None },
         };
         Ok(Self { cache, plan, scratch })
     }
 
     fn enqueue(&self, gpu: &Gpu) -> Result<()> {
-        let (c, s, p) = (self.cache, self.cache.shape, self.plan);
+        let (c, s, p) = (self.cache, self.cache.cfg, self.plan);
         let u = |x: usize| x as u32;
-        for (g0, gc) in group_passes(s.group()) {
+        for (g0, gc) in group_passes(s.group_size()) {
             let a = DecodeArgs {
                 q: ptr(&self.scratch.q),
                 part_acc: ptr(&self.scratch.part_acc),
                 part_ml: ptr(&self.scratch.part_ml),
                 scores: self.scratch.scores.as_ref().map_or(0, ptr),
-                d: u(s.head_dim),
-                group: u(s.group()),
+                d: u(s.head_dim()),
+                group: u(s.group_size()),
                 g0: u(g0),
                 gc: u(gc),
                 rows_per_split: u(p.rows_per_split),
                 n_parts: u(p.n_parts),
-                scale: s.scale,
+                scale: s.scale(),
                 max_rows: u(c.max_rows),
             };
             let args = match (&c.sparse, &c.dense) {
@@ -526,11 +526,11 @@ impl<'c> Prepared<'c> {
                 (None, Some((k, v))) => Launch::Dense(k.args, v.args, a),
                 (None, None) => return Err(Error::EmptyCache { op: "Gpu::enqueue", kv_head: 0 }),
             };
-            let shared = Plan::shared_bytes(gc, s.head_dim);
+            let shared = Plan::shared_bytes(gc, s.head_dim());
             gpu.launch(
                 c.family,
                 &c.kernel,
-                (u(p.n_splits), u(s.num_kv_heads)),
+                (u(p.n_splits), u(s.kv_heads())),
                 u(WARPS * 32),
                 u(shared),
                 args,
@@ -540,12 +540,12 @@ impl<'c> Prepared<'c> {
         let combine = Launch::Combine(
             [ptr(&sc.part_acc), ptr(&sc.part_ml), ptr(&sc.out), ptr(&sc.lse)],
             u(p.n_parts),
-            u(s.head_dim),
+            u(s.head_dim()),
         );
         gpu.launch(
             Family::Combine,
             COMBINE_KERNEL,
-            (u(s.num_q_heads), 1),
+            (u(s.q_heads()), 1),
             256,
             u(4 * p.n_parts),
             combine,
@@ -553,13 +553,13 @@ impl<'c> Prepared<'c> {
         if let (Some(scores), Some(w), Some((k, _))) = (&sc.scores, &sc.weights, &c.dense) {
             let args = Launch::Weights(
                 [ptr(scores), ptr(&sc.lse), k.args.pos_off, ptr(w)],
-                u(s.group()),
+                u(s.group_size()),
                 u(c.max_rows),
             );
             gpu.launch(
                 Family::Gathered,
                 WEIGHTS_KERNEL,
-                (u(c.max_rows.div_ceil(256)), u(s.num_kv_heads)),
+                (u(c.max_rows.div_ceil(256)), u(s.kv_heads())),
                 256,
                 0,
                 args,

@@ -1,5 +1,7 @@
 //! Which PTX module and entry point serves a [`LayerCache`]: the dtype-suffixed kernel names of
-//! `attn-kernels/cuda/*.cu` and the committed PTX they live in (embedded with `include_str!`).
+//! `attn-kernels/cuda/*.cu` and the committed PTX they live in (embedded with `include_str!`):
+//! the dense baseline, SWAN's sparse and hybrid decode (§3) and WnW's gathered decode with its
+//! anchor-weights pass (§2.3 Eq. 2).
 
 use kv_sparse::ValueFormat;
 

@@ -6,7 +6,9 @@
 //! * [`PackedCsr`] — kv-sparse's CSR blocks of every kv-head, concatenated as-is (indices,
 //!   values, u16 row offsets relative to their block, u64 block bases) plus one sentinel base
 //!   per head (its nnz) and a per-head nnz offset, so a host cache uploads without repacking;
-//! * [`PackedDense`] — dense rows `[n_kv][rows][d]`, or an arena with position lists;
+//! * [`PackedDense`] — dense rows `[kv_heads][rows][head_dim]`, or an arena with position lists;
+//! * [`check_gpu`] — what the kernels add to a layer's [`AttnConfig`] (`head_dim ≤`
+//!   [`MAX_HEAD_DIM`]) and the per-call query checks;
 //! * [`Plan`] — how rows are cut into splits, warps and tiles (mirrors `cuda/common.cuh`);
 //! * the `#[repr(C)]` kernel parameter blocks, with compile-time size checks against the
 //!   C structs.
@@ -15,6 +17,8 @@ use kv_sparse::csr::CsrView;
 use kv_sparse::hybrid::HybridView;
 use kv_sparse::{SparseIndex, Value, ValueFormat};
 
+use crate::config::AttnConfig;
+use crate::validate;
 use crate::{Error, Result};
 
 /// Warps per thread block (`KV_WARPS`).
@@ -61,7 +65,7 @@ pub struct DenseHeadsArgs {
     pub rows: u64,
     /// Position list device pointer (0 for plain dense rows).
     pub pos: u64,
-    /// Per-head position list offsets (`n_kv + 1`; 0 for plain dense rows).
+    /// Per-head position list offsets (`kv_heads + 1`; 0 for plain dense rows).
     pub pos_off: u64,
     /// Rows per head (plain dense rows).
     pub n_rows: u32,
@@ -73,13 +77,13 @@ pub struct DenseHeadsArgs {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DecodeArgs {
-    /// Query device pointer, `[n_q][d]` f32.
+    /// Query device pointer, `[q_heads][head_dim]` f32.
     pub q: u64,
-    /// Partial accumulators, `[n_q][n_parts][d]` f32.
+    /// Partial accumulators, `[q_heads][n_parts][head_dim]` f32.
     pub part_acc: u64,
-    /// Partial (max, sum) pairs, `[n_q][n_parts][2]` f32.
+    /// Partial (max, sum) pairs, `[q_heads][n_parts][2]` f32.
     pub part_ml: u64,
-    /// Optional logits output `[n_q][max_rows]` (0 = none).
+    /// Optional logits output `[q_heads][max_rows]` (0 = none).
     pub scores: u64,
     /// Head dimension.
     pub d: u32,
@@ -103,74 +107,36 @@ const _: () = assert!(std::mem::size_of::<CsrHeadsArgs>() == 56);
 const _: () = assert!(std::mem::size_of::<DenseHeadsArgs>() == 32);
 const _: () = assert!(std::mem::size_of::<DecodeArgs>() == 64);
 
-/// Shape of one decode step of a layer.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerShape {
-    /// Query heads.
-    pub num_q_heads: usize,
-    /// Key/value heads (`num_q_heads` must be a multiple).
-    pub num_kv_heads: usize,
-    /// Elements per head vector (≤ [`MAX_HEAD_DIM`] on the GPU).
-    pub head_dim: usize,
-    /// Softmax scale, usually `1/√head_dim`.
-    pub scale: f32,
-}
-
-impl LayerShape {
-    /// A shape with the default scale `1/√head_dim`.
-    ///
-    /// # Examples
-    /// ```
-    /// let s = attn_kernels::cuda::LayerShape::new(32, 8, 128);
-    /// assert_eq!(s.group(), 4);
-    /// ```
-    pub fn new(num_q_heads: usize, num_kv_heads: usize, head_dim: usize) -> Self {
-        let scale = 1.0 / (head_dim.max(1) as f32).sqrt();
-        Self { num_q_heads, num_kv_heads, head_dim, scale }
-    }
-
-    /// q-heads per kv-head.
-    pub fn group(&self) -> usize {
-        self.num_q_heads / self.num_kv_heads.max(1)
-    }
-
-    /// Checks the shape and the query `q` (`num_q_heads · head_dim` finite values).
-    ///
-    /// # Errors
-    /// [`Error::InvalidLayout`], [`Error::InvalidScale`], [`Error::LengthMismatch`] or
-    /// [`Error::NonFiniteQuery`].
-    pub fn check(&self, op: &'static str, q: &[f32], out_len: usize) -> Result<()> {
-        let bad = |reason| Error::InvalidLayout {
+/// The GPU's limit on a layer's [`AttnConfig`] plus the per-call query and output checks
+/// every CUDA backend runs before touching a row: `head_dim ≤` [`MAX_HEAD_DIM`], `q` and the
+/// output of `q_len()` elements, `q` finite. (Head counts, GQA grouping and the scale are
+/// valid by construction of [`AttnConfig`].)
+///
+/// # Errors
+/// [`Error::InvalidLayout`] for a head wider than the kernels support;
+/// [`Error::LengthMismatch`] or [`Error::NonFiniteQuery`] as [`crate::DecodeAttention`].
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, cuda::check_gpu};
+/// let cfg = AttnConfig::new(4, 2, 64)?;
+/// assert!(check_gpu("example", &cfg, &[0.0; 256], 256).is_ok());
+/// let wide = AttnConfig::new(4, 2, 300)?; // fine on the CPU, too wide for the GPU kernels
+/// assert!(check_gpu("example", &wide, &[0.0; 1200], 1200).is_err());
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+pub fn check_gpu(op: &'static str, cfg: &AttnConfig, q: &[f32], out_len: usize) -> Result<()> {
+    if cfg.head_dim() > MAX_HEAD_DIM {
+        return Err(Error::InvalidLayout {
             op,
-            num_q_heads: self.num_q_heads,
-            num_kv_heads: self.num_kv_heads,
-            head_dim: self.head_dim,
-            reason,
-        };
-        if self.num_kv_heads == 0 || self.num_q_heads == 0 || self.head_dim == 0 {
-            return Err(bad("zero heads or head_dim"));
-        }
-        if !self.num_q_heads.is_multiple_of(self.num_kv_heads) {
-            return Err(bad("q-heads not a multiple of kv-heads"));
-        }
-        if self.head_dim > MAX_HEAD_DIM {
-            return Err(bad("GPU kernels support head_dim <= 256"));
-        }
-        if !(self.scale.is_finite() && self.scale > 0.0) {
-            return Err(Error::InvalidScale { op, scale: self.scale });
-        }
-        let n = self.num_q_heads * self.head_dim;
-        for (what, got) in [("q", q.len()), ("out", out_len)] {
-            if got != n {
-                return Err(Error::LengthMismatch { op, what, expected: n, got });
-            }
-        }
-        if let Some(i) = q.iter().position(|x| !x.is_finite()) {
-            let (q_head, dim) = (i / self.head_dim, i % self.head_dim);
-            return Err(Error::NonFiniteQuery { op, q_head, dim, value: q[i] });
-        }
-        Ok(())
+            q_heads: cfg.q_heads(),
+            kv_heads: cfg.kv_heads(),
+            head_dim: cfg.head_dim(),
+            reason: "GPU kernels support head_dim <= 256",
+        });
     }
+    validate::lengths(op, cfg, q.len(), out_len)?;
+    validate::finite_query(op, cfg, q)
 }
 
 /// Decodes element `i` of a packed value array.
@@ -204,11 +170,11 @@ pub struct PackedCsr {
     pub indices: Vec<u8>,
     /// Values of all heads, little-endian.
     pub values: Vec<u8>,
-    /// `[n_kv][rows]` row offsets relative to their block.
+    /// `[kv_heads][rows]` row offsets relative to their block.
     pub offsets: Vec<u16>,
-    /// `[n_kv][n_blocks + 1]` block bases relative to the head (last = head nnz).
+    /// `[kv_heads][n_blocks + 1]` block bases relative to the head (last = head nnz).
     pub block_base: Vec<u64>,
-    /// `[n_kv]` absolute nnz offset of each head.
+    /// `[kv_heads]` absolute nnz offset of each head.
     pub head_nnz: Vec<u64>,
     /// Multiplier of decoded values (fp8 scaling; 1 otherwise).
     pub scale: f32,
@@ -277,7 +243,7 @@ impl PackedCsr {
     }
 
     /// Number of kv-heads.
-    pub fn num_heads(&self) -> usize {
+    pub fn kv_heads(&self) -> usize {
         self.head_nnz.len()
     }
 
@@ -314,7 +280,8 @@ impl PackedCsr {
     }
 }
 
-/// Dense rows of every kv-head: plain `[n_kv][rows][d]`, or an arena `[n_kv][capacity][d]`
+/// Dense rows of every kv-head: plain `[kv_heads][rows][head_dim]`, or an arena
+/// `[kv_heads][capacity][head_dim]`
 /// read through per-head position lists (gathered attention).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PackedDense {
@@ -323,12 +290,12 @@ pub struct PackedDense {
     /// Head dimension.
     pub head_dim: usize,
     /// kv-heads.
-    pub heads: usize,
+    pub kv_heads: usize,
     /// Rows stored per head (plain: rows attended; gathered: arena capacity).
     pub rows: usize,
     /// Row-major little-endian storage of all heads.
     pub data: Vec<u8>,
-    /// Gathered mode: concatenated per-head arena row lists and their `n_kv + 1` offsets.
+    /// Gathered mode: concatenated per-head arena row lists and their `kv_heads + 1` offsets.
     pub gather: Option<(Vec<u32>, Vec<u32>)>,
 }
 
@@ -361,7 +328,7 @@ impl PackedDense {
             data.extend_from_slice(kv_sparse::value_bytes(a));
             data.extend_from_slice(kv_sparse::value_bytes(b));
         }
-        Ok(Self { format: D::FORMAT, head_dim, heads: heads.len(), rows, data, gather: None })
+        Ok(Self { format: D::FORMAT, head_dim, kv_heads: heads.len(), rows, data, gather: None })
     }
 
     /// Packs a gathered layout: per kv-head an arena of `capacity` rows and the arena rows to
@@ -399,9 +366,9 @@ impl PackedDense {
         Ok(p)
     }
 
-    /// Number of kv-heads.
-    pub fn num_heads(&self) -> usize {
-        self.heads
+    /// Number of kv-heads (the field, read like [`PackedCsr::kv_heads`]).
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
     }
 
     /// Rows attended for head `h`.
@@ -423,8 +390,7 @@ impl PackedDense {
 
     /// Bytes the kernels read: attended rows only (plus position lists).
     pub fn bytes_read(&self) -> usize {
-        let heads = self.num_heads();
-        let rows: usize = (0..heads).map(|h| self.rows_of(h)).sum();
+        let rows: usize = (0..self.kv_heads).map(|h| self.rows_of(h)).sum();
         rows * self.head_dim * self.format.bytes()
             + self.gather.as_ref().map_or(0, |(p, o)| 4 * (p.len() + o.len()))
     }
@@ -496,8 +462,8 @@ impl PackedHybrid {
     }
 }
 
-fn check_dense_format(op: &'static str, format: ValueFormat, heads: usize) -> Result<()> {
-    if heads == 0 {
+fn check_dense_format(op: &'static str, format: ValueFormat, kv_heads: usize) -> Result<()> {
+    if kv_heads == 0 {
         return Err(Error::Param { op, what: "kv-heads", value: "0".into(), expected: ">= 1" });
     }
     if format == ValueFormat::Fp8E4M3 {
@@ -538,7 +504,7 @@ pub struct Plan {
 
 impl Plan {
     /// Splits `max_rows` rows (the longest head) so that about `target_blocks` blocks run
-    /// in total over `n_kv` heads.
+    /// in total over `kv_heads` heads.
     ///
     /// # Examples
     /// ```
@@ -546,10 +512,10 @@ impl Plan {
     /// assert_eq!(p.n_parts, p.n_splits * 4);
     /// assert!(p.n_splits * p.rows_per_split >= 131_072);
     /// ```
-    pub fn new(max_rows: usize, n_kv: usize, target_blocks: usize) -> Self {
+    pub fn new(max_rows: usize, kv_heads: usize, target_blocks: usize) -> Self {
         let unit = TILE * WARPS;
         let units = max_rows.div_ceil(unit).max(1);
-        let want = (target_blocks / n_kv.max(1)).clamp(1, MAX_PARTS / WARPS);
+        let want = (target_blocks / kv_heads.max(1)).clamp(1, MAX_PARTS / WARPS);
         let rows_per_split = units.div_ceil(want) * unit;
         let n_splits = max_rows.div_ceil(rows_per_split).max(1);
         Self { rows_per_split, n_splits, n_parts: n_splits * WARPS }

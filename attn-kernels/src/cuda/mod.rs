@@ -25,16 +25,17 @@
 //! returns [`Error::NoDevice`](crate::Error::NoDevice).
 //!
 //! ## Testing without a GPU
-//! [`CpuReference`] (plain f64) and [`KernelEmulation`] (an f32 mirror of the kernels' split,
-//! tile and combine arithmetic) implement [`DecodeDevice`] like [`Gpu`]; the test bodies in
-//! this module run over every available device and print `SKIPPED: <reason>` for the GPU when
-//! none is present.
+//! [`crate::Reference`] (plain f64, the same functions the CPU kernels are tested against) and
+//! [`KernelEmulation`] (an f32 mirror of the kernels' split, tile and combine arithmetic)
+//! implement [`DecodeDevice`] like [`Gpu`]; the test bodies in this module run over every
+//! available device, compare each to the reference, and print `SKIPPED: <reason>` for the GPU
+//! when none is present.
 
 mod attention;
 mod cache;
+mod emulation;
 mod kernels;
 mod layout;
-mod reference;
 
 #[cfg(feature = "cuda")]
 mod driver;
@@ -50,14 +51,14 @@ pub mod bench;
 mod tests;
 
 pub use cache::LayerCache;
+pub use emulation::KernelEmulation;
 pub use kernels::{COMBINE_KERNEL, Family, HYBRID_PAIRS, WEIGHTS_KERNEL, kernel_for};
 pub use layout::{
-    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, LayerShape, MAX_GROUP_PASS, MAX_HEAD_DIM, MAX_PARTS,
-    PackedCsr, PackedDense, PackedHybrid, Plan, TILE, WARPS, group_passes,
+    CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, MAX_GROUP_PASS, MAX_HEAD_DIM, MAX_PARTS, PackedCsr,
+    PackedDense, PackedHybrid, Plan, TILE, WARPS, check_gpu, group_passes,
 };
-pub use reference::{CpuReference, KernelEmulation};
 
-use crate::Result;
+use crate::{AttnConfig, Result};
 
 /// A decode backend: the GPU, or a CPU reference with the identical signature.
 pub trait DecodeDevice {
@@ -74,7 +75,7 @@ pub trait DecodeDevice {
     /// Any [`LayerCache::check`] failure; GPU driver errors as [`crate::Error::Cuda`].
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],

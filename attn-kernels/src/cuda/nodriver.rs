@@ -6,8 +6,7 @@ use std::convert::Infallible;
 
 use super::DecodeDevice;
 use super::cache::LayerCache;
-use super::layout::LayerShape;
-use crate::{Error, Result};
+use crate::{AttnConfig, Error, Result};
 
 /// Handle to the GPU. Without the `cuda` feature no value of this type can exist.
 #[derive(Clone, Debug)]
@@ -70,7 +69,7 @@ impl Gpu {
     ///
     /// # Errors
     /// Never returns.
-    pub fn upload(&self, _shape: &LayerShape, _cache: LayerCache<'_>) -> Result<DeviceCache> {
+    pub fn upload(&self, _cfg: &AttnConfig, _cache: LayerCache<'_>) -> Result<DeviceCache> {
         match self.never {}
     }
 
@@ -80,7 +79,7 @@ impl Gpu {
     /// Never returns.
     pub fn decode_resident(
         &self,
-        _shape: &LayerShape,
+        _cfg: &AttnConfig,
         _q: &[f32],
         _cache: &DeviceCache,
         _out: &mut [f32],
@@ -95,7 +94,7 @@ impl Gpu {
     /// Never returns.
     pub fn time_decode(
         &self,
-        _shape: &LayerShape,
+        _cfg: &AttnConfig,
         _q: &[f32],
         _cache: &DeviceCache,
         _iters: usize,
@@ -111,7 +110,7 @@ impl DecodeDevice for Gpu {
 
     fn decode(
         &self,
-        _shape: &LayerShape,
+        _cfg: &AttnConfig,
         _q: &[f32],
         _cache: LayerCache<'_>,
         _out: &mut [f32],

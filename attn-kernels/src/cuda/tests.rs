@@ -1,6 +1,8 @@
-//! Tests written once over a decode device: every case runs on the CPU kernel emulation
-//! (two plans: one split and many) and, when a GPU is present, on the GPU — all compared to
-//! the f64 [`CpuReference`]. Without a GPU the GPU leg prints `SKIPPED: <reason>`.
+//! Tests of the GPU path (SWAN §3 dense, sparse and hybrid decode; WnW §2.3 gathered decode
+//! with anchor weights), written once over a decode device: every case runs on the CPU kernel
+//! emulation (two plans: one split and many) and, when a GPU is present, on the GPU — all
+//! compared to the f64 [`Reference`] the CPU kernels are tested against. Without a GPU the GPU
+//! leg prints `SKIPPED: <reason>`.
 
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{HybridCache, HybridConfig};
@@ -9,7 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::Error;
+use crate::{AttnConfig, Error, Reference};
 
 /// GPU (and emulation) vs the f64 reference, per value format: |got − want| ≤ tol·(1 + |want|).
 /// Stored values decode exactly in every format on both sides (the kernels' fp8 decode is exact,
@@ -56,20 +58,19 @@ fn format_of(cache: &LayerCache<'_>) -> ValueFormat {
 }
 
 /// Runs `cache` on every device and compares outputs (and gathered weights) to the reference.
-fn check_case(what: &str, shape: &LayerShape, cache: LayerCache<'_>, seed: u64) {
+fn check_case(what: &str, cfg: &AttnConfig, cache: LayerCache<'_>, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    let q: Vec<f32> =
-        (0..shape.num_q_heads * shape.head_dim).map(|_| rng.random_range(-2.0..2.0)).collect();
+    let q: Vec<f32> = (0..cfg.q_len()).map(|_| rng.random_range(-2.0..2.0)).collect();
     let gathered = matches!(cache, LayerCache::Gathered { .. });
     let n = q.len();
     let mut want = vec![0f32; n];
     let mut want_w = vec![0f32; if gathered { cache.total_rows() } else { 0 }];
-    CpuReference.decode(shape, &q, cache, &mut want, gathered.then_some(&mut want_w[..])).unwrap();
+    Reference.decode(cfg, &q, cache, &mut want, gathered.then_some(&mut want_w[..])).unwrap();
     let tol = tolerance(format_of(&cache));
     for dev in devices() {
         let mut got = vec![f32::NAN; n];
         let mut got_w = vec![f32::NAN; want_w.len()];
-        dev.decode(shape, &q, cache, &mut got, gathered.then_some(&mut got_w[..])).unwrap();
+        dev.decode(cfg, &q, cache, &mut got, gathered.then_some(&mut got_w[..])).unwrap();
         for (i, (g, w)) in got.iter().zip(&want).chain(got_w.iter().zip(&want_w)).enumerate() {
             assert!(
                 (g - w).abs() <= tol * (1.0 + w.abs()),
@@ -85,13 +86,13 @@ fn random_rows(rng: &mut StdRng, n: usize) -> Vec<f32> {
 }
 
 fn dense_layer<D: Value>(
-    shape: &LayerShape,
+    cfg: &AttnConfig,
     rows: usize,
     rng: &mut StdRng,
 ) -> (PackedDense, PackedDense) {
-    let d = shape.head_dim;
+    let d = cfg.head_dim();
     let make = |rng: &mut StdRng| -> Vec<Vec<D>> {
-        (0..shape.num_kv_heads)
+        (0..cfg.kv_heads())
             .map(|_| random_rows(rng, rows * d).into_iter().map(D::from_f32).collect())
             .collect()
     };
@@ -104,19 +105,19 @@ fn pairs<D>(x: &[Vec<D>]) -> Vec<(&[D], &[D])> {
 }
 
 fn hybrid_layer<I: SparseIndex, V: Value, D: Value>(
-    shape: &LayerShape,
+    cfg: &AttnConfig,
     rows: usize,
     buffer: usize,
     k: usize,
     seed: u64,
 ) -> PackedHybrid {
     let mut rng = StdRng::seed_from_u64(seed);
-    let d = shape.head_dim;
-    let mut cfg = HybridConfig::new(d, buffer, k);
-    cfg.rows_per_block = 16;
-    let caches: Vec<HybridCache<I, V, D>> = (0..shape.num_kv_heads)
+    let d = cfg.head_dim();
+    let mut hybrid = HybridConfig::new(d, buffer, k);
+    hybrid.rows_per_block = 16;
+    let caches: Vec<HybridCache<I, V, D>> = (0..cfg.kv_heads())
         .map(|_| {
-            let mut c = HybridCache::new(cfg).unwrap();
+            let mut c = HybridCache::new(hybrid).unwrap();
             c.extend(&random_rows(&mut rng, rows * d), &random_rows(&mut rng, rows * d)).unwrap();
             c
         })
@@ -127,9 +128,9 @@ fn hybrid_layer<I: SparseIndex, V: Value, D: Value>(
 
 const SHAPES: [(usize, usize, usize); 4] = [(4, 1, 64), (8, 8, 32), (12, 1, 40), (16, 2, 128)];
 
-fn each_shape(mut f: impl FnMut(LayerShape)) {
+fn each_shape(mut f: impl FnMut(AttnConfig)) {
     for (q, kv, d) in SHAPES {
-        f(LayerShape::new(q, kv, d));
+        f(AttnConfig::new(q, kv, d).unwrap());
     }
 }
 
@@ -157,7 +158,7 @@ fn dense_matches_reference_for_every_format() {
 
 fn sparse_cases<I: SparseIndex, V: Value>() {
     each_shape(|s| {
-        for k in [0, 1, s.head_dim / 2, s.head_dim] {
+        for k in [0, 1, s.head_dim() / 2, s.head_dim()] {
             let p = hybrid_layer::<I, V, half::f16>(&s, 150, 0, k, k as u64);
             let cache = LayerCache::Sparse { keys: &p.keys, values: &p.values };
             check_case(&format!("sparse {}/{} {s:?} k={k}", V::FORMAT, I::BYTES), &s, cache, 3);
@@ -179,7 +180,7 @@ fn hybrid_cases<I: SparseIndex, V: Value, D: Value>() {
     each_shape(|s| {
         // (rows, buffer): buffer only, sparse only, both with a partial last tile.
         for (rows, buffer) in [(5, 16), (50, 0), (300, 16), (1, 1)] {
-            let p = hybrid_layer::<I, V, D>(&s, rows, buffer, s.head_dim / 2, rows as u64);
+            let p = hybrid_layer::<I, V, D>(&s, rows, buffer, s.head_dim() / 2, rows as u64);
             check_case(
                 &format!(
                     "hybrid {}/{}/{} {s:?} L={rows} b={buffer}",
@@ -210,7 +211,7 @@ fn gathered_cases<D: Value>() {
     each_shape(|s| {
         let cap = 200;
         let (mut k, mut v) = dense_layer::<D>(&s, cap, &mut rng);
-        let lists: Vec<Vec<u32>> = (0..s.num_kv_heads)
+        let lists: Vec<Vec<u32>> = (0..s.kv_heads())
             .map(|h| {
                 (0..cap as u32)
                     .filter(|r| h == 0 && *r == 7 || h > 0 && r % (h as u32 + 1) == 0)
@@ -242,7 +243,7 @@ fn gathered_matches_reference_with_anchor_weights() {
 
 #[test]
 fn gathered_constructor_checks_slots_and_weights_sum_to_group_size() {
-    let s = LayerShape::new(4, 2, 8);
+    let s = AttnConfig::new(4, 2, 8).unwrap();
     let arena: Vec<f32> = (0..8 * 10).map(|i| (i % 7) as f32 * 0.1).collect();
     let err = PackedDense::gathered::<f32>(8, &[&arena, &arena], &[&[0, 10], &[1]]).unwrap_err();
     assert!(matches!(err, Error::SlotOutOfRange { slot: 10, .. }), "{err:?}");
@@ -258,7 +259,7 @@ fn gathered_constructor_checks_slots_and_weights_sum_to_group_size() {
 
 #[test]
 fn lossless_mode_hybrid_f32_full_k_equals_dense_attention() {
-    let s = LayerShape::new(8, 2, 64);
+    let s = AttnConfig::new(8, 2, 64).unwrap();
     let (rows, d) = (333, 64);
     let p = hybrid_layer::<u8, f32, f32>(&s, rows, 16, d, 77);
     let mut rng = StdRng::seed_from_u64(77);
@@ -274,11 +275,11 @@ fn lossless_mode_hybrid_f32_full_k_equals_dense_attention() {
     );
     let q = random_rows(&mut rng, 8 * d);
     let (mut sparse, mut dense) = (vec![0f32; 8 * d], vec![0f32; 8 * d]);
-    CpuReference
+    Reference
         .decode(&s, &q, LayerCache::Dense { keys: &dk, values: &dv }, &mut dense, None)
         .unwrap();
     let mut devs = devices();
-    devs.insert(0, Box::new(CpuReference));
+    devs.insert(0, Box::new(Reference));
     for dev in devs {
         dev.decode(&s, &q, p.as_cache(), &mut sparse, None).unwrap();
         for (a, b) in sparse.iter().zip(&dense) {
@@ -289,11 +290,11 @@ fn lossless_mode_hybrid_f32_full_k_equals_dense_attention() {
 
 #[test]
 fn bad_inputs_are_typed_errors_on_every_device() {
-    let s = LayerShape::new(4, 2, 16);
+    let s = AttnConfig::new(4, 2, 16).unwrap();
     let p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 8, 8, 1);
     let mut out = vec![0f32; 64];
     let mut devs = devices();
-    devs.push(Box::new(CpuReference));
+    devs.push(Box::new(Reference));
     for dev in &devs {
         let mut q = vec![0.5f32; 64];
         q[17] = f32::NAN;
@@ -301,7 +302,7 @@ fn bad_inputs_are_typed_errors_on_every_device() {
         assert!(matches!(e, Error::NonFiniteQuery { q_head: 1, dim: 1, .. }), "{e:?}");
         let e = dev.decode(&s, &[0.0; 63], p.as_cache(), &mut out, None).unwrap_err();
         assert!(matches!(e, Error::LengthMismatch { what: "q", .. }), "{e:?}");
-        let wide = LayerShape::new(4, 2, 300);
+        let wide = AttnConfig::new(4, 2, 300).unwrap();
         let e =
             dev.decode(&wide, &[0.0; 1200], p.as_cache(), &mut vec![0.0; 1200], None).unwrap_err();
         assert!(matches!(e, Error::InvalidLayout { .. }), "{e:?}");
@@ -316,10 +317,10 @@ fn bad_inputs_are_typed_errors_on_every_device() {
 
 #[test]
 fn corrupt_csr_is_rejected_before_any_kernel_runs() {
-    let s = LayerShape::new(2, 1, 16);
+    let s = AttnConfig::new(2, 1, 16).unwrap();
     let mut p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 0, 8, 2);
     p.keys.indices[5] = 200; // index past head_dim
-    let e = CpuReference.decode(&s, &[0.1; 32], p.as_cache(), &mut [0.0; 32], None).unwrap_err();
+    let e = Reference.decode(&s, &[0.1; 32], p.as_cache(), &mut [0.0; 32], None).unwrap_err();
     assert!(matches!(e, Error::Param { what: "CSR index", .. }), "{e:?}");
     let mut p = hybrid_layer::<u8, half::f16, half::f16>(&s, 40, 0, 8, 2);
     p.keys.offsets[3] = 60_000; // row range past the head's entries
@@ -331,7 +332,7 @@ fn corrupt_csr_is_rejected_before_any_kernel_runs() {
 
 #[test]
 fn unsupported_hybrid_pair_is_a_typed_error() {
-    let s = LayerShape::new(2, 1, 16);
+    let s = AttnConfig::new(2, 1, 16).unwrap();
     let p = hybrid_layer::<u8, Fp8E4M3, f32>(&s, 40, 8, 8, 3);
     assert!(matches!(kernel_for(&p.as_cache()), Err(Error::GpuUnsupported { .. })));
 }
@@ -340,7 +341,6 @@ fn unsupported_hybrid_pair_is_a_typed_error() {
 /// family, with the parameter count of its C signature.
 #[test]
 fn every_launchable_kernel_is_in_the_committed_ptx() {
-    let s = LayerShape::new(2, 1, 16);
     let mut names: Vec<(Family, String, usize)> = vec![
         (Family::Combine, COMBINE_KERNEL.into(), 6),
         (Family::Gathered, WEIGHTS_KERNEL.into(), 6),
@@ -383,7 +383,6 @@ fn every_launchable_kernel_is_in_the_committed_ptx() {
             assert_eq!(sig.matches(".param").count(), params, "{name}: {sig}");
         }
     }
-    let _ = s;
 }
 
 /// The compute_90 PTX decodes fp8 with the native sm_89+ conversion, compute_80 arithmetically.

@@ -86,7 +86,7 @@ fn exercise(cache: &MappedCache) {
 }
 
 fn exercise_typed<I: SparseIndex, V: Value, D: Value>(cache: &MappedCache) {
-    let (layers, kv_heads) = (cache.num_layers(), cache.num_kv_heads());
+    let (layers, kv_heads) = (cache.num_layers(), cache.kv_heads());
     let mut heads = Vec::with_capacity(layers * kv_heads);
     for layer in 0..layers {
         for kv_head in 0..kv_heads {

@@ -8,18 +8,18 @@ use super::{HybridCache, HybridConfig, HybridView};
 use crate::memory::MemoryReport;
 use crate::{Error, Result, SparseIndex, Value};
 
-/// `num_layers × num_kv_heads` hybrid caches sharing one head dimension.
+/// `num_layers × kv_heads` hybrid caches sharing one head dimension.
 #[derive(Clone, Debug)]
 pub struct MultiHeadCache<I, V, D> {
     num_layers: usize,
-    num_kv_heads: usize,
+    kv_heads: usize,
     head_dim: usize,
-    /// Layer-major: `heads[layer * num_kv_heads + h]`.
+    /// Layer-major: `heads[layer * kv_heads + h]`.
     heads: Vec<HybridCache<I, V, D>>,
 }
 
 impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
-    /// `num_layers × num_kv_heads` empty caches with the same config.
+    /// `num_layers × kv_heads` empty caches with the same config.
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] when a count is 0; any [`HybridConfig::validate`] error.
@@ -32,28 +32,28 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     /// assert_eq!(cache.layer_len(0)?, 1);
     /// # Ok::<(), kv_sparse::Error>(())
     /// ```
-    pub fn new(num_layers: usize, num_kv_heads: usize, cfg: HybridConfig) -> Result<Self> {
+    pub fn new(num_layers: usize, kv_heads: usize, cfg: HybridConfig) -> Result<Self> {
         cfg.validate::<I, D>()?;
-        check_nonzero("MultiHeadCache::new", num_layers, num_kv_heads)?;
-        let heads = (0..num_layers * num_kv_heads)
+        check_nonzero("MultiHeadCache::new", num_layers, kv_heads)?;
+        let heads = (0..num_layers * kv_heads)
             .map(|_| HybridCache::new(cfg))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { num_layers, num_kv_heads, head_dim: cfg.head_dim, heads })
+        Ok(Self { num_layers, kv_heads, head_dim: cfg.head_dim, heads })
     }
 
     /// Builds a container from per-head caches (layer-major, e.g. with per-layer `k`).
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] when a count is 0, `heads.len()` is not
-    /// `num_layers · num_kv_heads`, or head dimensions differ.
+    /// `num_layers · kv_heads`, or head dimensions differ.
     pub fn from_heads(
         num_layers: usize,
-        num_kv_heads: usize,
+        kv_heads: usize,
         heads: Vec<HybridCache<I, V, D>>,
     ) -> Result<Self> {
         const OP: &str = "MultiHeadCache::from_heads";
-        check_nonzero(OP, num_layers, num_kv_heads)?;
-        let expected = num_layers * num_kv_heads;
+        check_nonzero(OP, num_layers, kv_heads)?;
+        let expected = num_layers * kv_heads;
         if heads.len() != expected {
             let got = heads.len();
             return Err(Error::ShapeMismatch { op: OP, what: "number of heads", expected, got });
@@ -63,11 +63,11 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
             let got = h.head_dim();
             return Err(Error::ShapeMismatch { op: OP, what: "head_dim", expected: head_dim, got });
         }
-        Ok(Self { num_layers, num_kv_heads, head_dim, heads })
+        Ok(Self { num_layers, kv_heads, head_dim, heads })
     }
 
     /// Appends one token to every KV head of `layer`: `k` and `v` are the heads' rows
-    /// concatenated (`num_kv_heads × head_dim`). All heads are checked before any changes.
+    /// concatenated (`kv_heads × head_dim`). All heads are checked before any changes.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a bad layer; [`Error::LengthMismatch`]; any error of
@@ -88,7 +88,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     }
 
     /// Bulk insert of `n` tokens into every KV head of `layer` (a prefill). `keys` and
-    /// `values` are **head-major**: `num_kv_heads × n × head_dim`, so each head's rows are
+    /// `values` are **head-major**: `kv_heads × n × head_dim`, so each head's rows are
     /// contiguous (the layout of a `[kv_heads, seq, head_dim]` tensor).
     ///
     /// # Errors
@@ -97,7 +97,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     pub fn extend_layer(&mut self, layer: usize, keys: &[f32], values: &[f32]) -> Result<()> {
         const OPS: [&str; 2] =
             ["MultiHeadCache::extend_layer: keys", "MultiHeadCache::extend_layer: values"];
-        let per_head = keys.len() / self.num_kv_heads;
+        let per_head = keys.len() / self.kv_heads;
         let n = per_head / self.head_dim;
         self.check_layer_input(OPS, layer, keys, values, n * self.head_dim)?;
         let heads = self.layer_mut(layer);
@@ -123,7 +123,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
         per_head: usize,
     ) -> Result<()> {
         self.check_layer(ops[0], layer)?;
-        let expected = per_head * self.num_kv_heads;
+        let expected = per_head * self.kv_heads;
         for (op, what, got) in [(ops[0], "keys", k.len()), (ops[1], "values", v.len())] {
             if got != expected {
                 return Err(Error::LengthMismatch { op, what, expected, got });
@@ -145,13 +145,13 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     }
 
     fn layer_mut(&mut self, layer: usize) -> &mut [HybridCache<I, V, D>] {
-        let n = self.num_kv_heads;
+        let n = self.kv_heads;
         &mut self.heads[layer * n..(layer + 1) * n]
     }
 
     /// The caches of `layer`, one per KV head, or `None` for a bad layer.
     pub fn layer(&self, layer: usize) -> Option<&[HybridCache<I, V, D>]> {
-        let n = self.num_kv_heads;
+        let n = self.kv_heads;
         self.heads.get(layer * n..(layer + 1) * n)
     }
 
@@ -161,7 +161,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     /// [`Error::OutOfRange`] for a bad layer.
     pub fn layer_len(&self, layer: usize) -> Result<usize> {
         self.check_layer("MultiHeadCache::layer_len", layer)?;
-        Ok(self.heads[layer * self.num_kv_heads].len())
+        Ok(self.heads[layer * self.kv_heads].len())
     }
 
     /// The cache of (`layer`, `kv_head`), or `None`.
@@ -171,10 +171,10 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
 
     /// Mutable cache of (`layer`, `kv_head`), or `None`.
     pub fn head_mut(&mut self, layer: usize, kv_head: usize) -> Option<&mut HybridCache<I, V, D>> {
-        if layer >= self.num_layers || kv_head >= self.num_kv_heads {
+        if layer >= self.num_layers || kv_head >= self.kv_heads {
             return None;
         }
-        self.heads.get_mut(layer * self.num_kv_heads + kv_head)
+        self.heads.get_mut(layer * self.kv_heads + kv_head)
     }
 
     /// The kernel view of (`layer`, `kv_head`), or `None`.
@@ -193,8 +193,8 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     }
 
     /// KV heads per layer.
-    pub fn num_kv_heads(&self) -> usize {
-        self.num_kv_heads
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
     }
 
     /// Elements per key/value vector.
@@ -213,8 +213,8 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     }
 }
 
-fn check_nonzero(op: &'static str, num_layers: usize, num_kv_heads: usize) -> Result<()> {
-    for (what, got) in [("num_layers", num_layers), ("num_kv_heads", num_kv_heads)] {
+fn check_nonzero(op: &'static str, num_layers: usize, kv_heads: usize) -> Result<()> {
+    for (what, got) in [("num_layers", num_layers), ("kv_heads", kv_heads)] {
         if got == 0 {
             return Err(Error::ShapeMismatch { op, what, expected: 1, got });
         }

@@ -36,7 +36,7 @@ pub(crate) struct FileHeader {
     pub value_format: u32,
     pub dense_format: u32,
     pub num_layers: u32,
-    pub num_kv_heads: u32,
+    pub kv_heads: u32,
     pub entry_bytes: u32,
     pub section_align: u32,
     pub reserved0: u32,
@@ -74,7 +74,7 @@ pub(crate) struct FileFormat {
     pub value: ValueFormat,
     pub dense: ValueFormat,
     pub num_layers: usize,
-    pub num_kv_heads: usize,
+    pub kv_heads: usize,
 }
 
 impl FileHeader {
@@ -96,7 +96,7 @@ impl FileHeader {
             value_format: format.value.code(),
             dense_format: format.dense.code(),
             num_layers: format.num_layers as u32,
-            num_kv_heads: format.num_kv_heads as u32,
+            kv_heads: format.kv_heads as u32,
             entry_bytes: ENTRY_BYTES as u32,
             section_align: SECTION_ALIGN as u32,
             reserved0: 0,
@@ -166,10 +166,10 @@ impl FileHeader {
         if head_dim == 0 || head_dim > max_dim {
             return Err(corrupt(format!("head_dim {head_dim} out of range 1..={max_dim}")));
         }
-        if self.num_layers == 0 || self.num_kv_heads == 0 {
+        if self.num_layers == 0 || self.kv_heads == 0 {
             return Err(corrupt(format!(
                 "{} layers × {} kv heads",
-                self.num_layers, self.num_kv_heads
+                self.num_layers, self.kv_heads
             )));
         }
         Ok(FileFormat {
@@ -178,7 +178,7 @@ impl FileHeader {
             value: code("value", self.value_format)?,
             dense: code("dense", self.dense_format)?,
             num_layers: self.num_layers as usize,
-            num_kv_heads: self.num_kv_heads as usize,
+            kv_heads: self.kv_heads as usize,
         })
     }
 }

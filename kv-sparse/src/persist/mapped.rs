@@ -131,7 +131,7 @@ impl MappedCache {
         if actual > header.file_bytes {
             return Err(corrupt(format!("{actual} bytes, header says {}", header.file_bytes)));
         }
-        let heads = (format.num_layers as u64) * (format.num_kv_heads as u64);
+        let heads = (format.num_layers as u64) * (format.kv_heads as u64);
         let dir_end =
             heads.checked_mul(ENTRY_BYTES as u64).and_then(|d| d.checked_add(HEADER_BYTES as u64));
         if dir_end.is_none_or(|end| end > actual) {
@@ -344,7 +344,7 @@ impl MappedCache {
     pub fn load_multi<I: SparseIndex, V: Value, D: Value>(
         &self,
     ) -> Result<MultiHeadCache<I, V, D>> {
-        let (layers, heads) = (self.format.num_layers, self.format.num_kv_heads);
+        let (layers, heads) = (self.format.num_layers, self.format.kv_heads);
         let all = (0..layers * heads)
             .map(|h| self.load(h / heads, h % heads))
             .collect::<Result<Vec<_>>>()?;
@@ -355,15 +355,10 @@ impl MappedCache {
     ///
     /// # Errors
     /// [`Error::ShapeMismatch`] naming the first dimension that differs.
-    pub fn check_shape(
-        &self,
-        num_layers: usize,
-        num_kv_heads: usize,
-        head_dim: usize,
-    ) -> Result<()> {
+    pub fn check_shape(&self, num_layers: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
         let checks = [
             ("num_layers", num_layers, self.format.num_layers),
-            ("num_kv_heads", num_kv_heads, self.format.num_kv_heads),
+            ("kv_heads", kv_heads, self.format.kv_heads),
             ("head_dim", head_dim, self.format.head_dim),
         ];
         for (what, expected, got) in checks {
@@ -397,14 +392,13 @@ impl MappedCache {
 
     fn head_index(&self, layer: usize, kv_head: usize) -> Result<usize> {
         let f = &self.format;
-        for (what, index, len) in
-            [("layer", layer, f.num_layers), ("kv head", kv_head, f.num_kv_heads)]
+        for (what, index, len) in [("layer", layer, f.num_layers), ("kv head", kv_head, f.kv_heads)]
         {
             if index >= len {
                 return Err(Error::OutOfRange { op: OP, what, index, len });
             }
         }
-        Ok(layer * f.num_kv_heads + kv_head)
+        Ok(layer * f.kv_heads + kv_head)
     }
 
     /// Number of layers in the file.
@@ -413,8 +407,8 @@ impl MappedCache {
     }
 
     /// KV heads per layer.
-    pub fn num_kv_heads(&self) -> usize {
-        self.format.num_kv_heads
+    pub fn kv_heads(&self) -> usize {
+        self.format.kv_heads
     }
 
     /// Elements per key/value vector.

@@ -50,10 +50,10 @@ pub fn write_multi<I: SparseIndex, V: Value, D: Value>(
     cache: &MultiHeadCache<I, V, D>,
 ) -> Result<()> {
     let heads: Vec<_> = cache.heads().iter().map(|h| (*h.config(), h.view())).collect();
-    write_views(path, cache.num_layers(), cache.num_kv_heads(), &heads)
+    write_views(path, cache.num_layers(), cache.kv_heads(), &heads)
 }
 
-/// Writes `num_layers × num_kv_heads` heads given as (config, view) pairs, layer-major
+/// Writes `num_layers × kv_heads` heads given as (config, view) pairs, layer-major
 /// (e.g. views of a [`super::MappedCache`], to re-save it).
 ///
 /// # Errors
@@ -62,11 +62,11 @@ pub fn write_multi<I: SparseIndex, V: Value, D: Value>(
 pub fn write_views<I: SparseIndex, V: Value, D: Value>(
     path: impl AsRef<Path>,
     num_layers: usize,
-    num_kv_heads: usize,
+    kv_heads: usize,
     heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
 ) -> Result<()> {
     let path = path.as_ref();
-    let plan = Plan::new(num_layers, num_kv_heads, heads)?;
+    let plan = Plan::new(num_layers, kv_heads, heads)?;
     let tmp = temp_path(path);
     let written = write_file(&tmp, &plan, heads).and_then(|()| {
         std::fs::rename(&tmp, path)
@@ -84,10 +84,10 @@ pub fn write_views<I: SparseIndex, V: Value, D: Value>(
 /// [`Error::ShapeMismatch`] as [`write_views`].
 pub fn encode_views<I: SparseIndex, V: Value, D: Value>(
     num_layers: usize,
-    num_kv_heads: usize,
+    kv_heads: usize,
     heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
 ) -> Result<Vec<u8>> {
-    let plan = Plan::new(num_layers, num_kv_heads, heads)?;
+    let plan = Plan::new(num_layers, kv_heads, heads)?;
     let mut out = Vec::with_capacity(plan.file_bytes as usize);
     out.extend_from_slice(bytemuck::bytes_of(&plan.header(heads)));
     plan.emit(heads, &mut |b| {
@@ -133,11 +133,11 @@ struct Plan {
 impl Plan {
     fn new<I: SparseIndex, V: Value, D: Value>(
         num_layers: usize,
-        num_kv_heads: usize,
+        kv_heads: usize,
         heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
     ) -> Result<Self> {
         const OP: &str = "persist::write";
-        let expected = num_layers * num_kv_heads;
+        let expected = num_layers * kv_heads;
         if heads.is_empty() || heads.len() != expected {
             let got = heads.len();
             return Err(Error::ShapeMismatch { op: OP, what: "number of heads", expected, got });
@@ -149,7 +149,7 @@ impl Plan {
             value: V::FORMAT,
             dense: D::FORMAT,
             num_layers,
-            num_kv_heads,
+            kv_heads,
         };
         let mut entries = Vec::with_capacity(heads.len());
         for (cfg, view) in heads {

@@ -5,8 +5,9 @@
 
 use std::time::Instant;
 
+use attn_kernels::AttnConfig;
 use attn_kernels::cuda::bench::{synthetic_csr, synthetic_dense};
-use attn_kernels::cuda::{Gpu, LayerCache, LayerShape};
+use attn_kernels::cuda::{Gpu, LayerCache};
 use kv_sparse::ValueFormat;
 
 use super::CudaTier;
@@ -130,7 +131,7 @@ pub fn recall_overlap(cfg: &RecallConfig) -> Result<RecallReport, String> {
         }
     }
     let gpu = Gpu::new().map_err(|e| e.to_string())?;
-    let shape = LayerShape::new(32, 8, 128);
+    let attn = AttnConfig::new(32, 8, 128).map_err(|e| e.to_string())?;
     let (k, v) = (
         synthetic_csr(8, cfg.len - 128, 128, 64, ValueFormat::Fp8E4M3, 1),
         synthetic_csr(8, cfg.len - 128, 128, 64, ValueFormat::Fp8E4M3, 2),
@@ -141,13 +142,13 @@ pub fn recall_overlap(cfg: &RecallConfig) -> Result<RecallReport, String> {
     );
     let dev = gpu
         .upload(
-            &shape,
+            &attn,
             LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv },
         )
         .map_err(|e| e.to_string())?;
     let q = vec![0.01f32; 32 * 128];
     let compute = || {
-        gpu.time_decode(&shape, &q, &dev, cfg.layers_per_step).map(drop).map_err(|e| e.to_string())
+        gpu.time_decode(&attn, &q, &dev, cfg.layers_per_step).map(drop).map_err(|e| e.to_string())
     };
     compute()?;
     wait(recall.issue(&tier, 0)?)?;

@@ -1,104 +1,15 @@
-//! CPU backends with the GPU launcher's exact signature ([`super::DecodeDevice`]):
-//!
-//! * [`CpuReference`] — plain, obviously-correct decode attention in f64 over the packed
-//!   layouts (one softmax over `[sparse history; dense buffer]`, SWAN §3; anchor weights of
-//!   gathered attention summed over the GQA group, WnW §2.3). GPU results are compared to it.
-//! * [`KernelEmulation`] — a line-by-line f32 mirror of `cuda/common.cuh` and `combine.cu`
-//!   (same [`Plan`], warps, tiles, per-tile max, rescaling and flash-decoding combine), so
-//!   the kernels' decomposition is tested on machines without a GPU.
+//! [`KernelEmulation`]: a line-by-line f32 mirror of `cuda/common.cuh` and `combine.cu` —
+//! the same [`Plan`], warps, 32-row tiles, per-tile max, rescaling and flash-decoding
+//! combine, and the gathered anchor weights from the combined log-sum-exp — so the kernels'
+//! decomposition of SWAN's hybrid decode (§3, one softmax over sparse history and dense
+//! buffer) and of WnW's gathered decode (§2.3 Eq. 2) is tested on machines without a GPU.
+//! It implements [`super::DecodeDevice`] like [`super::Gpu`]; both are compared to the f64
+//! [`crate::Reference`].
 
 use super::DecodeDevice;
 use super::cache::LayerCache;
-use super::layout::{LayerShape, Plan, TILE, WARPS, group_passes};
-use crate::Result;
-
-/// Key dot product `q · k_r` (f64) of row `r` of head `h`, sparse rows first.
-fn key_dot(cache: &LayerCache<'_>, h: usize, r: usize, q: &[f32]) -> f64 {
-    let s = cache.sparse().map_or(0, |(k, _)| k.rows);
-    if r < s {
-        let (k, _) = cache.sparse().expect("sparse part present");
-        let (a, b) = k.row_range(h, r);
-        let dot: f64 = (a..b).map(|e| f64::from(q[k.index(e)]) * f64::from(k.value(e))).sum();
-        return dot * f64::from(k.scale);
-    }
-    let (k, _) = cache.dense().expect("dense part present");
-    (0..k.head_dim).map(|c| f64::from(q[c]) * f64::from(k.get(h, r - s, c))).sum()
-}
-
-/// `acc += p · v_r` (f64).
-fn value_axpy(cache: &LayerCache<'_>, h: usize, r: usize, p: f64, acc: &mut [f64]) {
-    let s = cache.sparse().map_or(0, |(k, _)| k.rows);
-    if r < s {
-        let (_, v) = cache.sparse().expect("sparse part present");
-        let (a, b) = v.row_range(h, r);
-        for e in a..b {
-            acc[v.index(e)] += p * f64::from(v.value(e)) * f64::from(v.scale);
-        }
-        return;
-    }
-    let (_, v) = cache.dense().expect("dense part present");
-    for (c, x) in acc.iter_mut().enumerate() {
-        *x += p * f64::from(v.get(h, r - s, c));
-    }
-}
-
-/// Plain f64 decode attention over the packed layouts (the ground truth of GPU tests).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CpuReference;
-
-impl DecodeDevice for CpuReference {
-    fn describe(&self) -> String {
-        "cpu-reference (f64)".into()
-    }
-
-    fn decode(
-        &self,
-        shape: &LayerShape,
-        q: &[f32],
-        cache: LayerCache<'_>,
-        out: &mut [f32],
-        mut weights: Option<&mut [f32]>,
-    ) -> Result<()> {
-        cache.check(
-            "CpuReference::decode",
-            shape,
-            q,
-            out.len(),
-            weights.as_deref().map(<[f32]>::len),
-        )?;
-        if let Some(w) = weights.as_deref_mut() {
-            w.fill(0.0);
-        }
-        let (d, group) = (shape.head_dim, shape.group());
-        let mut first_row = 0;
-        for h in 0..shape.num_kv_heads {
-            let n = cache.rows_of(h);
-            for g in 0..group {
-                let qh = h * group + g;
-                let qv = &q[qh * d..(qh + 1) * d];
-                let s: Vec<f64> =
-                    (0..n).map(|r| key_dot(&cache, h, r, qv) * f64::from(shape.scale)).collect();
-                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let l: f64 = p.iter().sum();
-                let mut acc = vec![0f64; d];
-                for (r, &pr) in p.iter().enumerate() {
-                    value_axpy(&cache, h, r, pr / l, &mut acc);
-                }
-                for (o, a) in out[qh * d..(qh + 1) * d].iter_mut().zip(&acc) {
-                    *o = *a as f32;
-                }
-                if let Some(w) = weights.as_deref_mut() {
-                    for (r, pr) in p.iter().enumerate() {
-                        w[first_row + r] += (pr / l) as f32;
-                    }
-                }
-            }
-            first_row += n;
-        }
-        Ok(())
-    }
-}
+use super::layout::{Plan, TILE, WARPS, group_passes};
+use crate::{AttnConfig, Result};
 
 /// f32 mirror of the CUDA kernels (see the module docs); `target_blocks` plays the role of
 /// the GPU's block budget so that tests can force many splits on small caches.
@@ -207,7 +118,7 @@ impl DecodeDevice for KernelEmulation {
 
     fn decode(
         &self,
-        shape: &LayerShape,
+        cfg: &AttnConfig,
         q: &[f32],
         cache: LayerCache<'_>,
         out: &mut [f32],
@@ -215,23 +126,23 @@ impl DecodeDevice for KernelEmulation {
     ) -> Result<()> {
         cache.check(
             "KernelEmulation::decode",
-            shape,
+            cfg,
             q,
             out.len(),
             weights.as_deref().map(<[f32]>::len),
         )?;
-        let (d, group, n_kv) = (shape.head_dim, shape.group(), shape.num_kv_heads);
-        let max_rows = (0..n_kv).map(|h| cache.rows_of(h)).max().unwrap_or(0);
-        let plan = Plan::new(max_rows, n_kv, self.target_blocks);
+        let (d, group, kv_heads) = (cfg.head_dim(), cfg.group_size(), cfg.kv_heads());
+        let max_rows = (0..kv_heads).map(|h| cache.rows_of(h)).max().unwrap_or(0);
+        let plan = Plan::new(max_rows, kv_heads, self.target_blocks);
         let mut first_row = 0;
-        for h in 0..n_kv {
+        for h in 0..kv_heads {
             let total = cache.rows_of(h);
             let mut head_w = vec![0f32; total];
             for (g0, gc) in group_passes(group) {
                 for g in g0..g0 + gc {
                     let qh = h * group + g;
                     let q_s: Vec<f32> =
-                        q[qh * d..(qh + 1) * d].iter().map(|x| x * shape.scale).collect();
+                        q[qh * d..(qh + 1) * d].iter().map(|x| x * cfg.scale()).collect();
                     let mut scores = vec![0f32; total];
                     let parts: Vec<Partial> = (0..plan.n_parts)
                         .map(|part| {
