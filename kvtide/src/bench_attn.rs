@@ -449,7 +449,7 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
     let gathered: Vec<GatheredKv<'_, f16>> =
         x.dense.iter().map(|(k, v)| GatheredKv::new(d, &x.positions, k, v)).collect();
     let mut out = vec![0.0f32; x.cfg.q_len()];
-    let mut weights = vec![0.0f32; x.len * x.cfg.num_kv_heads()];
+    let mut weights = vec![0.0f32; x.len * x.cfg.kv_heads()];
     let n = 2 + x.torch.len() + x.hybrids.len() + x.gathered_sparse.len();
     let mut best = vec![f64::INFINITY; n];
     let scale = f64::from(x.cfg.scale());
@@ -547,7 +547,7 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) ->
         .collect();
     p["hybrid"] = json!(hybrids);
     let off = off + x.hybrids.len();
-    let mut g = figures(e, best[off], x.dense_bytes() + x.cfg.num_kv_heads() * x.len * 4);
+    let mut g = figures(e, best[off], x.dense_bytes() + x.cfg.kv_heads() * x.len * 4);
     g["speedup_vs_dense_f16"] = json!(dense / best[off]);
     p["gathered_f16"] = g;
     let sparse: Vec<Json> = x

@@ -296,7 +296,7 @@ fn attend_gathered<D: Value>(
 ) -> Result<()> {
     {
         let view = store.layer_view(layer)?;
-        let mut list: Vec<GatheredKv<'_, D>> = Vec::with_capacity(view.num_heads());
+        let mut list: Vec<GatheredKv<'_, D>> = Vec::with_capacity(view.kv_heads());
         view.gathered_into(&mut list)?;
         weights.resize(list.iter().map(GatheredKv::num_rows).sum(), 0.0);
         kernel.gathered(attn, q, &list, out, want_weights.then_some(&mut weights[..]))?;
@@ -356,7 +356,7 @@ fn store_bytes(store: &TieredStore) -> CacheBytes {
     let mut resident = 0;
     for layer in 0..cfg.layers {
         if let Ok(view) = store.layer_view(layer) {
-            for h in 0..view.num_heads() {
+            for h in 0..view.kv_heads() {
                 if let Some(head) = view.head(h) {
                     resident +=
                         head.dense.positions.len() * dense + head.sparse.positions.len() * sparse;

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use kv_tiered::policy::PrefillSignal;
-use kv_tiered::{DenseKv, RowCodec, RowLayout, StoreConfig, TieredStore};
+use kv_tiered::{DensePromptKv, RowCodec, RowLayout, StoreConfig, TieredStore};
 use projection::ProjectionSet;
 
 use super::TieredSpec;
@@ -179,8 +179,14 @@ impl Prompt {
             ..StoreConfig::new(s.layers, s.kv_heads, s.q_heads, s.head_dim, layout, capacity)
         };
         let scores = if signal == PrefillSignal::None { Vec::new() } else { self.scores };
-        let kv =
-            DenseKv::new(s.layers, s.kv_heads, self.tokens, s.head_dim, self.keys, self.values)?;
+        let kv = DensePromptKv::new(
+            s.layers,
+            s.kv_heads,
+            self.tokens,
+            s.head_dim,
+            self.keys,
+            self.values,
+        )?;
         Ok(TieredStore::prefill_host(config, policy, &kv, &scores)?)
     }
 }
