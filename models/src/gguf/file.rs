@@ -122,7 +122,8 @@ impl GgufFile {
     /// # Examples
     /// ```
     /// let e = models::gguf::GgufFile::from_bytes(b"GGUF".to_vec()).err().unwrap();
-    /// assert!(matches!(e, models::GgufError::Truncated { what: "version", .. }.into()));
+    /// use models::{Error, gguf::GgufError};
+    /// assert!(matches!(e, Error::Gguf(GgufError::Truncated { what: "version", .. })));
     /// ```
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
         let parsed = parse(&bytes)?;
