@@ -150,12 +150,9 @@ fn projection_for_another_model_is_refused_by_the_cache_builder() {
     let cfg = ckpt.model.config().clone();
     let dir = tempfile::tempdir().unwrap();
     let others = [
-        (
-            ModelDims::new(cfg.num_layers + 1, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
-            "layers",
-        ),
-        (ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_heads, cfg.head_dim), "kv"),
-        (ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim * 2), "dim"),
+        (ModelDims::new(cfg.num_layers + 1, cfg.q_heads, cfg.kv_heads, cfg.head_dim), "layers"),
+        (ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.q_heads, cfg.head_dim), "kv"),
+        (ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim * 2), "dim"),
     ];
     for (i, (dims, what)) in others.into_iter().enumerate() {
         let set = ProjectionSet::random(dims.unwrap(), "another-model", 3).unwrap();

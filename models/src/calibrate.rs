@@ -95,7 +95,7 @@ pub fn calibrate<W: AsRef<[u32]>>(
     }
     let t0 = std::time::Instant::now();
     let cfg = model.config();
-    let dims = ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)?;
+    let dims = ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
     let mut cal = Calibrator::new(dims, config)?;
     let mut stats = CalibrationStats::default();
     for (i, w) in windows.iter().enumerate() {

@@ -97,9 +97,9 @@ pub struct ModelConfig {
     /// Number of decoder layers.
     pub num_layers: usize,
     /// Query heads per layer.
-    pub num_heads: usize,
-    /// Key/value heads per layer (GQA when fewer than `num_heads`).
-    pub num_kv_heads: usize,
+    pub q_heads: usize,
+    /// Key/value heads per layer (GQA when fewer than `q_heads`).
+    pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
     /// RMSNorm ε.
@@ -128,7 +128,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Query heads that share one key/value head.
     pub fn group_size(&self) -> usize {
-        self.num_heads / self.num_kv_heads
+        self.q_heads / self.kv_heads
     }
 
     /// Checks every invariant the layers rely on.
@@ -141,8 +141,8 @@ impl ModelConfig {
             ("hidden_size", self.hidden_size),
             ("intermediate_size", self.intermediate_size),
             ("num_hidden_layers", self.num_layers),
-            ("num_attention_heads", self.num_heads),
-            ("num_key_value_heads", self.num_kv_heads),
+            ("num_attention_heads", self.q_heads),
+            ("num_key_value_heads", self.kv_heads),
             ("head_dim", self.head_dim),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
@@ -151,13 +151,10 @@ impl ModelConfig {
                 return Err(config_err(field, "must be positive"));
             }
         }
-        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+        if !self.q_heads.is_multiple_of(self.kv_heads) {
             return Err(config_err(
                 "num_key_value_heads",
-                format!(
-                    "{} does not divide num_attention_heads {}",
-                    self.num_kv_heads, self.num_heads
-                ),
+                format!("{} does not divide num_attention_heads {}", self.kv_heads, self.q_heads),
             ));
         }
         if !self.head_dim.is_multiple_of(2) {
@@ -305,8 +302,8 @@ impl HfConfig {
             hidden_size: self.hidden_size,
             intermediate_size: self.intermediate_size,
             num_layers: self.num_hidden_layers,
-            num_heads: self.num_attention_heads,
-            num_kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
+            q_heads: self.num_attention_heads,
+            kv_heads: self.num_key_value_heads.unwrap_or(self.num_attention_heads),
             head_dim,
             rms_norm_eps: self.rms_norm_eps,
             rope: self.rope()?,

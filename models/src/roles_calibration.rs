@@ -255,7 +255,7 @@ impl RoleCalibrator {
         if cfg.sensitivity == Sensitivity::Groups(0) {
             return Err(invalid("role calibration", "sensitivity groups must be ≥ 1"));
         }
-        let (l, q, kv) = (model.num_layers, model.num_heads, model.num_kv_heads);
+        let (l, q, kv) = (model.num_layers, model.q_heads, model.kv_heads);
         Ok(Self {
             cfg,
             layers: l,
@@ -275,7 +275,7 @@ impl RoleCalibrator {
     pub fn add_sample(&mut self, model: &Llama, sample: &SpanSample) -> Result<SampleStats> {
         sample.check(model.config())?;
         let cfg = model.config();
-        if (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        if (cfg.num_layers, cfg.kv_heads, cfg.head_dim)
             != (self.layers, self.kv_heads, self.head_dim)
         {
             return Err(invalid("role calibration", "model differs from the calibrator's"));

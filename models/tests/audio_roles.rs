@@ -71,7 +71,7 @@ fn check_gradient(name: &str) {
     let model = AudioLlm::load(&model_dir(name)).unwrap();
     let s = sample(&model);
     let cfg = model.config();
-    let shape = [cfg.num_kv_heads as i64, s.span.len() as i64, cfg.head_dim as i64];
+    let shape = [cfg.kv_heads as i64, s.span.len() as i64, cfg.head_dim as i64];
     let zeros = || -> Vec<Tensor> {
         (0..cfg.num_layers)
             .map(|_| Tensor::zeros(shape, (Kind::Float, Device::Cpu)).set_requires_grad(true))

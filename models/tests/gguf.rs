@@ -71,8 +71,8 @@ fn tiny_llama_gguf(mat: Matrices) -> (Vec<u8>, Checkpoint) {
         .metadata("llama.block_count", MetaValue::U32(c.num_layers as u32))
         .metadata("llama.embedding_length", MetaValue::U32(c.hidden_size as u32))
         .metadata("llama.feed_forward_length", MetaValue::U32(c.intermediate_size as u32))
-        .metadata("llama.attention.head_count", MetaValue::U32(c.num_heads as u32))
-        .metadata("llama.attention.head_count_kv", MetaValue::U32(c.num_kv_heads as u32))
+        .metadata("llama.attention.head_count", MetaValue::U32(c.q_heads as u32))
+        .metadata("llama.attention.head_count_kv", MetaValue::U32(c.kv_heads as u32))
         .metadata("llama.context_length", MetaValue::U32(512))
         .metadata("llama.rope.freq_base", MetaValue::F32(c.rope.theta as f32))
         .metadata("llama.attention.layer_norm_rms_epsilon", MetaValue::F32(c.rms_norm_eps as f32))
@@ -80,9 +80,9 @@ fn tiny_llama_gguf(mat: Matrices) -> (Vec<u8>, Checkpoint) {
     for name in src.names() {
         let mut t = src.load(name, Kind::Float).unwrap();
         if name.contains("q_proj") {
-            t = permute(&t, c.num_heads as i64);
+            t = permute(&t, c.q_heads as i64);
         } else if name.contains("k_proj") {
-            t = permute(&t, c.num_kv_heads as i64);
+            t = permute(&t, c.kv_heads as i64);
         }
         let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
         let mut values = Vec::<f32>::try_from(t.flatten(0, -1)).unwrap();

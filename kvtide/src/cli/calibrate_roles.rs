@@ -185,7 +185,7 @@ pub fn run(args: &CalibrateRolesArgs) -> Result<CalibrateRolesReport> {
     let mut stats = Vec::new();
     let scores = calibrate(&model, &inputs, tokens, cfg, &mut |_, s| stats.push(*s))?;
     let cfg = model.config();
-    let mut triage = default_triage(cfg.num_layers * cfg.num_kv_heads, args.r_gpu);
+    let mut triage = default_triage(cfg.num_layers * cfg.kv_heads, args.r_gpu);
     triage.n_voice = args.n_voice.unwrap_or(triage.n_voice);
     triage.n_anchor = args.n_anchor.unwrap_or(triage.n_anchor).min(triage.n_voice);
     triage.signal = match args.signal {
@@ -216,7 +216,7 @@ pub fn run(args: &CalibrateRolesArgs) -> Result<CalibrateRolesReport> {
         model: args.model.display().to_string(),
         answer_tokens: how,
         clips,
-        kv_heads: cfg.num_kv_heads,
+        kv_heads: cfg.kv_heads,
         triage,
         voice_score: scores.voice_score,
         head_sensitivity: scores.head_sensitivity,

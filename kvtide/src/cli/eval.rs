@@ -90,7 +90,7 @@ fn evaluate(ckpt: &Checkpoint, spec: &CacheSpec, ids: &[u32], prefix: usize) -> 
 
 /// Dense 16-bit K/V bytes for `tokens` tokens — the reference of every ratio.
 fn dense16_bytes(cfg: &models::ModelConfig, tokens: usize) -> usize {
-    2 * cfg.num_layers * cfg.num_kv_heads * tokens * dense_row_bytes(cfg.head_dim, ValueFormat::F16)
+    2 * cfg.num_layers * cfg.kv_heads * tokens * dense_row_bytes(cfg.head_dim, ValueFormat::F16)
 }
 
 fn print_rows(rows: &[Row], dense: usize, header: &str) {

@@ -27,7 +27,7 @@ const BUFFER: usize = 128;
 /// Parameters implied by the configuration.
 fn parameters(c: &ModelConfig) -> usize {
     let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
-    let attn = h * d * (2 * c.num_heads + 2 * c.num_kv_heads);
+    let attn = h * d * (2 * c.q_heads + 2 * c.kv_heads);
     let layer = attn + 3 * h * i + 2 * h;
     let embed = c.vocab_size * h * if c.tie_word_embeddings { 1 } else { 2 };
     embed + c.num_layers * layer + h
@@ -35,7 +35,7 @@ fn parameters(c: &ModelConfig) -> usize {
 
 /// `(label, bytes per token, break-even L)` rows: dense formats, then SWAN settings.
 fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
-    let vectors = 2 * c.num_layers * c.num_kv_heads;
+    let vectors = 2 * c.num_layers * c.kv_heads;
     let d = c.head_dim;
     let mut out: Vec<_> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
         .into_iter()
@@ -55,7 +55,7 @@ pub fn run(a: &InfoArgs) -> Result<()> {
     let ckpt = a.model.load()?;
     let c = &ckpt.config;
     let dense16 =
-        (2 * c.num_layers * c.num_kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
+        (2 * c.num_layers * c.kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
     let table = rows(c);
     if a.json {
         let formats: Vec<_> = table
@@ -64,7 +64,7 @@ pub fn run(a: &InfoArgs) -> Result<()> {
             .collect();
         print_json(&json!({
             "model": c.name, "source": ckpt.source, "architecture": c.arch.name(), "layers": c.num_layers,
-            "hidden": c.hidden_size, "q_heads": c.num_heads, "kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+            "hidden": c.hidden_size, "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim,
             "vocab": c.vocab_size, "rope_theta": c.rope.theta, "tied_embeddings": c.tie_word_embeddings,
             "parameters": parameters(c), "kv_bytes_per_token": formats, "swan_buffer": BUFFER,
         }));
@@ -75,8 +75,8 @@ pub fn run(a: &InfoArgs) -> Result<()> {
         "{} layers, hidden {}, {} q heads / {} kv heads (group {}), head_dim {}, vocab {}, rope θ {}, {:.1} M parameters{}",
         c.num_layers,
         c.hidden_size,
-        c.num_heads,
-        c.num_kv_heads,
+        c.q_heads,
+        c.kv_heads,
         c.group_size(),
         c.head_dim,
         c.vocab_size,

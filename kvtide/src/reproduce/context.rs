@@ -43,7 +43,7 @@ impl Context {
         let (source, config) = GgufSource::open(model_path)?;
         let tokenizer = Tokenizer::from_gguf(source.file())?;
         let model = Llama::load(&source, &config)?;
-        let plan = Plan::new(size, config.head_dim, config.num_layers * config.num_kv_heads);
+        let plan = Plan::new(size, config.head_dim, config.num_layers * config.kv_heads);
         let work = crate::paths::cache_dir().join("reproduce").join(size.name());
         std::fs::create_dir_all(&work).map_err(|source| Error::Io {
             op: "create directory",
@@ -127,6 +127,6 @@ impl Context {
     /// Bytes a dense f16 cache holds for `tokens` tokens (keys and values, all layers).
     pub fn dense_f16_bytes(&self, tokens: usize) -> usize {
         let c = &self.config;
-        2 * c.num_layers * c.num_kv_heads * tokens * c.head_dim * 2
+        2 * c.num_layers * c.kv_heads * tokens * c.head_dim * 2
     }
 }

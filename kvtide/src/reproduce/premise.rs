@@ -198,7 +198,7 @@ fn copy_score(logits: &Tensor, first_query: usize, targets: &[u32]) -> Result<Co
 /// zero offsets that require no grad (so nothing is recorded).
 fn causal_forward(model: &Llama, seq: &[u32], tap: &mut PremiseTap<'_>) -> Result<Tensor> {
     let cfg = model.config();
-    let shape = [cfg.num_kv_heads as i64, seq.len() as i64, cfg.head_dim as i64];
+    let shape = [cfg.kv_heads as i64, seq.len() as i64, cfg.head_dim as i64];
     let zero = Tensor::f_zeros(shape, (Kind::Float, Device::Cpu)).op("zero offsets")?;
     let offsets: Vec<Tensor> = (0..cfg.num_layers).map(|_| zero.shallow_clone()).collect();
     // The forward's callback speaks the model crate's error; a tap failure (a libtorch op
@@ -253,7 +253,7 @@ pub fn measure(model: &Llama, task: &CopyTask) -> Result<Premise> {
         jaccard_500: (n >= 1000).then(|| jaccard(&pre, &dec, 500)),
         jaccard_first_token_100: jaccard(&first, &dec, 100),
         jaccard_random_100: 100.0 / (2 * n - 100) as f64,
-        per_head_jaccard_100: per_head(&layers, n, model.config().num_kv_heads),
+        per_head_jaccard_100: per_head(&layers, n, model.config().kv_heads),
         histogram_20: (n.is_multiple_of(20)).then(|| (hist(&pre), hist(&dec))),
         second_copy: copy_score(&logits, task.answer_query(0), &task.passage)?,
         first_copy: copy_score(&logits, first_start - 1, &seq[first_start..span.end])?,

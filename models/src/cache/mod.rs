@@ -47,8 +47,8 @@ impl CacheShape {
     pub fn of(cfg: &ModelConfig) -> Self {
         Self {
             layers: cfg.num_layers,
-            q_heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
+            q_heads: cfg.q_heads,
+            kv_heads: cfg.kv_heads,
             head_dim: cfg.head_dim,
         }
     }

@@ -209,7 +209,7 @@ impl SwanSpec {
     /// [`Error::Projection`] if the file is missing, corrupt or for another model.
     pub fn projection(&self, model: &Llama) -> Result<ProjectionSet> {
         let cfg = model.config();
-        let dims = ModelDims::new(cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)?;
+        let dims = ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
         let load = || {
             let path = self.proj.as_ref().ok_or_else(|| Error::CacheSpec {
                 spec: format!("basis={}", self.basis),

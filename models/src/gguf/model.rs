@@ -86,8 +86,8 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         hidden_size: hidden,
         intermediate_size: meta_usize(file, &k("feed_forward_length"))?,
         num_layers: meta_usize(file, &k("block_count"))?,
-        num_heads: heads,
-        num_kv_heads: meta_usize_or(file, &k("attention.head_count_kv"), heads)?,
+        q_heads: heads,
+        kv_heads: meta_usize_or(file, &k("attention.head_count_kv"), heads)?,
         head_dim,
         rms_norm_eps: meta_f64_or(file, &k("attention.layer_norm_rms_epsilon"), 1e-5)?,
         rope: rope(file, arch_name)?,
@@ -190,8 +190,8 @@ impl GgufSource {
             file,
             path: label,
             permute_qk: cfg.arch == Architecture::Llama,
-            heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
+            heads: cfg.q_heads,
+            kv_heads: cfg.kv_heads,
         };
         Ok((source, cfg))
     }

@@ -30,7 +30,7 @@ impl Llama {
     pub fn absorb_vo(&self, set: &ProjectionSet) -> Result<Self> {
         let cfg = self.config();
         let dims = set.dims();
-        let want = (cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let want = (cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim);
         if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
             return Err(invalid(
                 "absorb P_VO",

@@ -44,9 +44,9 @@ impl DecodeScratch {
     pub fn new(cfg: &ModelConfig) -> Result<Self> {
         let d = cfg.head_dim;
         Ok(Self {
-            q: vec![0.0; cfg.num_heads * d],
-            k: vec![0.0; cfg.num_kv_heads * d],
-            out: HostTensor::zeros(&[1, (cfg.num_heads * d) as i64])?,
+            q: vec![0.0; cfg.q_heads * d],
+            k: vec![0.0; cfg.kv_heads * d],
+            out: HostTensor::zeros(&[1, (cfg.q_heads * d) as i64])?,
         })
     }
 }
@@ -73,9 +73,9 @@ impl BatchScratch {
         }
         let d = cfg.head_dim;
         Ok(Self {
-            q: vec![0.0; cfg.num_heads * d],
-            k: vec![0.0; cfg.num_kv_heads * d],
-            out: HostTensor::zeros(&[batch as i64, (cfg.num_heads * d) as i64])?,
+            q: vec![0.0; cfg.q_heads * d],
+            k: vec![0.0; cfg.kv_heads * d],
+            out: HostTensor::zeros(&[batch as i64, (cfg.q_heads * d) as i64])?,
             cache_s: vec![0.0; batch],
         })
     }
@@ -128,8 +128,7 @@ impl Attention {
     /// Missing or mis-shaped weights.
     pub fn load(w: &Weights<'_>, cfg: &ModelConfig, prefix: &str) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
-        let rows =
-            [("q", cfg.num_heads * d), ("k", cfg.num_kv_heads * d), ("v", cfg.num_kv_heads * d)];
+        let rows = [("q", cfg.q_heads * d), ("k", cfg.kv_heads * d), ("v", cfg.kv_heads * d)];
         let mut weights = Vec::with_capacity(3);
         let mut biases = Vec::with_capacity(3);
         for (name, n) in rows {
@@ -138,7 +137,7 @@ impl Attention {
                 biases.push(w.get(&format!("{prefix}.{name}_proj.bias"), &[n])?);
             }
         }
-        let o = w.get(&format!("{prefix}.o_proj.weight"), &[h, cfg.num_heads * d])?;
+        let o = w.get(&format!("{prefix}.o_proj.weight"), &[h, cfg.q_heads * d])?;
         let o_bias =
             if cfg.o_bias { Some(w.get(&format!("{prefix}.o_proj.bias"), &[h])?) } else { None };
         let qkv_bias = if biases.is_empty() {
@@ -151,8 +150,8 @@ impl Attention {
             qkv_bias,
             o,
             o_bias,
-            q_heads: cfg.num_heads as i64,
-            kv_heads: cfg.num_kv_heads as i64,
+            q_heads: cfg.q_heads as i64,
+            kv_heads: cfg.kv_heads as i64,
             head_dim: d as i64,
         })
     }
