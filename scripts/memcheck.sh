@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the test suites that exercise kvtide's unsafe code under valgrind memcheck (issue 10):
+# Runs the test suites that exercise kvtide's unsafe code under valgrind memcheck:
 #
 #   kv-sparse    persist          mmap views of cache files (MappedCache::open), CSR views
 #   kv-sparse    lib unit tests   persist/mapped.rs and the byte-level decoders

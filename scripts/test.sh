@@ -8,14 +8,14 @@ step() { printf '\n== %s\n' "$*" >&2; }
 step "cargo fmt --check";  cargo fmt --all --check
 step "cargo clippy";       cargo clippy --workspace --all-targets -- -D warnings
 step "cargo test";         cargo test --workspace
-# ---- GPU path (gpu engineer, issue 5): committed PTX is fresh and passes ptxas; the `cuda`
+# ---- GPU path: committed PTX is fresh and passes ptxas; the `cuda`
 # feature builds, lints and tests against the extracted libcuda (GPU legs print SKIPPED here).
 step "PTX freshness + ptxas"; bash scripts/check_ptx.sh
 step "cuda feature: clippy";  cargo clippy -p attn-kernels -p kv-tiered --all-targets --features attn-kernels/cuda,kv-tiered/cuda -- -D warnings
 step "cuda feature: tests";   LD_LIBRARY_PATH="$CUDA_LIBRARY_PATH/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
   cargo test -p attn-kernels -p kv-tiered --features attn-kernels/cuda,kv-tiered/cuda
 # ---- end GPU path ----
-# ---- Paper reproduction at CI scale (issue 9): every enforced check (premise vs transformers
+# ---- Paper reproduction at CI scale: every enforced check (premise vs transformers
 # fixtures, lossless settings == dense, audio lossless WER 0) must pass; exits 1 otherwise.
 # Reuses the dev-profile kvtide that `cargo test` just built (no extra release build).
 step "kvtide reproduce --quick"

@@ -1,4 +1,4 @@
-//! Rows of the bad-input catalogue (`docs/bad-inputs.md`, issue 10) that cross crates or had
+//! Rows of the bad-input catalogue (`docs/bad-inputs.md`) that cross crates or had
 //! no test of their own: missing `config.json` fields, WAV at other rates and 0-length or
 //! non-finite audio through the front end, and a projection file for another model handed
 //! to the SWAN cache builder. Every other row names its test in the crate it belongs to.

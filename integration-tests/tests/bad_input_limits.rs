@@ -1,4 +1,4 @@
-//! Resource limits of the parsers of outside bytes (issue 10): a hostile file — one claiming
+//! Resource limits of the parsers of outside bytes: a hostile file — one claiming
 //! absurd counts, lengths, shapes or capacities — must not make a parser allocate more than
 //! a bound proportional to the file's own size. Every parser is fed its valid seed files
 //! (`fuzz/src/harness`) with every count-sized field overwritten by absurd values (and, for

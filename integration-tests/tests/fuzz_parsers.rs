@@ -1,4 +1,4 @@
-//! In-tree property fuzzing of every parser of outside bytes (issue 10): each parser gets
+//! In-tree property fuzzing of every parser of outside bytes: each parser gets
 //! ≥ 10 000 arbitrary byte strings and ≥ 10 000 mutated valid files per run, and must give a
 //! typed error or a valid value — never a panic. The oracles and seed files are the ones
 //! the libFuzzer targets use (`fuzz/src/harness`, included here by path), so CI runs the
@@ -20,7 +20,7 @@ use harness::mutate::{INTERESTING, Mutation, mutated};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 
-/// Cases per property: at least the issue's 10 000.
+/// Cases per property: at least 10 000.
 fn cases() -> u32 {
     std::env::var("FUZZ_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(10_000).max(1)
 }

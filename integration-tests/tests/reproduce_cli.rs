@@ -1,4 +1,4 @@
-//! `kvtide reproduce` end to end at the smallest size (issue 9): the Figure 2(a) study on the
+//! `kvtide reproduce` end to end at the smallest size: the Figure 2(a) study on the
 //! real model writes its report, JSON and figures, and every enforced check passes. The
 //! studies that decode thousands of tokens run in `kvtide reproduce --quick` (CI script).
 

@@ -91,7 +91,7 @@ impl Default for BenchAttnOptions {
 }
 
 impl BenchAttnOptions {
-    /// The grid: 32 q / 8 kv heads, d ∈ {64, 128}, L ∈ {1k, 4k, 16k, 32k}, b = 128,
+    /// The default grid: 32 q / 8 kv heads, d ∈ {64, 128}, L ∈ {1k, 4k, 16k, 32k}, b = 128,
     /// k ∈ {d/4, d/2, 3d/4}, f16 and fp8, 1 and 2 threads, libtorch f32 and bf16.
     pub fn full() -> Self {
         Self {
@@ -570,7 +570,7 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) ->
     p
 }
 
-/// The targets, evaluated on the measured figures.
+/// The kernel targets (bandwidth, crossover, hybrid speed-up), evaluated on the measured figures.
 fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json) -> Json {
     let max_len = opts.lengths.iter().copied().max().unwrap_or(0);
     let headline: Vec<Json> = points

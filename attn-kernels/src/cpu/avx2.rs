@@ -25,8 +25,8 @@ fn same<A: 'static, B: 'static>() -> bool {
 /// placed into an f16 (exponent bias 15 instead of 7, so every E4M3 value — subnormals
 /// included — is exactly representable), widened by `vcvtph2ps` and scaled by 2⁸. No f32
 /// denormal ever reaches the multiplier: shifting the magnitude straight into an f32 and
-/// scaling by 2¹²⁰ (the earlier decode) fed the codes with a zero exponent to `vmulps` as
-/// denormals, which this CPU (Zen 3) runs ~3× slower (`results/bench-attn/entry-floor`).
+/// scaling by 2¹²⁰ would feed the codes with a zero exponent to `vmulps` as denormals,
+/// which Zen 3 runs ~3× slower (`results/bench-attn/entry-floor`).
 /// The NaN code (magnitude `0x7f`) stays NaN.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]

@@ -1,4 +1,4 @@
-//! The audio end-to-end run (`papers/wnw.txt` §3, issue 9's last item): the Voxtral-style
+//! The audio end-to-end run (`papers/wnw.txt` §3): the Voxtral-style
 //! pipeline (WAV → 16 kHz → Whisper log-mel → encoder + projector → audio embeddings spliced
 //! into the prompt → libtorch prefill → greedy decode through the cache) on the LibriVox
 //! clips of `pocketsphinx-testdata`, concatenated, with the tiny random-weight parity model

@@ -1,7 +1,7 @@
 //! The text the reproduction reads, and which part of it plays which role.
 //!
 //! Plays are the Shakespeare markdown files of `$KVTIDE_CACHE/text/plays`, reduced to plain
-//! prose by [`models::text::strip_markdown`] (the rule the fixtures engineer documented in
+//! prose by [`models::text::strip_markdown`] (the rule documented in
 //! `fixtures/README.md`) and tokenised whole, with no special tokens (SmolLM2 adds no BOS).
 //!
 //! * SWAN (`papers/swan.txt` §6, Table 1): projections are calibrated on

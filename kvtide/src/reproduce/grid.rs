@@ -166,11 +166,11 @@ pub struct WnwRun {
 pub enum Size {
     /// CI-sized: a few points of every grid, short texts (minutes on 2 cores).
     Quick,
-    /// Most of the grids on the quick run's short texts (under an hour on one
+    /// Most of the full grids on the quick run's short texts (under an hour on one
     /// busy core): SWAN retentions {1.0, 0.5, 0.3} × buffers {0, 128} × formats, every
     /// basis and K/V split; WnW at r_GPU {0.8, 0.4, 0.2}.
     Reduced,
-    /// The full grids and text lengths (hours on a 2-core CPU).
+    /// The full grids and text lengths (hours on a 2-core CPU).
     Full,
 }
 
@@ -421,7 +421,7 @@ impl Plan {
         }
     }
 
-    /// The full plan.
+    /// The full plan.
     fn full(head_dim: usize, heads: usize) -> Self {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n_anchor = 5;

@@ -320,7 +320,7 @@ mod tests {
         assert_eq!(got, [3, 2, 1, 0, 1, 2, 3, 4, 3, 2, 1]);
     }
 
-    /// Regression found by the issue-10 fuzzing of `config.json`: a bin count read from a
+    /// Regression found by fuzzing `config.json`: a bin count read from a
     /// config (`num_mel_bins`) of `usize::MAX` overflowed `n_mels + 2` (a panic); absurd
     /// counts sized huge filter banks.
     #[test]

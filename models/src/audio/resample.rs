@@ -114,7 +114,7 @@ mod tests {
         assert_eq!(resample(&[0.5], 16_000, 16_000).unwrap(), [0.5]);
     }
 
-    /// Regressions found by the issue-10 fuzzing of WAV input: a NaN/∞ sample made rubato
+    /// Regressions found by fuzzing WAV input: a NaN/∞ sample made rubato
     /// panic (it unwraps its inverse FFT's "non-zero imaginary part" report), and a header
     /// rate like 4 294 967 295 Hz sized FFT buffers of tens of GB.
     #[test]

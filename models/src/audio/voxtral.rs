@@ -199,7 +199,7 @@ impl VoxtralAudio {
 mod tests {
     use super::*;
 
-    /// Regression found by the issue-10 fuzzing of `config.json`: `hidden_size = 2^62`
+    /// Regression found by fuzzing `config.json`: `hidden_size = 2^62`
     /// overflowed `4 · hidden_size` (a panic in debug builds, a wrapped comparison in
     /// release); `max_source_positions` near `usize::MAX` overflowed `window_frames`.
     #[test]

@@ -308,7 +308,6 @@ impl Attention {
     /// # Errors
     /// [`crate::Error::InvalidInput`] if `span` is not inside the input or the offset is
     /// mis-shaped; [`crate::Error::Torch`] on shape errors.
-    // Added by the audio engineer (issue 8): span-generic head-sensitivity calibration.
     pub fn prefill_key_offset(
         &self,
         x: &Tensor,

@@ -232,7 +232,6 @@ impl Llama {
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for empty input or ids out of range.
-    // Added by the audio engineer (issue 8): audio LLMs splice audio rows into these.
     pub fn embed(&self, ids: &[u32]) -> Result<Tensor> {
         if ids.is_empty() {
             return Err(invalid("prefill", "no tokens"));
@@ -249,7 +248,6 @@ impl Llama {
     /// # Errors
     /// [`crate::Error::InvalidInput`] for an empty or mis-shaped input, or a sequence longer
     /// than a sliding window; cache and observer errors.
-    // Added by the audio engineer (issue 8); `prefill` delegates here.
     pub fn prefill_embeds(
         &self,
         h: &Tensor,
@@ -314,7 +312,6 @@ impl Llama {
     /// # Errors
     /// [`crate::Error::InvalidInput`] for mis-shaped input, tables or offsets, a span outside
     /// the input or the wrong number of offsets; callback errors.
-    // Added by the audio engineer (issue 8): span-generic head-sensitivity calibration.
     pub fn forward_key_offsets(
         &self,
         h: &Tensor,
