@@ -145,7 +145,7 @@ fn kv_sparse_cache_files() {
 fn gguf_files() {
     // `from_bytes` takes ownership of the image: its copy counts against the bound (1×).
     let parse = |data: &[u8]| {
-        let _ = models::gguf::GgufFile::from_bytes(data.to_vec());
+        let _ = models::load::gguf::GgufFile::from_bytes(data.to_vec());
     };
     let seeds = harness::gguf::seeds();
     // Header, metadata counts/lengths/array sizes and the tensor infos of the small seeds.

@@ -120,11 +120,11 @@ fn seeds_are_accepted() {
             .unwrap_or_else(|e| panic!("wav seed {i}: {e}"));
     }
     for (i, seed) in gguf_seeds().iter().enumerate() {
-        models::gguf::GgufFile::from_bytes(seed.clone())
+        models::load::gguf::GgufFile::from_bytes(seed.clone())
             .unwrap_or_else(|e| panic!("gguf seed {i}: {e}"));
     }
-    let gguf = models::gguf::GgufFile::from_bytes(gguf_seeds()[0].clone()).unwrap();
-    models::gguf::config_from_gguf(&gguf).expect("toy llama config");
+    let gguf = models::load::gguf::GgufFile::from_bytes(gguf_seeds()[0].clone()).unwrap();
+    models::load::gguf::config_from_gguf(&gguf).expect("toy llama config");
     models::Tokenizer::from_gguf(&gguf).expect("toy tokenizer");
     for (i, seed) in config_seeds().iter().enumerate() {
         let text = std::str::from_utf8(seed).unwrap();

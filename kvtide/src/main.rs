@@ -7,7 +7,7 @@
 //!
 //! Defaults come from the cache `scripts/setup.sh` fills (`$KVTIDE_CACHE`, default
 //! `~/.cache/kvtide`): the SmolLM2-135M-Instruct Q4_1 GGUF and `text/plays/hamlet.md`,
-//! markdown stripped by the rule in `models::text` (headings, speaker names and stage
+//! markdown stripped by the rule in `models::load::text` (headings, speaker names and stage
 //! directions dropped, escapes removed, lines joined with spaces).
 
 use clap::{Parser, Subcommand};

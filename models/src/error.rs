@@ -43,7 +43,7 @@ pub enum Error {
     /// A GGUF file is truncated or malformed, lacks metadata, or holds a tensor type the
     /// loader cannot dequantise.
     #[error(transparent)]
-    Gguf(#[from] crate::gguf::GgufError),
+    Gguf(#[from] crate::load::gguf::GgufError),
     /// A weight the model needs is not in the checkpoint.
     #[error("load weights: missing tensor `{name}`")]
     MissingTensor {

@@ -11,7 +11,7 @@ use models::audio::{
     AudioLlm, Backbone, OmniAudio, OmniAudioConfig, VoxtralAudio, VoxtralAudioConfig,
 };
 use models::llama::NoObserver;
-use models::weights::{SafetensorsSource, Weights};
+use models::load::weights::{SafetensorsSource, Weights};
 use tch::{Kind, Tensor};
 
 const TOL: f64 = 1e-4;

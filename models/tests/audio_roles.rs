@@ -11,12 +11,12 @@
 
 use std::path::{Path, PathBuf};
 
-use models::audio::calibrate::span_sample;
 use models::audio::{
     AnswerTokens, AudioLlm, MIN_WORD_SCORE, WordAlignment, parse_sphinx_transcripts, read_wav,
 };
+use models::calibrate::audio::span_sample;
+use models::calibrate::roles::SpanSample;
 use models::llama::NoObserver;
-use models::roles_calibration::SpanSample;
 use tch::{Device, Kind, Tensor};
 
 const CLIPS: [&str; 2] =

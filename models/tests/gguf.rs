@@ -6,9 +6,9 @@
 mod common;
 
 use common::{fixtures, max_abs};
-use models::gguf::{GgmlType, GgufError, GgufFile, GgufSource, GgufWriter, MetaValue};
 use models::llama::NoObserver;
-use models::weights::{SafetensorsSource, WeightSource};
+use models::load::gguf::{GgmlType, GgufError, GgufFile, GgufSource, GgufWriter, MetaValue};
+use models::load::weights::{SafetensorsSource, WeightSource};
 use models::{Checkpoint, Error, Llama};
 use tch::{Kind, Tensor};
 

@@ -82,7 +82,7 @@ fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
     let path = common::default_model();
     assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
     let ckpt = Checkpoint::load(&path).unwrap();
-    let text = models::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
+    let text = models::load::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
     let ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..6000]).unwrap();
     let ids = &ids[..512];
     // Dense attention over the full K/V: the libtorch prefill (whose decode path matches it

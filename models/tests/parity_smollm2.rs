@@ -73,7 +73,7 @@ fn chat_template_renders_like_transformers() {
 #[test]
 fn prompt_tokenises_like_the_fixture() {
     let prompt = read_json(&fixtures().join("smollm2/prompt.json"));
-    let text = models::text::read_text(&common::plays_dir().join("hamlet.md")).unwrap();
+    let text = models::load::text::read_text(&common::plays_dir().join("hamlet.md")).unwrap();
     let ckpt = checkpoint();
     let got = tokenizer(&ckpt).encode(&text[..2000]).unwrap();
     assert_eq!(
@@ -110,7 +110,7 @@ fn greedy_generation_through_the_decode_path_matches() {
     let ckpt = checkpoint();
     let cache = DenseCache::<f32>::new(CacheShape::of(&ckpt.config), 1).unwrap();
     let mut session = Session::new(ckpt.model.clone(), Box::new(cache)).unwrap();
-    let out = models::generate::greedy(
+    let out = models::session::generate::greedy(
         &mut session,
         &prompt,
         want.len(),

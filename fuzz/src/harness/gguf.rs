@@ -1,4 +1,4 @@
-//! Fuzz harness for GGUF files (`models::gguf::GgufFile::from_bytes`) and everything read
+//! Fuzz harness for GGUF files (`models::load::gguf::GgufFile::from_bytes`) and everything read
 //! from their metadata: the model config (`config_from_gguf`), the byte-level BPE
 //! tokenizer (`Tokenizer::from_gguf`) and the chat template (`ChatTemplate::from_gguf`).
 //!
@@ -8,8 +8,8 @@
 //! built from it encodes and decodes a short text without panicking. Any panic, abort or
 //! UB is a bug.
 
-use models::gguf::GgufError;
-use models::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, config_from_gguf};
+use models::load::gguf::GgufError;
+use models::load::gguf::{GgmlType, GgufFile, GgufWriter, MetaValue, config_from_gguf};
 use models::{ChatMessage, ChatTemplate, Error, Tokenizer};
 
 /// Tensors up to this many elements are dequantised (keeps each fuzz input fast; the

@@ -47,7 +47,7 @@ fn calibration_ids(texts: &[PathBuf], tok: &models::Tokenizer, limit: usize) -> 
         if ids.len() >= limit {
             break;
         }
-        ids.extend(tok.encode(&models::text::read_text(path)?)?);
+        ids.extend(tok.encode(&models::load::text::read_text(path)?)?);
     }
     ids.truncate(limit);
     Ok(ids)
@@ -61,9 +61,9 @@ pub fn calibrate(a: &CalibrateArgs, ckpt: &models::Checkpoint) -> Result<PathBuf
         a.texts.clone()
     };
     let ids = calibration_ids(&texts, tokenizer(ckpt, "calibrate")?, a.tokens)?;
-    let windows = models::calibrate::windows(&ids, a.window, a.tokens);
+    let windows = models::calibrate::swan::windows(&ids, a.window, a.tokens);
     let progress = bar(windows.len(), "calibrating (windows)");
-    let (set, stats) = models::calibrate::calibrate(
+    let (set, stats) = models::calibrate::swan::calibrate(
         &ckpt.model,
         &windows,
         CalibrationConfig::default(),
@@ -101,7 +101,7 @@ fn mean_energy(set: &projection::ProjectionSet, stream: Stream, k: usize) -> Res
 fn report(
     a: &CalibrateArgs,
     set: &projection::ProjectionSet,
-    stats: &models::calibrate::CalibrationStats,
+    stats: &models::calibrate::swan::CalibrationStats,
     out: &Path,
     texts: &[PathBuf],
 ) -> Result<()> {

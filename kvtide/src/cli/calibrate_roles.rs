@@ -2,7 +2,7 @@
 //! Appendix E). Each calibration clip comes with a word alignment (`--alignment`, JSON) or —
 //! for test data without timings — a transcript split at a constant speaking rate
 //! (`--uniform-transcripts`, a Sphinx `transcription` file, labelled as a TEST alignment in
-//! the report). Voice scores and head sensitivities ([`models::audio::calibrate`]) are triaged by
+//! the report). Voice scores and head sensitivities ([`models::calibrate::audio`]) are triaged by
 //! VS×HS into kv-tiered's roles JSON (`--out`), which `kvtide transcribe --roles` reads.
 
 use std::path::{Path, PathBuf};
@@ -13,11 +13,11 @@ use serde::Serialize;
 
 use crate::error::audio_err;
 use crate::error::{Error, Result};
-use models::audio::calibrate::{AudioCalibration, calibrate, default_triage};
 use models::audio::{AnswerTokens, WordAlignment, parse_sphinx_transcripts};
 use models::audio::{Audio, AudioLlm, read_wav};
-use models::roles_calibration::{SampleStats, Sensitivity};
-use models::tokenizer::Tokenizer;
+use models::calibrate::audio::{AudioCalibration, calibrate, default_triage};
+use models::calibrate::roles::{SampleStats, Sensitivity};
+use models::load::tokenizer::Tokenizer;
 
 /// Triage ranking signal (§2.2 VS×HS; ablation A3 single signals).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -62,7 +62,7 @@ pub fn tokenizer<'a>(ckpt: &'a Checkpoint, command: &'static str) -> Result<&'a 
 /// A text file (markdown stripped) or the default play.
 pub fn read_text(path: Option<&Path>) -> Result<(PathBuf, String)> {
     let path = path.map_or_else(crate::paths::default_play, Path::to_path_buf);
-    let text = models::text::read_text(&path)?;
+    let text = models::load::text::read_text(&path)?;
     Ok((path, text))
 }
 

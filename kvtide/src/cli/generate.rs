@@ -77,7 +77,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         }
         Ok(())
     };
-    let out = models::generate::greedy(
+    let out = models::session::generate::greedy(
         &mut session,
         &ids,
         a.max_new_tokens,

@@ -18,8 +18,8 @@ use models::audio::transcribe::{AudioPrompt, Transcription, greedy};
 use models::audio::{Audio, AudioLlm, Backbone, read_wav};
 use models::cache::tiered::{PolicyKind, RolesSource};
 use models::cache::{CacheShape, DenseCache, KvCache};
-use models::generate::StopReason;
-use models::tokenizer::Tokenizer;
+use models::load::tokenizer::Tokenizer;
+use models::session::generate::StopReason;
 
 /// Which KV cache serves the decode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -10,11 +10,11 @@ use indicatif::ProgressBar;
 use super::corpus::{Corpus, SWAN_CALIBRATION_PLAYS};
 use super::grid::{Plan, Size};
 use crate::error::{Error, Result, invalid};
-use models::calibrate::{CalibrationStats, calibrate};
-use models::config::ModelConfig;
-use models::gguf::GgufSource;
+use models::calibrate::swan::{CalibrationStats, calibrate};
 use models::llama::Llama;
-use models::tokenizer::Tokenizer;
+use models::load::config::ModelConfig;
+use models::load::gguf::GgufSource;
+use models::load::tokenizer::Tokenizer;
 
 /// Shared state of one run.
 pub struct Context {

@@ -1,7 +1,7 @@
 //! The text the reproduction reads, and which part of it plays which role.
 //!
 //! Plays are the Shakespeare markdown files of `$KVTIDE_CACHE/text/plays`, reduced to plain
-//! prose by [`models::text::strip_markdown`] (the rule documented in
+//! prose by [`models::load::text::strip_markdown`] (the rule documented in
 //! `fixtures/README.md`) and tokenised whole, with no special tokens (SmolLM2 adds no BOS).
 //!
 //! * SWAN (`papers/swan.txt` §6, Table 1): projections are calibrated on
@@ -17,8 +17,8 @@ use std::ops::Range;
 
 use crate::error::{Result, invalid};
 use crate::paths;
-use models::text::read_text;
-use models::tokenizer::Tokenizer;
+use models::load::text::read_text;
+use models::load::tokenizer::Tokenizer;
 
 /// Plays the SWAN projections are calibrated on.
 pub const SWAN_CALIBRATION_PLAYS: [&str; 6] = [

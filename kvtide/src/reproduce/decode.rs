@@ -4,7 +4,7 @@
 //! and fed back one at a time through [`Session::decode`] — so every prediction after the
 //! first is made by the cache under test (`papers/swan.txt` decode step; `papers/wnw.txt`
 //! §3.5–3.9: accuracy, measured retention, recall bytes and time per decoded token). Unlike
-//! [`models::score`], the loop can sample the cache after every step (WnW Figure 4: KV size
+//! [`models::session::score`], the loop can sample the cache after every step (WnW Figure 4: KV size
 //! over decode steps).
 
 use std::time::Instant;
@@ -14,9 +14,9 @@ use tch::{Kind, Tensor};
 
 use crate::error::{Result, TorchOp, invalid};
 use models::cache::{CacheBytes, KvCache};
-use models::generate::argmax;
 use models::llama::{BatchScratch, Llama, NoObserver};
 use models::session::Session;
+use models::session::generate::argmax;
 
 /// The cache after one decode step.
 #[derive(Clone, Copy, Debug, Default, Serialize)]

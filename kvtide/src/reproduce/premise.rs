@@ -20,7 +20,7 @@ use tch::{Device, Kind, Tensor};
 use super::corpus::CopyTask;
 use crate::error::{Result, TorchOp};
 use models::Llama;
-use models::host::to_f32_vec;
+use models::llama::host::to_f32_vec;
 
 /// Attention rows of one layer, `[q_heads][N]` each.
 #[derive(Default)]

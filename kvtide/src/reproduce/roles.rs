@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use kv_tiered::{HeadRoles, RankingSignal, TriageConfig};
 use models::Llama;
-use models::roles_calibration::{
+use models::calibrate::roles::{
     RoleCalibrationConfig, RoleCalibrator, RoleScores, Sensitivity, SpanSample,
 };
 

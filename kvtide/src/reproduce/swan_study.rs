@@ -12,7 +12,7 @@ use super::grid::{SwanGroup, SwanRun};
 use crate::error::Result;
 use models::cache::KvCache;
 use models::cache::spec::CacheSpec;
-use models::calibrate::CalibrationStats;
+use models::calibrate::swan::CalibrationStats;
 use models::llama::Llama;
 
 /// One configuration's figures over all evaluation windows.

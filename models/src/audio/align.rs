@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::audio_err;
 use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use crate::load::tokenizer::Tokenizer;
 
 /// The `method` label of [`WordAlignment::uniform`] alignments.
 pub const UNIFORM_SPLIT: &str = "uniform-split TEST alignment: constant speaking rate in characters over the clip, not a forced alignment";

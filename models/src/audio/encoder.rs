@@ -7,7 +7,7 @@
 use tch::{Kind, Tensor};
 
 use crate::Result;
-use crate::weights::Weights;
+use crate::load::weights::Weights;
 
 /// A dense layer `y = x Wᵀ + b`.
 #[derive(Debug)]

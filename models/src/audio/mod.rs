@@ -6,11 +6,9 @@
 //! Front end: [`read_wav`] / [`read_wav_from`] → [`Audio::to_16k`] (rubato) →
 //! [`mel::LogMelExtractor::compute`] (exactly `WhisperFeatureExtractor`).
 //! Tiered audio KV: [`tiered::AudioTiered`] (§2.3, §3.4). Role calibration (§2.2, Appendix E):
-//! [`calibrate`] over word alignments ([`WordAlignment`]) with the span-generic machinery of
-//! [`crate::roles_calibration`].
+//! [`crate::calibrate::audio`] over word alignments ([`WordAlignment`]).
 
 mod align;
-pub mod calibrate;
 mod encoder;
 pub mod mel;
 mod model;

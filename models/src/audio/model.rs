@@ -19,10 +19,10 @@ use super::omni::{OmniAudio, OmniAudioConfig};
 use super::voxtral::{VoxtralAudio, VoxtralAudioConfig};
 use super::{LogMel, LogMelExtractor};
 use crate::cache::KvCache;
-use crate::config::ModelConfig;
 use crate::error::{Error, Result, TorchOp, config_err};
 use crate::llama::{Llama, PrefillObserver};
-use crate::weights::{SafetensorsSource, WeightSource, Weights};
+use crate::load::config::ModelConfig;
+use crate::load::weights::{SafetensorsSource, WeightSource, Weights};
 
 /// Which audio LLM family a checkpoint is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

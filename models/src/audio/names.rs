@@ -9,7 +9,7 @@
 use tch::{Kind, Tensor};
 
 use crate::Result;
-use crate::weights::WeightSource;
+use crate::load::weights::WeightSource;
 
 /// A [`WeightSource`] view that rewrites canonical names by prefix rules.
 pub struct Renamed<'a> {

@@ -14,7 +14,7 @@ use super::audio_err;
 use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear};
 use crate::Result;
 use crate::error::config_err;
-use crate::weights::Weights;
+use crate::load::weights::Weights;
 
 /// Omni audio-encoder hyper-parameters (`audio_config` of the thinker config).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::ops::Range;
 use kv_sparse::ValueFormat;
 use kv_tiered::policy::{EvictionLag, SegmentQuota};
 
-use super::calibrate::default_triage;
+use crate::calibrate::audio::default_triage;
 use super::{AudioLlm, Backbone};
 use crate::cache::tiered::{PolicyKind, RolesSource};
 use crate::cache::{CacheShape, KvCache, TieredSpec};

@@ -10,8 +10,8 @@ use std::time::Instant;
 use super::{AudioLlm, read_wav};
 use crate::cache::{CacheBytes, KvCache};
 use crate::error::{Result, TorchOp};
-use crate::generate::{Generation, StopReason, argmax};
 use crate::llama::{DecodeScratch, NoObserver};
+use crate::session::generate::{Generation, StopReason, argmax};
 
 /// A prepared transcription input: the prompt ids, where the audio sits, and its embeddings.
 pub struct AudioPrompt {

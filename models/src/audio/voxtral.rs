@@ -13,7 +13,7 @@ use super::audio_err;
 use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear};
 use crate::Result;
 use crate::error::config_err;
-use crate::weights::Weights;
+use crate::load::weights::Weights;
 
 /// Frames stacked by the projector.
 pub const STACK: usize = 4;

@@ -26,8 +26,8 @@ pub use tiered::{TieredCache, TieredSpec};
 
 use std::ops::Range;
 
-use crate::config::ModelConfig;
 use crate::error::{Result, invalid};
+use crate::load::config::ModelConfig;
 
 /// Dimensions of the attention a cache serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

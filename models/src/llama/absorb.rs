@@ -13,7 +13,7 @@ use crate::error::{Result, TorchOp, invalid};
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     let t = t.f_contiguous().op("contiguous")?;
-    crate::host::to_f32_vec(&t)
+    crate::llama::host::to_f32_vec(&t)
 }
 
 fn to_tensor(data: &[f32], shape: &[i64]) -> Result<Tensor> {

@@ -11,11 +11,11 @@ use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
 use crate::cache::{AttentionRequest, KvCache, LayerKv, StepQkv};
-use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp};
-use crate::host::{HostTensor, f32_slice};
-use crate::rope::Rope;
-use crate::weights::Weights;
+use crate::llama::host::{HostTensor, f32_slice};
+use crate::llama::rope::Rope;
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
 
 /// One layer's prefill attention tensors, for observers (calibration, traces).
 pub struct AttentionTensors {

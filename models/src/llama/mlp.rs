@@ -3,9 +3,9 @@
 
 use tch::Tensor;
 
-use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp};
-use crate::weights::Weights;
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
 
 /// SwiGLU feed-forward network.
 pub struct Mlp {

@@ -5,8 +5,10 @@
 
 mod absorb;
 mod attention;
+pub mod host;
 mod mlp;
 mod norm;
+pub mod rope;
 
 pub use attention::{Attention, AttentionTensors, BatchScratch, DecodeScratch};
 pub use mlp::Mlp;
@@ -17,10 +19,10 @@ use std::ops::Range;
 use tch::{Kind, Tensor};
 
 use crate::cache::KvCache;
-use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp, invalid};
-use crate::rope::Rope;
-use crate::weights::{WeightSource, Weights};
+use crate::llama::rope::Rope;
+use crate::load::config::ModelConfig;
+use crate::load::weights::{WeightSource, Weights};
 
 /// Sees the prefill's intermediate tensors (calibration, parity traces).
 pub trait PrefillObserver {
@@ -472,7 +474,7 @@ fn feed_cache(
         let r = r.f_contiguous().op("contiguous")?;
         // SAFETY: `r` is the prefill's received-attention sums, read-only here; nothing
         // writes to it while the cache reads the slice.
-        cache.prefill_attention(layer, unsafe { crate::host::f32_slice(&r)? })?;
+        cache.prefill_attention(layer, unsafe { crate::llama::host::f32_slice(&r)? })?;
     }
     attention::prefill_cache(cache, layer, &t.k, &t.v)
 }

@@ -3,7 +3,7 @@
 use tch::Tensor;
 
 use crate::error::{Result, TorchOp};
-use crate::weights::Weights;
+use crate::load::weights::Weights;
 
 /// Root-mean-square normalisation over the last dimension.
 pub struct RmsNorm {

@@ -15,8 +15,8 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use crate::error::{Error, Result};
-use crate::gguf::GgufError;
-use crate::gguf::{GgufFile, MetaValue, meta};
+use crate::load::gguf::GgufError;
+use crate::load::gguf::{GgufFile, MetaValue, meta};
 
 /// GGUF token type of control tokens (`<|im_start|>` and friends).
 const CONTROL_TOKEN: i64 = 3;

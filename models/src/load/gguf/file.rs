@@ -121,7 +121,7 @@ impl GgufFile {
     ///
     /// # Examples
     /// ```
-    /// let e = models::gguf::GgufFile::from_bytes(b"GGUF".to_vec()).err().unwrap();
+    /// let e = models::load::gguf::GgufFile::from_bytes(b"GGUF".to_vec()).err().unwrap();
     /// use models::{Error, gguf::GgufError};
     /// assert!(matches!(e, Error::Gguf(GgufError::Truncated { what: "version", .. })));
     /// ```

@@ -191,7 +191,7 @@ impl std::fmt::Display for GgmlType {
 ///
 /// # Examples
 /// ```
-/// use models::gguf::{GgmlType, dequantize};
+/// use models::load::gguf::{GgmlType, dequantize};
 /// // One Q8_0 block: scale 0.5 (f16 0x3800), codes 0, 1, ..., 31.
 /// let mut block = vec![0x00, 0x38];
 /// block.extend((0..32).map(|i| i as u8));

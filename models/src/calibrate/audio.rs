@@ -1,19 +1,20 @@
 //! Head-role calibration of an audio LLM (`papers/wnw.txt` §2.2, §3.4, Appendix E): each
 //! calibration clip becomes a teacher-forced [`SpanSample`] — the transcription prompt with
 //! the clip's audio embeddings spliced in, followed by the reference transcript — whose span is
-//! the audio; [`crate::roles_calibration`] computes voice scores (word-aligned hit ratios, `K`
+//! the audio; [`crate::calibrate::roles`] computes voice scores (word-aligned hit ratios, `K`
 //! from the backbone) and head sensitivities (autograd), and [`default_triage`] picks the
 //! paper's voice/anchor counts for a GPU budget. The roles file `kvtide transcribe --roles`
 //! and the `tiered` caches read is kv-tiered's [`kv_tiered::HeadRoles`] JSON.
 
 use kv_tiered::{RankingSignal, TriageConfig};
 
-use super::align::{AnswerTokens, WordAlignment, align_answer};
-use super::{AudioLlm, AudioPrompt, audio_err};
-use crate::error::Result;
-use crate::roles_calibration::{
+use crate::audio::{
+    AnswerTokens, AudioLlm, AudioPrompt, MIN_WORD_SCORE, WordAlignment, align_answer, audio_err,
+};
+use crate::calibrate::roles::{
     RoleCalibrationConfig, RoleCalibrator, RoleScores, SampleStats, Sensitivity, SpanSample,
 };
+use crate::error::Result;
 
 /// Audio calibration knobs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -26,7 +27,7 @@ pub struct AudioCalibration {
 
 impl Default for AudioCalibration {
     fn default() -> Self {
-        Self { min_word_score: super::align::MIN_WORD_SCORE, sensitivity: Sensitivity::PerToken }
+        Self { min_word_score: MIN_WORD_SCORE, sensitivity: Sensitivity::PerToken }
     }
 }
 
@@ -102,7 +103,7 @@ pub fn calibrate(
 ///
 /// # Examples
 /// ```
-/// use models::audio::calibrate::default_triage;
+/// use models::calibrate::audio::default_triage;
 /// let c = default_triage(240, 0.2);
 /// assert_eq!((c.n_voice, c.n_anchor), (90, 5));
 /// assert_eq!(default_triage(72, 0.4).n_voice, 15);

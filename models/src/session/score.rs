@@ -7,8 +7,8 @@ use std::time::Instant;
 use tch::{Kind, Tensor};
 
 use crate::error::{Result, TorchOp, invalid};
-use crate::generate::argmax;
 use crate::session::Session;
+use crate::session::generate::argmax;
 
 /// Per-token results of [`score`].
 #[derive(Clone, Debug, Default)]

@@ -10,7 +10,7 @@ use minijinja::{Environment, ErrorKind, context, syntax::SyntaxConfig};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gguf::{GgufFile, MetaValue};
+use crate::load::gguf::{GgufFile, MetaValue};
 
 /// One turn of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

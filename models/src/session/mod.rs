@@ -1,6 +1,11 @@
 //! A decoding session: one model (possibly with SWAN-absorbed `W_V`/`W_O`), one cache, the
 //! host buffers a decode step reuses, and the current position. Prefill fills the cache
-//! from a libtorch pass; every later token goes through [`Session::decode`].
+//! from a libtorch pass; every later token goes through [`Session::decode`] (the decode
+//! step of `papers/swan.txt` §4 and `papers/wnw.txt` §2.3). What runs on a session:
+//! teacher-forced [`score`] (perplexity) and [`generate`] (greedy generation).
+
+pub mod generate;
+pub mod score;
 
 use tch::Tensor;
 

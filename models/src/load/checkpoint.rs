@@ -4,13 +4,13 @@
 
 use std::path::Path;
 
-use crate::chat::ChatTemplate;
-use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::gguf::GgufSource;
 use crate::llama::Llama;
-use crate::tokenizer::Tokenizer;
-use crate::weights::{SafetensorsSource, WeightSource};
+use crate::load::chat::ChatTemplate;
+use crate::load::config::ModelConfig;
+use crate::load::gguf::GgufSource;
+use crate::load::tokenizer::Tokenizer;
+use crate::load::weights::{SafetensorsSource, WeightSource};
 
 /// A loaded model with everything needed to talk to it.
 pub struct Checkpoint {

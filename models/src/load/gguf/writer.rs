@@ -41,7 +41,7 @@ impl GgufWriter {
     ///
     /// # Examples
     /// ```
-    /// use models::gguf::{GgufFile, GgufWriter, MetaValue};
+    /// use models::load::gguf::{GgufFile, GgufWriter, MetaValue};
     /// let bytes = GgufWriter::new()
     ///     .metadata("general.architecture", MetaValue::String("llama".into()))
     ///     .tensor_f32("t", &[2, 2], &[1.0, 2.0, 3.0, 4.0])

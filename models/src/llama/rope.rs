@@ -8,8 +8,8 @@
 
 use tch::{Kind, Tensor};
 
-use crate::config::{RopeConfig, RopeScaling};
 use crate::error::{Result, TorchOp};
+use crate::load::config::{RopeConfig, RopeScaling};
 
 /// Inverse frequencies of one model, in f32 as transformers computes them.
 #[derive(Clone, Debug)]

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 /// # Examples
 /// ```
 /// let md = "# Hamlet\n\n**BERNARDO**  \nWho's there?\n\n_Enter HORATIO\nand MARCELLUS_\nNay\\--answer me";
-/// assert_eq!(models::text::strip_markdown(md), "Who's there? Nay--answer me");
+/// assert_eq!(models::load::text::strip_markdown(md), "Who's there? Nay--answer me");
 /// ```
 pub fn strip_markdown(md: &str) -> String {
     let mut out: Vec<String> = Vec::new();

@@ -1,7 +1,7 @@
 //! Model hyper-parameters: one [`ModelConfig`] for every supported decoder (Llama,
 //! Mistral, Qwen2), read from a Hugging Face `config.json` (both the transformers 4.x
 //! `rope_theta` + `rope_scaling` keys and the 5.x `rope_parameters` object) or from GGUF
-//! metadata (see [`crate::gguf`]). Validation happens once, here, so the layers can
+//! metadata (see [`crate::load::gguf`]). Validation happens once, here, so the layers can
 //! trust the numbers.
 
 use std::path::Path;

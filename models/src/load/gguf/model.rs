@@ -11,9 +11,9 @@ use tch::{Kind, Tensor};
 use super::error::GgufError;
 use super::file::GgufFile;
 use super::value::MetaValue;
-use crate::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
 use crate::error::{Error, Result, TorchOp, config_err};
-use crate::weights::WeightSource;
+use crate::load::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+use crate::load::weights::WeightSource;
 
 /// The metadata value at `key`, or [`GgufError::MissingMetadata`].
 pub(crate) fn meta<'a>(file: &'a GgufFile, key: &str) -> Result<&'a MetaValue> {

@@ -19,7 +19,7 @@
 //!
 //! [`RoleScores::roles`] triages the heads (VS×HS, §2.2) into the [`HeadRoles`] file that the
 //! `tiered` caches read (`roles=PATH`). The audio front end builds samples from WAV files and
-//! word alignments (`crate::audio::calibrate`); text users build them with
+//! word alignments (`crate::calibrate::audio`); text users build them with
 //! [`SpanSample::from_ids`].
 
 use std::ops::Range;
@@ -30,10 +30,10 @@ use tch::{Device, Kind, Tensor};
 use kv_tiered::scores::{HeadSensitivityAccumulator, VoiceScoreAccumulator};
 use kv_tiered::{HeadRoles, TriageConfig};
 
-use crate::config::ModelConfig;
 use crate::error::{Result, TorchOp, invalid};
-use crate::host::to_f32_vec;
 use crate::llama::Llama;
+use crate::llama::host::to_f32_vec;
+use crate::load::config::ModelConfig;
 
 /// One teacher-forced calibration sequence over a marked span.
 pub struct SpanSample {
@@ -64,7 +64,7 @@ impl SpanSample {
     /// # Examples
     /// ```no_run
     /// # fn main() -> models::Result<()> {
-    /// use models::roles_calibration::{RoleCalibrationConfig, RoleCalibrator, SpanSample};
+    /// use models::calibrate::roles::{RoleCalibrationConfig, RoleCalibrator, SpanSample};
     /// let ckpt = models::Checkpoint::load(std::path::Path::new("model.gguf"))?;
     /// // Span = the passage at 0..4, answer = its copy, token t aligned to position t.
     /// let passage = [10, 11, 12, 13];
@@ -211,7 +211,7 @@ impl RoleScores {
     /// # Examples
     /// ```
     /// use kv_tiered::{Role, TriageConfig};
-    /// use models::roles_calibration::RoleScores;
+    /// use models::calibrate::roles::RoleScores;
     /// let s = RoleScores {
     ///     layers: 1,
     ///     kv_heads: 3,

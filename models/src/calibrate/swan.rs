@@ -9,7 +9,7 @@ use serde::Serialize;
 use tch::Tensor;
 
 use crate::error::{Result, TorchOp, invalid};
-use crate::host::f32_slice;
+use crate::llama::host::f32_slice;
 use crate::llama::{AttentionTensors, Llama, PrefillObserver};
 
 /// What a calibration run saw.
@@ -70,7 +70,7 @@ impl PrefillObserver for Feed<'_> {
 /// # Examples
 /// ```
 /// let ids: Vec<u32> = (0..10).collect();
-/// let w = models::calibrate::windows(&ids, 4, 9);
+/// let w = models::calibrate::swan::windows(&ids, 4, 9);
 /// assert_eq!(w, vec![&ids[0..4], &ids[4..8]]); // the 1-token rest is dropped
 /// ```
 pub fn windows(ids: &[u32], window: usize, max_tokens: usize) -> Vec<&[u32]> {
