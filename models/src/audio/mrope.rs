@@ -70,30 +70,3 @@ pub fn cos_sin(
     let f = Tensor::cat(&[&f, &f], 1);
     Ok((f.cos(), f.sin()))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn equal_rows_are_plain_rope() {
-        let (cos, sin) = cos_sin(&audio_text_positions(3, 7), 16, 1e4, &[2, 3, 3]).unwrap();
-        for t in 0..7i64 {
-            for i in 0..8i64 {
-                let a = (t + 3) as f64 * 1e4f64.powf(-2.0 * i as f64 / 16.0);
-                assert!((cos.double_value(&[t, i]) - a.cos()).abs() < 1e-5);
-                assert!((sin.double_value(&[t, i + 8]) - a.sin()).abs() < 1e-5);
-            }
-        }
-    }
-
-    #[test]
-    fn sections_pick_their_rows() {
-        let pos = Tensor::from_slice(&[1i64, 2, 3]).view([3, 1]);
-        let (cos, _) = cos_sin(&pos, 4, 1e4, &[1, 0, 1]).unwrap();
-        // i = 0 from row 0 (pos 1), i = 1 from row 2 (pos 3): inv = [1, 1e-2].
-        assert!((cos.double_value(&[0, 0]) - 1f64.cos()).abs() < 1e-6);
-        assert!((cos.double_value(&[0, 1]) - 0.03f64.cos()).abs() < 1e-6);
-        assert!(cos_sin(&pos, 4, 1e4, &[1, 1, 1]).is_err());
-    }
-}

@@ -12,10 +12,10 @@ use std::ops::Range;
 use kv_sparse::ValueFormat;
 use kv_tiered::policy::{EvictionLag, SegmentQuota};
 
-use crate::calibrate::audio::default_triage;
 use super::{AudioLlm, Backbone};
 use crate::cache::tiered::{PolicyKind, RolesSource};
 use crate::cache::{CacheShape, KvCache, TieredSpec};
+use crate::calibrate::audio::default_triage;
 use crate::error::Result;
 
 /// Segment and chunk windows in seconds (§2.3: `W_s = 2 s`, `W_c = 4 s`).

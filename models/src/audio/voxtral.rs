@@ -194,23 +194,3 @@ impl VoxtralAudio {
             .to_kind(Kind::Float))
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Regression found by fuzzing `config.json`: `hidden_size = 2^62`
-    /// overflowed `4 · hidden_size` (a panic in debug builds, a wrapped comparison in
-    /// release); `max_source_positions` near `usize::MAX` overflowed `window_frames`.
-    #[test]
-    fn overflowing_sizes_are_config_errors() {
-        let cfg = |d_model: u64, ffn: u64, positions: u64| {
-            serde_json::json!({"num_mel_bins": 80, "hidden_size": d_model,
-                "num_hidden_layers": 1, "num_attention_heads": 1, "intermediate_size": ffn,
-                "max_source_positions": positions})
-        };
-        assert!(VoxtralAudioConfig::from_json(&cfg(8, 32, 16)).is_ok());
-        assert!(VoxtralAudioConfig::from_json(&cfg(1 << 62, 0, 16)).is_err());
-        assert!(VoxtralAudioConfig::from_json(&cfg(8, 32, u64::MAX - 3)).is_err());
-    }
-}

@@ -55,15 +55,3 @@ pub fn read_text(path: &Path) -> Result<String> {
     })?;
     Ok(if path.extension().is_some_and(|e| e == "md") { strip_markdown(&raw) } else { raw })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stage_direction_on_one_line_and_speaker_rules() {
-        let md = "_Exit_\nkept\n**A**\n** not a speaker\n_Enter\nmany\nlines_\nlast\\";
-        assert_eq!(strip_markdown(md), "kept ** not a speaker last");
-        assert_eq!(strip_markdown("_\nstill stage_\nafter"), "after");
-    }
-}
