@@ -97,7 +97,7 @@ fn check(name: &str) {
         "{name}: {n_audio} audio tokens for {:.1} s",
         audio.seconds()
     );
-    let mut cache = DenseCache::<f32>::new(CacheShape::of(model.config()), 1).unwrap();
+    let mut cache = DenseCache::<f32>::new(CacheShape::of(model.config()).unwrap(), 1).unwrap();
     let out = decode(&model, &prompt, &mut cache);
     let generated = &out.generation.ids;
     assert_eq!(generated.len(), NEW_TOKENS);
@@ -111,7 +111,7 @@ fn check(name: &str) {
     let got: Vec<i64> = generated.iter().map(|&t| i64::from(t)).collect();
     assert_eq!(got, want, "{name}: cached greedy tokens differ from a full recompute");
     // Re-run the cached path and compare its per-step logits with the recompute.
-    let mut cache = DenseCache::<f32>::new(CacheShape::of(model.config()), 1).unwrap();
+    let mut cache = DenseCache::<f32>::new(CacheShape::of(model.config()).unwrap(), 1).unwrap();
     let steps = teacher_forced(&model, &prompt, &mut cache, generated);
     let err = max_abs_diff(&steps, &tail);
     eprintln!(
@@ -134,7 +134,7 @@ fn omni_cached_greedy_decode_is_lossless_on_74s_of_speech() {
 /// Tiered lossless == dense f32, token for token; the lossy setting really offloads.
 fn check_tiered(name: &str) {
     let (model, prompt, _) = model_and_prompt(name);
-    let mut dense = DenseCache::<f32>::new(CacheShape::of(model.config()), 1).unwrap();
+    let mut dense = DenseCache::<f32>::new(CacheShape::of(model.config()).unwrap(), 1).unwrap();
     let want = decode(&model, &prompt, &mut dense).generation.ids;
     let span = prompt.audio_span.clone();
     let mut lossless = AudioTiered::lossless().cache(&model, span.clone(), 1).unwrap();
@@ -144,7 +144,7 @@ fn check_tiered(name: &str) {
     assert_eq!(stat(&got.stats_after_prefill, "r_gpu"), 1.0, "{name}: lossless prefill r_GPU");
     assert_eq!((stat(&end, "r_gpu"), stat(&end, "r_gpu_cpu")), (1.0, 1.0), "{name}");
     // Per-step logits too (the tiny Omni's greedy output is one repeated token).
-    let mut dense = DenseCache::<f32>::new(CacheShape::of(model.config()), 1).unwrap();
+    let mut dense = DenseCache::<f32>::new(CacheShape::of(model.config()).unwrap(), 1).unwrap();
     let mut lossless = AudioTiered::lossless().cache(&model, span.clone(), 1).unwrap();
     let err = max_abs_diff(
         &teacher_forced(&model, &prompt, &mut dense, &want),

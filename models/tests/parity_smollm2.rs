@@ -108,7 +108,7 @@ fn greedy_generation_through_the_decode_path_matches() {
     let prompt = ids(&read_json(&fixtures().join("smollm2/prompt.json")), "input_ids");
     let want = ids(&read_json(&fixtures().join("smollm2/generation.json")), "generated_ids");
     let ckpt = checkpoint();
-    let cache = DenseCache::<f32>::new(CacheShape::of(&ckpt.config), 1).unwrap();
+    let cache = DenseCache::<f32>::new(CacheShape::of(&ckpt.config).unwrap(), 1).unwrap();
     let mut session = Session::new(ckpt.model.clone(), Box::new(cache)).unwrap();
     let out = models::session::generate::greedy(
         &mut session,

@@ -260,7 +260,7 @@ pub fn run(args: &TranscribeArgs) -> Result<TranscribeReport> {
 
 fn full_cache(model: &AudioLlm, format: KvFormat, threads: usize) -> Result<Box<dyn KvCache>> {
     use half::{bf16, f16};
-    let shape = CacheShape::of(model.config());
+    let shape = CacheShape::of(model.config())?;
     Ok(match format {
         KvFormat::F32 => Box::new(DenseCache::<f32>::new(shape, threads)?),
         KvFormat::F16 => Box::new(DenseCache::<f16>::new(shape, threads)?),

@@ -123,8 +123,8 @@ impl AudioTiered {
         audio: Range<usize>,
         threads: usize,
     ) -> Result<Box<dyn KvCache>> {
-        let shape = CacheShape::of(model.config());
-        let spec = self.spec(model.backbone(), audio, shape.layers * shape.kv_heads);
+        let shape = CacheShape::of(model.config())?;
+        let spec = self.spec(model.backbone(), audio, shape.layers * shape.kv_heads());
         spec.build(shape, None, threads)
     }
 }

@@ -3,7 +3,7 @@
 //! against (`papers/swan.txt`, standard decode step: `K ← [K; k]`, `V ← [V; v]`,
 //! `softmax(q Kᵀ/√d) V`).
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv};
+use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::Value;
 
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
@@ -12,7 +12,6 @@ use crate::error::Result;
 /// Full keys and values per (layer, kv-head), row-major `[tokens][head_dim]` of `D`.
 pub struct DenseCache<D: Value> {
     shape: CacheShape,
-    attn: AttnConfig,
     kernel: CpuAttention,
     /// `keys[layer * kv_heads + h]`.
     keys: Vec<Vec<D>>,
@@ -28,7 +27,7 @@ impl<D: Value> DenseCache<D> {
     /// # Examples
     /// ```
     /// use models::cache::{CacheShape, DenseCache, KvCache, StepQkv};
-    /// let shape = CacheShape { layers: 1, q_heads: 2, kv_heads: 1, head_dim: 4 };
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(2, 1, 4)?);
     /// let mut cache = DenseCache::<f32>::new(shape, 1)?;
     /// let (q, kv) = ([1.0; 8], [0.5; 4]);
     /// let mut out = [0.0; 8];
@@ -37,10 +36,9 @@ impl<D: Value> DenseCache<D> {
     /// # Ok::<(), models::Error>(())
     /// ```
     pub fn new(shape: CacheShape, threads: usize) -> Result<Self> {
-        let heads = shape.layers * shape.kv_heads;
+        let heads = shape.layers * shape.kv_heads();
         Ok(Self {
             shape,
-            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
             kernel: CpuAttention::new(threads)?,
             keys: vec![Vec::new(); heads],
             values: vec![Vec::new(); heads],
@@ -48,7 +46,7 @@ impl<D: Value> DenseCache<D> {
     }
 
     fn heads(&self, layer: usize) -> std::ops::Range<usize> {
-        layer * self.shape.kv_heads..(layer + 1) * self.shape.kv_heads
+        layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
     }
 
     fn push_rows(dst: &mut Vec<D>, rows: &[f32]) {
@@ -66,11 +64,11 @@ impl<D: Value> KvCache for DenseCache<D> {
     }
 
     fn len(&self) -> usize {
-        self.keys.last().map_or(0, |k| k.len() / self.shape.head_dim)
+        self.keys.last().map_or(0, |k| k.len() / self.shape.head_dim())
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
-        let extra = tokens * self.shape.head_dim;
+        let extra = tokens * self.shape.head_dim();
         for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
             rows.reserve(extra);
         }
@@ -79,7 +77,7 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         self.shape.check_prefill(layer, &kv)?;
-        let n = kv.tokens * self.shape.head_dim;
+        let n = kv.tokens * self.shape.head_dim();
         for (i, slot) in self.heads(layer).enumerate() {
             Self::push_rows(&mut self.keys[slot], &kv.keys[i * n..(i + 1) * n]);
             Self::push_rows(&mut self.values[slot], &kv.values[i * n..(i + 1) * n]);
@@ -89,14 +87,14 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
-        let d = self.shape.head_dim;
+        let d = self.shape.head_dim();
         for (i, slot) in self.heads(layer).enumerate() {
             Self::push_rows(&mut self.keys[slot], &step.k[i * d..(i + 1) * d]);
             Self::push_rows(&mut self.values[slot], &step.v[i * d..(i + 1) * d]);
         }
         let views: Vec<DenseKv<'_, D>> =
             self.heads(layer).map(|s| DenseKv::new(d, &self.keys[s], &self.values[s])).collect();
-        self.kernel.dense(&self.attn, step.q, &views, out)?;
+        self.kernel.dense(&self.shape.attn, step.q, &views, out)?;
         Ok(())
     }
 

@@ -26,36 +26,55 @@ pub use tiered::{TieredCache, TieredSpec};
 
 use std::ops::Range;
 
+use attn_kernels::AttnConfig;
+
 use crate::error::{Result, invalid};
 use crate::load::config::ModelConfig;
 
-/// Dimensions of the attention a cache serves.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Dimensions of the attention a cache serves: the decoder's layer count and one layer's
+/// head layout and softmax scale ([`AttnConfig`], the workspace's one per-layer attention
+/// shape, which the kernels take as is).
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheShape {
     /// Decoder layers.
     pub layers: usize,
-    /// Query heads per layer.
-    pub q_heads: usize,
-    /// Key/value heads per layer.
-    pub kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
+    /// Heads and softmax scale of every layer.
+    pub attn: AttnConfig,
 }
 
 impl CacheShape {
+    /// `layers` layers of `attn`.
+    pub fn new(layers: usize, attn: AttnConfig) -> Self {
+        Self { layers, attn }
+    }
+
     /// The shape of a model's attention.
-    pub fn of(cfg: &ModelConfig) -> Self {
-        Self {
-            layers: cfg.num_layers,
-            q_heads: cfg.q_heads,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
-        }
+    ///
+    /// # Errors
+    /// [`crate::Error::Attention`] for a head layout the kernels cannot run (zero counts,
+    /// q-heads not a multiple of kv-heads, `head_dim > 65535`).
+    pub fn of(cfg: &ModelConfig) -> Result<Self> {
+        Ok(Self::new(cfg.num_layers, AttnConfig::new(cfg.q_heads, cfg.kv_heads, cfg.head_dim)?))
+    }
+
+    /// Query heads per layer.
+    pub fn q_heads(&self) -> usize {
+        self.attn.q_heads()
+    }
+
+    /// Key/value heads per layer.
+    pub fn kv_heads(&self) -> usize {
+        self.attn.kv_heads()
+    }
+
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.attn.head_dim()
     }
 
     /// Query heads per kv-head.
     pub fn group(&self) -> usize {
-        self.q_heads / self.kv_heads
+        self.attn.group_size()
     }
 
     /// Checks one decode step's row lengths, the layer index and that every value is finite.
@@ -63,7 +82,7 @@ impl CacheShape {
     /// # Errors
     /// [`crate::Error::InvalidInput`] naming the first mismatch.
     pub fn check_step(&self, layer: usize, step: &StepQkv<'_>, out: &[f32]) -> Result<()> {
-        let (q, kv) = (self.q_heads * self.head_dim, self.kv_heads * self.head_dim);
+        let (q, kv) = (self.q_heads() * self.head_dim(), self.kv_heads() * self.head_dim());
         let lens = [
             ("q", step.q.len(), q),
             ("k", step.k.len(), kv),
@@ -92,7 +111,7 @@ impl CacheShape {
     /// [`crate::Error::InvalidInput`] naming the first mismatch.
     pub fn check_prefill(&self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
         self.check_layer(layer)?;
-        let want = self.kv_heads * kv.tokens * self.head_dim;
+        let want = self.kv_heads() * kv.tokens * self.head_dim();
         if kv.keys.len() != want || kv.values.len() != want {
             let reason = format!(
                 "{} keys / {} values for {} tokens, expected {want}",

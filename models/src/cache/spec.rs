@@ -322,7 +322,7 @@ impl CacheSpec {
 
     /// The model this spec runs with and a maker of fresh caches for it.
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
-        let shape = CacheShape::of(model.config());
+        let shape = CacheShape::of(model.config())?;
         let threads = self.threads.unwrap_or_else(default_threads);
         Ok(match &self.kind {
             CacheKind::Dense(format) => {
@@ -330,7 +330,7 @@ impl CacheSpec {
             }
             CacheKind::Swan(swan) => {
                 let set = Arc::new(swan.projection(model)?);
-                let cfg = swan.config(shape.head_dim);
+                let cfg = swan.config(shape.head_dim());
                 let absorbed = model.absorb_vo(&set)?;
                 (absorbed, Box::new(move || swan_cache(shape, cfg, set.clone(), threads)))
             }
@@ -339,7 +339,7 @@ impl CacheSpec {
             }
             CacheKind::SwanTiered(swan, t) => {
                 let set = Arc::new(swan.projection(model)?);
-                let cfg = swan.config(shape.head_dim);
+                let cfg = swan.config(shape.head_dim());
                 let absorbed = model.absorb_vo(&set)?;
                 let make = move || t.build(shape, Some((cfg, set.clone())), threads);
                 (absorbed, Box::new(make))

@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention};
+use attn_kernels::{CpuAttention, DecodeAttention};
 use kv_sparse::hybrid::{HybridCache, HybridConfig, MultiHeadCache};
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
@@ -75,7 +75,6 @@ impl SwanConfig {
 pub struct SwanCache<V: Value, D: Value> {
     shape: CacheShape,
     cfg: SwanConfig,
-    attn: AttnConfig,
     kernel: CpuAttention,
     set: Arc<ProjectionSet>,
     caches: MultiHeadCache<u8, V, D>,
@@ -99,7 +98,7 @@ impl<V: Value, D: Value> SwanCache<V, D> {
         threads: usize,
     ) -> Result<Self> {
         let dims = set.dims();
-        let want = (shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim);
+        let want = (shape.layers, shape.q_heads(), shape.kv_heads(), shape.head_dim());
         if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
             return Err(invalid(
                 "swan cache",
@@ -112,25 +111,27 @@ impl<V: Value, D: Value> SwanCache<V, D> {
                 format!("config formats {:?} do not match the cache type", cfg),
             ));
         }
-        let caches =
-            MultiHeadCache::new(shape.layers, shape.kv_heads, cfg.hybrid(shape.head_dim, None))?;
+        let caches = MultiHeadCache::new(
+            shape.layers,
+            shape.kv_heads(),
+            cfg.hybrid(shape.head_dim(), None),
+        )?;
         Ok(Self {
             shape,
             cfg,
-            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
             kernel: CpuAttention::new(threads)?,
             set,
             caches,
-            q_rot: vec![0.0; shape.q_heads * shape.head_dim],
-            k_rot: vec![0.0; shape.kv_heads * shape.head_dim],
+            q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
+            k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             prefill_rot: Vec::new(),
         })
     }
 
     /// Replaces the empty caches of `layer` by ones whose fp8 scales fit `keys`/`values`.
     fn rescale(&mut self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
-        let n = kv.tokens * self.shape.head_dim;
-        for h in 0..self.shape.kv_heads {
+        let n = kv.tokens * self.shape.head_dim();
+        for h in 0..self.shape.kv_heads() {
             let max = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
             let ks = kv_sparse::fp8::scale_for_max_abs(max(&self.prefill_rot[h * n..(h + 1) * n]))?;
             let vs = kv_sparse::fp8::scale_for_max_abs(max(&kv.values[h * n..(h + 1) * n]))?;
@@ -141,7 +142,7 @@ impl<V: Value, D: Value> SwanCache<V, D> {
             if !head.is_empty() {
                 return Err(invalid("swan prefill", format!("layer {layer} already holds tokens")));
             }
-            *head = HybridCache::new(self.cfg.hybrid(self.shape.head_dim, Some((ks, vs))))?;
+            *head = HybridCache::new(self.cfg.hybrid(self.shape.head_dim(), Some((ks, vs))))?;
         }
         Ok(())
     }
@@ -176,7 +177,7 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
         for l in 0..self.shape.layers {
-            for h in 0..self.shape.kv_heads {
+            for h in 0..self.shape.kv_heads() {
                 if let Some(c) = self.caches.head_mut(l, h) {
                     c.reserve(tokens);
                 }
@@ -187,9 +188,9 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         self.shape.check_prefill(layer, &kv)?;
-        let (d, n) = (self.shape.head_dim, kv.tokens * self.shape.head_dim);
+        let (d, n) = (self.shape.head_dim(), kv.tokens * self.shape.head_dim());
         self.prefill_rot.resize(kv.keys.len(), 0.0);
-        for h in 0..self.shape.kv_heads {
+        for h in 0..self.shape.kv_heads() {
             let p = self.set.qk(layer, h)?;
             projection::rotate_rows(
                 &kv.keys[h * n..(h + 1) * n],
@@ -211,7 +212,7 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
         self.caches.append_token(layer, &self.k_rot, step.v)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
-        self.kernel.hybrid(&self.attn, &self.q_rot, heads, out)?;
+        self.kernel.hybrid(&self.shape.attn, &self.q_rot, heads, out)?;
         Ok(())
     }
 

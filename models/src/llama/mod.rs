@@ -426,7 +426,7 @@ impl Llama {
     ) -> Result<Tensor> {
         self.check_ids(ids)?;
         self.check_window(position + 1)?;
-        let want = crate::cache::CacheShape::of(&self.cfg);
+        let want = crate::cache::CacheShape::of(&self.cfg)?;
         if let Some(c) = caches.iter().find(|c| c.shape() != want) {
             return Err(invalid(
                 "batched decode",

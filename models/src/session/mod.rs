@@ -30,7 +30,7 @@ impl Session {
     /// # Errors
     /// [`crate::Error::InvalidInput`] if the shapes differ or the cache is not empty.
     pub fn new(model: Llama, cache: Box<dyn KvCache>) -> Result<Self> {
-        let want = CacheShape::of(model.config());
+        let want = CacheShape::of(model.config())?;
         if cache.shape() != want {
             return Err(invalid(
                 "session",

@@ -66,7 +66,6 @@ pub struct TieredCache<D: Value> {
     shape: CacheShape,
     spec: TieredSpec,
     swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
-    attn: AttnConfig,
     kernel: CpuAttention,
     prompt: Option<Prompt>,
     store: Option<TieredStore>,
@@ -99,7 +98,7 @@ impl<D: Value> TieredCache<D> {
             ));
         }
         if let Some((cfg, set)) = &swan {
-            let full = cfg.k_key == shape.head_dim && cfg.k_value == shape.head_dim;
+            let full = cfg.k_key == shape.head_dim() && cfg.k_value == shape.head_dim();
             if cfg.value != kv_sparse::ValueFormat::Fp8E4M3
                 && !(full && cfg.value == kv_sparse::ValueFormat::F32)
             {
@@ -108,7 +107,7 @@ impl<D: Value> TieredCache<D> {
             }
             let d = set.dims();
             if (d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())
-                != (shape.layers, shape.q_heads, shape.kv_heads, shape.head_dim)
+                != (shape.layers, shape.q_heads(), shape.kv_heads(), shape.head_dim())
             {
                 return Err(invalid(
                     "tiered cache",
@@ -120,16 +119,15 @@ impl<D: Value> TieredCache<D> {
             shape,
             spec,
             swan,
-            attn: AttnConfig::new(shape.q_heads, shape.kv_heads, shape.head_dim)?,
             kernel: CpuAttention::new(threads)?,
             prompt: None,
             store: None,
             reserved: 0,
             appended: 0,
-            q_rot: vec![0.0; shape.q_heads * shape.head_dim],
-            k_rot: vec![0.0; shape.kv_heads * shape.head_dim],
+            q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
+            k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             weights: Vec::new(),
-            decoded: (0..shape.kv_heads).map(|_| Decoded::default()).collect(),
+            decoded: (0..shape.kv_heads()).map(|_| Decoded::default()).collect(),
             last: StepMetrics::default(),
             _format: std::marker::PhantomData,
         })
@@ -228,7 +226,7 @@ impl<D: Value> KvCache for TieredCache<D> {
                 .map(|(c, _)| *c)
                 .filter(|c| c.value == kv_sparse::ValueFormat::Fp8E4M3);
             self.store = Some(prompt.build_store(&self.spec, swan, capacity)?);
-            self.weights.reserve(self.shape.kv_heads * (kv.tokens + capacity));
+            self.weights.reserve(self.shape.kv_heads() * (kv.tokens + capacity));
         }
         Ok(())
     }
@@ -236,7 +234,8 @@ impl<D: Value> KvCache for TieredCache<D> {
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
         let rotated = self.rotate_step(layer, &step)?;
-        let Self { store, q_rot, k_rot, kernel, attn, weights, decoded, .. } = self;
+        let Self { store, q_rot, k_rot, kernel, shape, weights, decoded, .. } = self;
+        let attn = &shape.attn;
         let store = store.as_mut().ok_or_else(|| {
             invalid("tiered decode", "the tiered cache needs a prefill covering its span first")
         })?;

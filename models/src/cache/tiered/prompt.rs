@@ -30,13 +30,13 @@ pub(super) struct Prompt {
 
 impl Prompt {
     pub(super) fn new(shape: CacheShape, span: Range<usize>, tokens: usize) -> Result<Self> {
-        let n = shape.layers * shape.kv_heads * tokens * shape.head_dim;
+        let n = shape.layers * shape.kv_heads() * tokens * shape.head_dim();
         Ok(Self {
             shape,
             tokens,
             keys: vec![0.0; n],
             values: vec![0.0; n],
-            scores: vec![0.0; shape.layers * shape.kv_heads * span.len()],
+            scores: vec![0.0; shape.layers * shape.kv_heads() * span.len()],
             span,
             query_rows: 0,
             scored: vec![false; shape.layers],
@@ -57,12 +57,12 @@ impl Prompt {
 
     /// Adds one layer's `[q_heads][span]` sums, folded over each kv-head's group.
     pub(super) fn add_scores(&mut self, layer: usize, received: &[f32]) -> Result<()> {
-        let (s, g, kv) = (self.span.len(), self.shape.group(), self.shape.kv_heads);
-        if layer >= self.shape.layers || received.len() != self.shape.q_heads * s {
+        let (s, g, kv) = (self.span.len(), self.shape.group(), self.shape.kv_heads());
+        if layer >= self.shape.layers || received.len() != self.shape.q_heads() * s {
             let reason = format!(
                 "layer {layer}: {} sums, expected {}",
                 received.len(),
-                self.shape.q_heads * s
+                self.shape.q_heads() * s
             );
             return Err(invalid("tiered prefill attention", reason));
         }
@@ -95,7 +95,7 @@ impl Prompt {
                 format!("{} tokens in layer {layer}, prompt has {}", kv.tokens, self.tokens),
             ));
         }
-        let per_layer = self.shape.kv_heads * self.tokens * self.shape.head_dim;
+        let per_layer = self.shape.kv_heads() * self.tokens * self.shape.head_dim();
         let (keys, values) = (
             &mut self.keys[layer * per_layer..(layer + 1) * per_layer],
             &mut self.values[layer * per_layer..(layer + 1) * per_layer],
@@ -104,7 +104,7 @@ impl Prompt {
         match set {
             None => keys.copy_from_slice(kv.keys),
             Some(set) => {
-                let n = self.tokens * self.shape.head_dim;
+                let n = self.tokens * self.shape.head_dim();
                 for (h, (src, dst)) in
                     kv.keys.chunks_exact(n).zip(keys.chunks_exact_mut(n)).enumerate()
                 {
@@ -130,7 +130,7 @@ impl Prompt {
 
     /// The dense or sparse row layout; sparse fp8 scales fit the span's largest magnitudes.
     fn rows(&self, spec: &TieredSpec, swan: Option<SwanConfig>) -> Result<RowLayout> {
-        let d = self.shape.head_dim;
+        let d = self.shape.head_dim();
         let Some(c) = swan else {
             return Ok(RowLayout { head_dim: d, dense: spec.format, sparse: None });
         };
@@ -167,7 +167,7 @@ impl Prompt {
         }
         let s = self.shape;
         let layout = spec.layout(self.tokens)?;
-        let policy = spec.policy(layout, s.layers, s.kv_heads, &self.voice_scores())?;
+        let policy = spec.policy(layout, s.layers, s.kv_heads(), &self.voice_scores())?;
         if policy.prefill_signal() != signal {
             return Err(invalid(
                 "tiered prefill",
@@ -176,14 +176,14 @@ impl Prompt {
         }
         let config = StoreConfig {
             rows: self.rows(spec, swan)?,
-            ..StoreConfig::new(s.layers, s.kv_heads, s.q_heads, s.head_dim, layout, capacity)
+            ..StoreConfig::new(s.layers, s.kv_heads(), s.q_heads(), s.head_dim(), layout, capacity)
         };
         let scores = if signal == PrefillSignal::None { Vec::new() } else { self.scores };
         let kv = DensePromptKv::new(
             s.layers,
-            s.kv_heads,
+            s.kv_heads(),
             self.tokens,
-            s.head_dim,
+            s.head_dim(),
             self.keys,
             self.values,
         )?;
