@@ -11,7 +11,7 @@ use super::{AudioLlm, read_wav};
 use crate::cache::{CacheBytes, KvCache};
 use crate::error::{Result, TorchOp};
 use crate::llama::{DecodeScratch, NoObserver};
-use crate::session::generate::{Generation, StopReason, argmax};
+use crate::session::generate::{Generation, greedy_loop};
 
 /// A prepared transcription input: the prompt ids, where the audio sits, and its embeddings.
 pub struct AudioPrompt {
@@ -97,7 +97,7 @@ pub fn greedy(
     }
     cache.reserve(prompt.ids.len() + max_new_tokens)?;
     let t0 = Instant::now();
-    let mut logits = model
+    let logits = model
         .prefill(&prompt.ids, &prompt.audio, Some(&mut *cache), &mut NoObserver, false)?
         .f_squeeze_dim(0)
         .op("squeeze")?;
@@ -105,28 +105,14 @@ pub fn greedy(
     let (bytes_after_prefill, stats_after_prefill) = (cache.bytes(), cache.stats());
     let mut scratch = DecodeScratch::new(model.config())?;
     let t1 = Instant::now();
-    let mut ids = Vec::with_capacity(max_new_tokens);
-    let mut stop_reason = StopReason::Length;
     let mut position = prompt.ids.len();
-    while ids.len() < max_new_tokens {
-        let next = argmax(&logits)?;
-        ids.push(next);
-        on_token(next)?;
-        if stop.contains(&next) {
-            stop_reason = StopReason::StopToken(next);
-            break;
-        }
-        if ids.len() < max_new_tokens {
-            logits = model
-                .text()
-                .decode(next, position, cache, &mut scratch)?
-                .f_squeeze_dim(0)
-                .op("squeeze")?;
-            position += 1;
-        }
-    }
-    let generation =
-        Generation { ids, stop: stop_reason, prefill_s, decode_s: t1.elapsed().as_secs_f64() };
+    let mut step = |id: u32| {
+        let logits = model.text().decode(id, position, &mut *cache, &mut scratch)?;
+        position += 1;
+        logits.f_squeeze_dim(0).op("squeeze")
+    };
+    let (ids, stop) = greedy_loop(logits, max_new_tokens, stop, on_token, &mut step)?;
+    let generation = Generation { ids, stop, prefill_s, decode_s: t1.elapsed().as_secs_f64() };
     Ok(Transcription {
         generation,
         bytes_after_prefill,

@@ -62,22 +62,35 @@ pub fn greedy(
 ) -> Result<Generation> {
     session.reserve(prompt.len() + max_new_tokens)?;
     let t0 = Instant::now();
-    let mut logits = session.prefill(prompt)?;
+    let logits = session.prefill(prompt)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
+    let (ids, stop) =
+        greedy_loop(logits, max_new_tokens, stop, on_token, &mut |id| session.decode(id))?;
+    Ok(Generation { ids, stop, prefill_s, decode_s: t1.elapsed().as_secs_f64() })
+}
+
+/// The arg-max loop every greedy decode shares: from the prompt's `logits`, take the
+/// arg-max id, hand it to `on_token`, stop after a `stop` id or `max_new_tokens`, else feed
+/// it through `step` (one decode step, returning the next logits `[vocab]`).
+pub(crate) fn greedy_loop(
+    mut logits: Tensor,
+    max_new_tokens: usize,
+    stop: &[u32],
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+    step: &mut dyn FnMut(u32) -> Result<Tensor>,
+) -> Result<(Vec<u32>, StopReason)> {
     let mut ids = Vec::with_capacity(max_new_tokens);
-    let mut reason = StopReason::Length;
     while ids.len() < max_new_tokens {
         let next = argmax(&logits)?;
         ids.push(next);
         on_token(next)?;
         if stop.contains(&next) {
-            reason = StopReason::StopToken(next);
-            break;
+            return Ok((ids, StopReason::StopToken(next)));
         }
         if ids.len() < max_new_tokens {
-            logits = session.decode(next)?;
+            logits = step(next)?;
         }
     }
-    Ok(Generation { ids, stop: reason, prefill_s, decode_s: t1.elapsed().as_secs_f64() })
+    Ok((ids, StopReason::Length))
 }
