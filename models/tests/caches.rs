@@ -94,3 +94,59 @@ fn build_many_gives_fresh_caches_for_one_model() {
         assert!(model.same_weights(&one).unwrap(), "{text}: same model as build");
     }
 }
+
+/// A decode step holding NaN or ∞ in its query, key or value is a typed error at every
+/// cache, and the cache is left as it was: same length, and the next good step gives the
+/// output a cache that never saw the bad step gives.
+#[test]
+fn non_finite_steps_are_rejected_and_change_nothing() {
+    use models::cache::{KvCache, LayerKv, StepQkv};
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    for text in [
+        "dense:format=f32",
+        "swan:k=8,value=fp8,b=2,basis=random:3",
+        "tiered:span=2..10,policy=wnw,r_gpu=0.5",
+        "swan+tiered:k=8,value=fp8,basis=random:3,span=2..10,policy=wnw,r_gpu=0.5",
+    ] {
+        let spec: CacheSpec = text.parse().unwrap();
+        let (_, mut caches) = spec.build_many(&ckpt.model, 2).unwrap();
+        let shape = caches[0].shape();
+        let (nq, nkv, tokens) =
+            (shape.q_heads() * shape.head_dim(), shape.kv_heads() * shape.head_dim(), 12);
+        let row = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n).map(|i| (((i * 31 + seed * 17) % 23) as f32 - 11.0) / 8.0).collect()
+        };
+        let kv = row(nkv * tokens, 1);
+        for cache in caches.iter_mut() {
+            cache.reserve(tokens + 4).unwrap();
+            let request = cache.attention_request(tokens);
+            for layer in 0..shape.layers {
+                if let Some(r) = &request {
+                    let received = row(shape.q_heads() * r.keys.len(), layer)
+                        .iter()
+                        .map(|x| x.abs())
+                        .collect::<Vec<_>>();
+                    cache.prefill_attention(layer, &received).unwrap();
+                }
+                let prompt = LayerKv { keys: &kv, values: &kv, tokens };
+                cache.prefill(layer, prompt).unwrap();
+            }
+        }
+        let (q, k, v) = (row(nq, 2), row(nkv, 3), row(nkv, 4));
+        let mut out = vec![0f32; nq];
+        for (which, bad) in [(0, f32::NAN), (1, f32::INFINITY), (2, f32::NEG_INFINITY)] {
+            let mut rows = [q.clone(), k.clone(), v.clone()];
+            rows[which][1] = bad;
+            let step = StepQkv { q: &rows[0], k: &rows[1], v: &rows[2] };
+            assert!(caches[0].decode(0, step, &mut out).is_err(), "{text}: row {which} = {bad}");
+            assert_eq!(caches[0].len(), tokens, "{text}: a rejected step changed the length");
+        }
+        let mut outs = [vec![0f32; nq], vec![0f32; nq]];
+        for (cache, out) in caches.iter_mut().zip(&mut outs) {
+            for layer in 0..shape.layers {
+                cache.decode(layer, StepQkv { q: &q, k: &k, v: &v }, out).unwrap();
+            }
+        }
+        assert_eq!(outs[0], outs[1], "{text}: the rejected steps left a trace");
+    }
+}

@@ -6,7 +6,7 @@
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::Value;
 
-use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
+use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
 use crate::error::Result;
 
 /// Full keys and values per (layer, kv-head), row-major `[tokens][head_dim]` of `D`.
@@ -77,6 +77,8 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         self.shape.check_prefill(layer, &kv)?;
+        check_finite("cache prefill", "keys", layer, kv.keys)?;
+        check_finite("cache prefill", "values", layer, kv.values)?;
         let n = kv.tokens * self.shape.head_dim();
         for (i, slot) in self.heads(layer).enumerate() {
             Self::push_rows(&mut self.keys[slot], &kv.keys[i * n..(i + 1) * n]);
@@ -87,6 +89,10 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
+        // This cache is the storage of k and v: they are checked here, before any head
+        // takes its row (`check_step` checked q and the lengths).
+        check_finite("cache decode", "k", layer, step.k)?;
+        check_finite("cache decode", "v", layer, step.v)?;
         let d = self.shape.head_dim();
         for (i, slot) in self.heads(layer).enumerate() {
             Self::push_rows(&mut self.keys[slot], &step.k[i * d..(i + 1) * d]);

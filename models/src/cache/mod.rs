@@ -77,7 +77,13 @@ impl CacheShape {
         self.attn.group_size()
     }
 
-    /// Checks one decode step's row lengths, the layer index and that every value is finite.
+    /// Checks one decode step at the cache boundary, where the rows enter: the layer index,
+    /// every row length (the caches slice rows per head on this alone), and that the query
+    /// is finite. The query is checked here because the kernel sees it only after the step
+    /// has appended its key and value; the key and value rows are checked once by the
+    /// storage that keeps them (kv-sparse's `append_token`, kv-tiered's `append`,
+    /// [`DenseCache`]'s own append), each all-or-nothing across heads. So a rejected step
+    /// leaves the cache as it was.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] naming the first mismatch.
@@ -98,11 +104,7 @@ impl CacheShape {
                 ));
             }
         }
-        // Checked before anything is appended, so a rejected step leaves the cache as it was.
-        if step.q.iter().chain(step.k).chain(step.v).any(|x| !x.is_finite()) {
-            return Err(invalid("cache decode", format!("non-finite q, k or v in layer {layer}")));
-        }
-        Ok(())
+        check_finite("cache decode", "q", layer, step.q)
     }
 
     /// Checks a prefill block's lengths and the layer index.
@@ -132,6 +134,16 @@ impl CacheShape {
             ));
         }
         Ok(())
+    }
+}
+
+/// Rejects a row holding NaN or ±∞, naming the row and the first bad position.
+pub(crate) fn check_finite(op: &'static str, what: &str, layer: usize, row: &[f32]) -> Result<()> {
+    match row.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => {
+            Err(invalid(op, format!("layer {layer}: {what}[{i}] = {} is not finite", row[i])))
+        }
     }
 }
 
