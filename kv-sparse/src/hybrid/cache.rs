@@ -178,6 +178,15 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
             return Err(Error::LengthMismatch { op: OPS[0], what, expected, got });
         }
         self.check_input(OPS, keys, values, n)?;
+        self.extend_checked(keys, values)
+    }
+
+    /// [`HybridCache::extend`] after [`HybridCache::check_input`] succeeded for these rows
+    /// (whole rows of `head_dim`; finite or allowed by the non-finite policy; within the
+    /// storage limits): nothing is checked again.
+    pub(crate) fn extend_checked(&mut self, keys: &[f32], values: &[f32]) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let n = keys.len() / d;
         let spill = (self.buffer.len() + n).saturating_sub(self.cfg.buffer);
         self.sparse.reserve(spill);
         let from_buffer = spill.min(self.buffer.len());

@@ -109,7 +109,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
         for (h, (k, v)) in
             heads.iter_mut().zip(keys.chunks_exact(per_head).zip(values.chunks_exact(per_head)))
         {
-            h.extend(k, v)?;
+            h.extend_checked(k, v)?;
         }
         Ok(())
     }
