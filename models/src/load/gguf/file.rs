@@ -218,9 +218,9 @@ fn parse(bytes: &[u8]) -> Result<Parsed> {
         return Err(invalid("version", 4, format!("version {version} is not supported (2 or 3)")));
     }
     let n_tensors = c.u64("tensor count")?;
-    let n_kv = c.u64("metadata count")?;
-    let n_kv = bounded_count(&c, n_kv, MIN_KV_BYTES, "metadata entries")?;
-    let metadata = parse_metadata(&mut c, n_kv)?;
+    let n_meta = c.u64("metadata count")?;
+    let n_meta = bounded_count(&c, n_meta, MIN_KV_BYTES, "metadata entries")?;
+    let metadata = parse_metadata(&mut c, n_meta)?;
     let alignment = alignment(&metadata)?;
     let n_tensors = bounded_count(&c, n_tensors, MIN_TENSOR_INFO_BYTES, "tensor directory")?;
     let mut tensors = Vec::with_capacity(n_tensors);
