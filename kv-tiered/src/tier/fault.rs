@@ -303,6 +303,17 @@ impl<T: Tier> Tier for FaultyTier<T> {
     ) -> Result<(), TierError> {
         self.inner.read_host(page, first_row, keys, values)
     }
+    fn read_device(
+        &self,
+        page: &DevicePage,
+        first_row: usize,
+        keys: &mut [u8],
+        values: &mut [u8],
+    ) -> Result<(), TierError> {
+        // Forwarded: a device tier (CUDA) reads its pages with a D2H copy, not through the
+        // host bytes the trait's default reads.
+        self.inner.read_device(page, first_row, keys, values)
+    }
     fn copy_to_device(
         &self,
         src: HostPage,
