@@ -18,8 +18,7 @@
 //!   depend on the thread count.
 //! * [`accuracy`] — the tolerance of every optimized kernel against the reference, per
 //!   value format, in one table.
-//! * [`bandwidth`] — memory-bandwidth measurement (the roofline of decode attention);
-//!   [`synth`] — synthetic caches for tests and benchmarks.
+//! * [`synth`] — synthetic caches for tests and benchmarks.
 //!
 //! Inputs are borrowed views ([`DenseKv`], [`SparseKv`], any [`HybridSource`],
 //! [`GatheredKv`], [`GatheredSparseKv`]) over row-major slices, so in-memory, memory-mapped
@@ -44,7 +43,6 @@
 
 pub mod accuracy;
 mod api;
-pub mod bandwidth;
 mod config;
 mod cpu;
 pub mod cuda;

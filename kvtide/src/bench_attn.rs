@@ -27,13 +27,15 @@ use std::time::Instant;
 
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, DenseKv, GatheredKv, GatheredSparseAttention,
-    GatheredSparseKv, SparseSlab, bandwidth, synth,
+    GatheredSparseKv, SparseSlab, synth,
 };
 use half::f16;
 use kv_sparse::Value;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::HybridCache;
 use serde::Serialize;
+
+use crate::bandwidth;
 use serde_json::{Value as Json, json};
 use tch::{Kind, Tensor};
 
@@ -181,8 +183,7 @@ pub fn run(opts: &BenchAttnOptions) -> Result<Json> {
     let mut engines = Vec::new();
     for &t in &opts.threads {
         let attn = CpuAttention::new(t).map_err(kernel_err)?;
-        let bw =
-            bandwidth::measure(attn.pool(), opts.bandwidth_mib << 20, 3).map_err(kernel_err)?;
+        let bw = bandwidth::measure(attn.pool(), opts.bandwidth_mib << 20, 3)?;
         engines.push(Engine { attn, bw });
     }
     let mut points = Vec::new();

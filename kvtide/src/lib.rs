@@ -7,12 +7,13 @@
 //! * [`reproduce`]: the SWAN (`papers/swan.txt` §6) and WnW (`papers/wnw.txt` §2–3,
 //!   Appendix C/E) studies, their reports and plots.
 //! * [`bench_attn`]: `kvtide bench-attn`, the decode-attention kernels against libtorch and
-//!   the machine's memory bandwidth.
+//!   the machine's memory bandwidth ([`bandwidth`]).
 //! * [`paths`]: where `scripts/setup.sh` put the default model, texts and projections.
 //!
 //! The library crates never read the cache directory: every default path is resolved here
 //! and handed down as an argument.
 
+pub mod bandwidth;
 pub mod bench_attn;
 pub mod cli;
 mod error;

@@ -100,7 +100,7 @@ fn build_many_gives_fresh_caches_for_one_model() {
 /// output a cache that never saw the bad step gives.
 #[test]
 fn non_finite_steps_are_rejected_and_change_nothing() {
-    use models::cache::{KvCache, LayerKv, StepQkv};
+    use models::cache::{LayerKv, StepQkv};
     let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
     for text in [
         "dense:format=f32",

@@ -1,4 +1,5 @@
-//! Memory-bandwidth measurement: the roofline every decode kernel is judged against.
+//! Memory-bandwidth measurement for `kvtide bench-attn`: the roofline every decode kernel
+//! is judged against.
 //!
 //! A decode step reads the whole KV cache once and does little arithmetic per byte, so
 //! on a CPU its speed limit is memory bandwidth (the target: every kernel at L ≥ 16k
@@ -13,8 +14,9 @@
 
 use std::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::pool::ThreadPool;
+use attn_kernels::ThreadPool;
+
+use crate::error::{Result, invalid};
 
 /// Measured memory bandwidth of this machine.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -33,23 +35,22 @@ pub struct Bandwidth {
 /// keeping the best of `repeats` runs each.
 ///
 /// # Errors
-/// [`Error::Param`] if `buffer_bytes < 1 MiB` or `repeats == 0`.
+/// [`crate::Error::InvalidInput`] if `buffer_bytes < 1 MiB` or `repeats == 0`.
 ///
 /// # Examples
 /// ```
 /// let pool = attn_kernels::ThreadPool::new(1)?;
-/// let bw = attn_kernels::bandwidth::measure(&pool, 4 << 20, 2)?;
+/// let bw = kvtide::bandwidth::measure(&pool, 4 << 20, 2)?;
 /// assert!(bw.copy_bytes_per_s > 0.0 && bw.read_bytes_per_s > 0.0);
-/// # Ok::<(), attn_kernels::Error>(())
+/// # Ok::<(), kvtide::Error>(())
 /// ```
 pub fn measure(pool: &ThreadPool, buffer_bytes: usize, repeats: usize) -> Result<Bandwidth> {
     const OP: &str = "bandwidth::measure";
     if buffer_bytes < 1 << 20 {
-        let value = buffer_bytes.to_string();
-        return Err(Error::Param { op: OP, what: "buffer_bytes", value, expected: "≥ 1 MiB" });
+        return Err(invalid(OP, format!("buffer_bytes {buffer_bytes}: need ≥ 1 MiB")));
     }
     if repeats == 0 {
-        return Err(Error::Param { op: OP, what: "repeats", value: "0".into(), expected: "≥ 1" });
+        return Err(invalid(OP, "repeats 0: need ≥ 1"));
     }
     let threads = pool.threads();
     let words = buffer_bytes / 8 / threads;
@@ -110,6 +111,7 @@ fn sum_words(x: &[u64]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     #[test]
     fn sum_words_matches_iterator_sum() {
@@ -120,8 +122,12 @@ mod tests {
     #[test]
     fn rejects_tiny_buffers_and_zero_repeats() {
         let pool = ThreadPool::new(1).unwrap();
-        assert!(matches!(measure(&pool, 1000, 1), Err(Error::Param { what: "buffer_bytes", .. })));
-        assert!(matches!(measure(&pool, 1 << 20, 0), Err(Error::Param { what: "repeats", .. })));
+        assert!(
+            matches!(measure(&pool, 1000, 1), Err(Error::InvalidInput { ref reason, .. }) if reason.contains("buffer_bytes"))
+        );
+        assert!(
+            matches!(measure(&pool, 1 << 20, 0), Err(Error::InvalidInput { ref reason, .. }) if reason.contains("repeats"))
+        );
     }
 
     #[test]
