@@ -122,6 +122,9 @@ pub enum Error {
     /// A storage tier failed (allocation, copy, write).
     #[error("tier: {0}")]
     Tier(#[from] TierError),
+    /// `attn-kernels` rejected an attention shape (head counts, head size).
+    #[error("attention shape: {0}")]
+    Attention(#[from] attn_kernels::Error),
     /// `kv-sparse` rejected a row (encoding sparse rows).
     #[error("sparse rows: {0}")]
     Sparse(#[from] kv_sparse::Error),

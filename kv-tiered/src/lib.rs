@@ -31,7 +31,7 @@
 //! let roles = HeadRoles::triage(2, 2, &[0.9, 0.5, 0.4, 0.1], &[1.0; 4],
 //!     TriageConfig { n_voice: 3, n_anchor: 1, ..Default::default() })?;
 //! let policy = WnwPolicy::for_target(roles, layout, 0.5, WnwConfig::default())?;
-//! let config = StoreConfig::new(2, 2, 4, 4, layout, 8);
+//! let config = StoreConfig::new(2, attn_kernels::AttnConfig::new(4, 2, 4)?, layout, 8);
 //! let n = 2 * 2 * 40 * 4;
 //! let keys = (0..n).map(|i| (i % 7) as f32).collect();
 //! let kv = DensePromptKv::new(2, 2, 40, 4, keys, vec![0.5; n])?;

@@ -157,7 +157,7 @@ impl HeadRoles {
         self.kv_heads
     }
     /// Total heads `L · H_kv`.
-    pub fn num_heads(&self) -> usize {
+    pub fn total_kv_heads(&self) -> usize {
         self.roles.len()
     }
     /// The triage configuration.

@@ -7,6 +7,8 @@
 //! [`SimConfig::voxtral_mini`] is Voxtral-mini's scale: 30 layers × 8 kv-heads,
 //! 32 q-heads, head_dim = 128, 5 anchors, 90 voice heads, 3000 audio tokens (4 min at 12.5 tok/s).
 
+use attn_kernels::AttnConfig;
+
 use crate::error::Result;
 use crate::layout::{
     AudioLayout, DEFAULT_CHUNK_SECONDS, DEFAULT_SEGMENT_SECONDS, VOXTRAL_TOKENS_PER_SECOND,
@@ -84,14 +86,8 @@ impl SimConfig {
     /// # Errors
     /// As [`SimConfig::layout`].
     pub fn store_config(&self, rows: RowLayout) -> Result<StoreConfig> {
-        let mut c = StoreConfig::new(
-            self.layers,
-            self.kv_heads,
-            self.q_heads,
-            self.head_dim,
-            self.layout()?,
-            self.steps,
-        );
+        let attn = AttnConfig::new(self.q_heads, self.kv_heads, self.head_dim)?;
+        let mut c = StoreConfig::new(self.layers, attn, self.layout()?, self.steps);
         c.rows = rows;
         Ok(c)
     }

@@ -94,11 +94,11 @@ impl WnwPolicy {
         layout: AudioLayout,
         config: WnwConfig,
     ) -> Result<Self> {
-        if schedule.retentions().len() != roles.num_heads() {
+        if schedule.retentions().len() != roles.total_kv_heads() {
             return Err(Error::Shape {
                 op: "WnwPolicy::new",
                 what: "schedule",
-                expected: roles.num_heads(),
+                expected: roles.total_kv_heads(),
                 got: schedule.retentions().len(),
             });
         }
@@ -107,7 +107,7 @@ impl WnwPolicy {
         }
         let anchor = roles.roles().iter().map(|&r| r == Role::Anchor).collect();
         let tidal = roles.heads_with(Role::Tidal).map(|h| h as u32).collect();
-        let n = roles.num_heads() * layout.num_segments();
+        let n = roles.total_kv_heads() * layout.num_segments();
         Ok(Self {
             roles,
             schedule,
@@ -226,7 +226,7 @@ impl Policy for WnwPolicy {
 
     fn plan_prefill(&mut self, ctx: &PrefillContext<'_>) -> Result<Vec<HeadPlan>> {
         let t = self.layout.audio_len();
-        if ctx.layout != &self.layout || ctx.layers * ctx.kv_heads != self.roles.num_heads() {
+        if ctx.layout != &self.layout || ctx.layers * ctx.kv_heads != self.roles.total_kv_heads() {
             return Err(param(
                 "WnwPolicy::plan_prefill",
                 "layout/heads",
@@ -234,9 +234,9 @@ impl Policy for WnwPolicy {
                 "the layout and roles the policy was built with",
             ));
         }
-        let mut plans = Vec::with_capacity(self.roles.num_heads());
+        let mut plans = Vec::with_capacity(self.roles.total_kv_heads());
         let mut kept = Vec::with_capacity(t);
-        for h in 0..self.roles.num_heads() {
+        for h in 0..self.roles.total_kv_heads() {
             let role = self.roles.roles()[h];
             let mut plan = HeadPlan { exact: role == Role::Anchor, ..HeadPlan::default() };
             if role == Role::Anchor {

@@ -45,11 +45,11 @@ impl<T: Tier> TieredStore<T> {
     pub fn audit(&mut self) -> Result<Audit> {
         self.sync()?;
         let mut audit = Audit::default();
-        for h in 0..self.config.num_heads() {
+        for h in 0..self.config.total_kv_heads() {
             let head = self.audit_head(h, &mut audit.violations);
             audit.heads.push(head);
         }
-        let full = (self.config.num_heads() * self.config.layout.audio_len()) as f64;
+        let full = (self.config.total_kv_heads() * self.config.layout.audio_len()) as f64;
         let dev: usize = audit.heads.iter().map(|a| a.device_audio).sum();
         let cov: usize = audit.heads.iter().map(|a| a.covered).sum();
         (audit.r_gpu, audit.r_gpu_cpu) = (dev as f64 / full, cov as f64 / full);
@@ -66,7 +66,7 @@ impl<T: Tier> TieredStore<T> {
     }
 
     fn audit_head(&self, h: usize, v: &mut Vec<String>) -> HeadAudit {
-        let (kv, layout) = (self.config.kv_heads, self.config.layout);
+        let (kv, layout) = (self.config.attn.kv_heads(), self.config.layout);
         let (l, k) = (h / kv, h % kv);
         let tables = self.shared.layers[l].read();
         let t = &tables[k];

@@ -21,7 +21,7 @@ impl<T: Tier> TieredStore<T> {
     /// `max_new_tokens`; [`Error::Tier`] if the device is full.
     pub fn append(&mut self, layer: usize, keys: &[f32], values: &[f32]) -> Result<()> {
         const OP: &str = "TieredStore::append";
-        let (h, d) = (self.config.kv_heads, self.config.rows.head_dim);
+        let (h, d) = (self.config.attn.kv_heads(), self.config.rows.head_dim);
         self.check_head(OP, layer, 0)?;
         check_len(OP, "keys", keys, h * d)?;
         check_len(OP, "values", values, h * d)?;
@@ -125,7 +125,7 @@ impl<T: Tier> TieredStore<T> {
         check_len(OP, "weights", weights, total)?;
         let mut off = 0;
         for (k, t) in tables.iter().enumerate() {
-            let anchor = self.policy.is_anchor(layer * self.config.kv_heads + k);
+            let anchor = self.policy.is_anchor(layer * self.config.attn.kv_heads() + k);
             for list in &t.lists {
                 if anchor {
                     let lo = list.positions().partition_point(|&p| (p as usize) < a.start);
@@ -168,7 +168,7 @@ impl<T: Tier> TieredStore<T> {
     pub fn observe_queries(&mut self, layer: usize, q: &[f32]) -> Result<()> {
         const OP: &str = "TieredStore::observe_queries";
         self.check_head(OP, layer, 0)?;
-        let n = self.config.q_heads * self.config.rows.head_dim;
+        let n = self.config.attn.q_heads() * self.config.rows.head_dim;
         check_len(OP, "q", q, n)?;
         check_finite(OP, "q", q)?;
         if !self.queries.is_empty() {
@@ -215,7 +215,7 @@ impl<T: Tier> TieredStore<T> {
             step: self.step,
             anchor_weights,
             queries,
-            q_heads: self.config.q_heads,
+            q_heads: self.config.attn.q_heads(),
         };
         self.policy.plan_step(&obs, &self.residency, &mut self.plan);
         self.check_plan()?;
@@ -243,7 +243,7 @@ impl<T: Tier> TieredStore<T> {
 
     fn check_plan(&self) -> Result<()> {
         const OP: &str = "Policy::plan_step";
-        let (heads, units) = (self.config.num_heads(), self.residency.units());
+        let (heads, units) = (self.config.total_kv_heads(), self.residency.units());
         for &(h, u) in &self.plan.recalls {
             let (h, u) = (h as usize, u as usize);
             if h >= heads
@@ -276,7 +276,7 @@ impl<T: Tier> TieredStore<T> {
     /// Executes the planned releases (no recall is in flight: `sync` ran).
     fn release_planned(&mut self) -> u32 {
         let (kv, a0, unit) =
-            (self.config.kv_heads, self.config.layout.audio_start() as u32, self.unit_len());
+            (self.config.attn.kv_heads(), self.config.layout.audio_start() as u32, self.unit_len());
         let page_rows = self.shared.page_rows as u32;
         for i in 0..self.plan.releases.len() {
             let (h, u) = (self.plan.releases[i].0 as usize, self.plan.releases[i].1 as usize);
@@ -300,7 +300,7 @@ impl<T: Tier> TieredStore<T> {
     /// Allocates device pages and sends recall jobs, layer by layer.
     fn issue_recalls(&mut self) -> Result<(u32, u32, u64)> {
         self.plan.recalls.sort_unstable();
-        let kv = self.config.kv_heads;
+        let kv = self.config.attn.kv_heads();
         let (mut failed, mut bytes) = (0u32, 0u64);
         for &(h, u) in &self.plan.recalls {
             let (hu, uu) = (h as usize, u as usize);

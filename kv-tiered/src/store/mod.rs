@@ -43,6 +43,7 @@ pub use view::{Gather, HeadView, LayerView};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use attn_kernels::AttnConfig;
 use crossbeam::channel::Sender;
 
 use crate::error::{Error, Result, check_len, param};
@@ -58,11 +59,10 @@ use shared::{Job, Shared};
 pub struct StoreConfig {
     /// Decoder layers `L`.
     pub layers: usize,
-    /// KV-heads per layer `H_kv`.
-    pub kv_heads: usize,
-    /// Query heads per layer `H_q` (a multiple of `H_kv`).
-    pub q_heads: usize,
-    /// Row formats and head dimension.
+    /// One layer's attention shape (`H_q`, `H_kv`, head size, softmax scale): the shape
+    /// the store hands its rows to the kernels with.
+    pub attn: AttnConfig,
+    /// Row formats (their head dimension is `attn`'s).
     pub rows: RowLayout,
     /// Where the audio sits in the prompt.
     pub layout: AudioLayout,
@@ -76,17 +76,14 @@ impl StoreConfig {
     /// A configuration with dense f32 rows and a 4096-job recall queue.
     pub fn new(
         layers: usize,
-        kv_heads: usize,
-        q_heads: usize,
-        head_dim: usize,
+        attn: AttnConfig,
         layout: AudioLayout,
         max_new_tokens: usize,
     ) -> Self {
         Self {
             layers,
-            kv_heads,
-            q_heads,
-            rows: RowLayout::dense_f32(head_dim),
+            attn,
+            rows: RowLayout::dense_f32(attn.head_dim()),
             layout,
             max_new_tokens,
             queue_capacity: 4096,
@@ -96,21 +93,16 @@ impl StoreConfig {
     /// Checks sizes and row formats.
     ///
     /// # Errors
-    /// [`Error::Param`] for empty grids, `q_heads` not a multiple of `kv_heads`, a zero queue,
-    /// positions that would not fit `u32`; as [`RowLayout::validate`].
+    /// [`Error::Param`] for zero layers, rows of another head size than `attn`, a zero
+    /// queue, positions that would not fit `u32`; as [`RowLayout::validate`]. (The head
+    /// layout itself was checked when `attn` was made.)
     pub fn validate(&self) -> Result<()> {
         const OP: &str = "StoreConfig::validate";
-        if self.layers == 0
-            || self.kv_heads == 0
-            || self.q_heads == 0
-            || !self.q_heads.is_multiple_of(self.kv_heads)
-        {
-            return Err(param(
-                OP,
-                "layers/kv_heads/q_heads",
-                format!("{}/{}/{}", self.layers, self.kv_heads, self.q_heads),
-                "non-zero, q_heads a multiple of kv_heads",
-            ));
+        if self.layers == 0 {
+            return Err(param(OP, "layers", 0, "≥ 1"));
+        }
+        if self.rows.head_dim != self.attn.head_dim() {
+            return Err(param(OP, "rows.head_dim", self.rows.head_dim, "attn.head_dim()"));
         }
         if self.queue_capacity == 0 {
             return Err(param(OP, "queue_capacity", 0, "≥ 1"));
@@ -127,8 +119,8 @@ impl StoreConfig {
     }
 
     /// Heads `L · H_kv`.
-    pub fn num_heads(&self) -> usize {
-        self.layers * self.kv_heads
+    pub fn total_kv_heads(&self) -> usize {
+        self.layers * self.attn.kv_heads()
     }
 
     /// Pool geometry for pages of `page_rows` rows: pool 0 dense, pool 1 sparse (if enabled).
@@ -157,8 +149,8 @@ impl StoreConfig {
         let rows = self.layout.seq_len() + self.max_new_tokens;
         let per_head = rows.div_ceil(unit) + 1 + units;
         TierConfig {
-            device_pages_per_layer: Some(self.kv_heads * per_head),
-            host_pages: Some(self.num_heads() * units),
+            device_pages_per_layer: Some(self.attn.kv_heads() * per_head),
+            host_pages: Some(self.total_kv_heads() * units),
             ..self.tier_config(policy)
         }
     }
@@ -304,8 +296,8 @@ impl<T: Tier> TieredStore<T> {
     /// Whether `(layer, kv_head)`'s attention weights are wanted this step.
     pub fn is_anchor(&self, layer: usize, kv_head: usize) -> bool {
         layer < self.config.layers
-            && kv_head < self.config.kv_heads
-            && self.policy.is_anchor(layer * self.config.kv_heads + kv_head)
+            && kv_head < self.config.attn.kv_heads()
+            && self.policy.is_anchor(layer * self.config.attn.kv_heads() + kv_head)
     }
     /// Current r_GPU (§3.4).
     pub fn r_gpu(&self) -> f64 {
@@ -316,19 +308,19 @@ impl<T: Tier> TieredStore<T> {
         (self.counts.device_audio + self.counts.host_only_audio) as f64 / self.full_audio()
     }
     fn full_audio(&self) -> f64 {
-        (self.config.num_heads() * self.config.layout.audio_len()) as f64
+        (self.config.total_kv_heads() * self.config.layout.audio_len()) as f64
     }
     fn check_head(&self, op: &'static str, layer: usize, kv_head: usize) -> Result<usize> {
-        if layer >= self.config.layers || kv_head >= self.config.kv_heads {
+        if layer >= self.config.layers || kv_head >= self.config.attn.kv_heads() {
             return Err(Error::HeadOutOfRange {
                 op,
                 layer,
                 kv_head,
                 layers: self.config.layers,
-                kv_heads: self.config.kv_heads,
+                kv_heads: self.config.attn.kv_heads(),
             });
         }
-        Ok(layer * self.config.kv_heads + kv_head)
+        Ok(layer * self.config.attn.kv_heads() + kv_head)
     }
     fn worker_alive(&self) -> bool {
         self.worker.as_ref().is_some_and(|w| !w.is_finished())

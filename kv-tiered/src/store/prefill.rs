@@ -164,13 +164,13 @@ impl<'a, T: Tier> Builder<'a, T> {
                 t.permanent.reserve(per_head);
                 for u in 0..self.units {
                     if let (Some(page), None) =
-                        (self.host.page(l * c.kv_heads + k, u), &t.recalled[u])
+                        (self.host.page(l * c.attn.kv_heads() + k, u), &t.recalled[u])
                     {
                         recall[page.pool()] += 1;
                     }
                 }
             }
-            self.tier.reserve_device(0, l, c.kv_heads * per_head + recall[0]);
+            self.tier.reserve_device(0, l, c.attn.kv_heads() * per_head + recall[0]);
             if c.rows.sparse.is_some() {
                 self.tier.reserve_device(1, l, recall[1]);
             }
@@ -179,7 +179,7 @@ impl<'a, T: Tier> Builder<'a, T> {
 
     fn new(config: &'a StoreConfig, tier: &'a T, unit: usize) -> Self {
         let units = config.layout.audio_len().div_ceil(unit);
-        let heads = config.num_heads();
+        let heads = config.total_kv_heads();
         let host = HostIndex {
             units,
             pages: Vec::with_capacity(heads * units),
@@ -191,7 +191,9 @@ impl<'a, T: Tier> Builder<'a, T> {
             tier,
             unit,
             units,
-            layers: (0..config.layers).map(|_| Vec::with_capacity(config.kv_heads)).collect(),
+            layers: (0..config.layers)
+                .map(|_| Vec::with_capacity(config.attn.kv_heads()))
+                .collect(),
             host,
             residency: Residency::new(heads, units),
             counts: Counts::default(),
@@ -215,7 +217,7 @@ impl<'a, T: Tier> Builder<'a, T> {
 
     fn head(&mut self, h: usize, plan: &HeadPlan, kv: &dyn PromptKv) -> Result<HeadMeta> {
         let (c, d) = (self.config, self.config.rows.head_dim);
-        let (l, k) = (h / c.kv_heads, h % c.kv_heads);
+        let (l, k) = (h / c.attn.kv_heads(), h % c.attn.kv_heads());
         let (keys, values) = (kv.keys(l, k), kv.values(l, k));
         let audio_pool = usize::from(c.rows.sparse.is_some() && !plan.exact);
         // The tables join the builder before any page is allocated, so a failure below hands
@@ -299,7 +301,7 @@ impl<'a, T: Tier> Builder<'a, T> {
 
     /// Places unit `u`'s host rows (still in `bufs`) on the device at prefill.
     fn initial_recall(&mut self, h: usize, u: usize, pool: usize) -> Result<()> {
-        let (l, k) = (h / self.config.kv_heads, h % self.config.kv_heads);
+        let (l, k) = (h / self.config.attn.kv_heads(), h % self.config.attn.kv_heads());
         let page = self.tier.alloc_device(pool, l)?;
         let t = &mut self.layers[l][k];
         let first = page.index() * self.tier.pools()[pool].page_rows as u32;
@@ -338,12 +340,13 @@ impl<T: Tier> TieredStore<T> {
         check_kv(&config, kv)?;
         check_prefill_scores(&config, policy.prefill_signal(), scores)?;
         let (d, a) = (config.rows.head_dim, config.layout.audio_span());
-        let audio_keys =
-            |h: usize| &kv.keys(h / config.kv_heads, h % config.kv_heads)[a.start * d..a.end * d];
+        let audio_keys = |h: usize| {
+            &kv.keys(h / config.attn.kv_heads(), h % config.attn.kv_heads())[a.start * d..a.end * d]
+        };
         let ctx = PrefillContext {
             layout: &config.layout,
             layers: config.layers,
-            kv_heads: config.kv_heads,
+            kv_heads: config.attn.kv_heads(),
             head_dim: d,
             scores,
             audio_keys: &audio_keys,
@@ -372,7 +375,7 @@ impl<T: Tier> TieredStore<T> {
         };
         let shared = Arc::new(Shared {
             tier,
-            kv_heads: config.kv_heads,
+            kv_heads: config.attn.kv_heads(),
             page_rows,
             layers: built.layers.into_iter().map(RwLock::new).collect(),
             host: built.host,
@@ -387,12 +390,12 @@ impl<T: Tier> TieredStore<T> {
             .map_err(|e| param("TieredStore::prefill", "recall worker", e, "a spawnable thread"))?;
         let (counts, mut run) = (built.counts, built.run);
         run.policy = policy.name().to_string();
-        let full = (config.num_heads() * config.layout.audio_len()) as f64;
+        let full = (config.total_kv_heads() * config.layout.audio_len()) as f64;
         run.prefill_r_gpu = counts.device_audio as f64 / full;
         run.prefill_r_gpu_cpu = (counts.device_audio + counts.host_only_audio) as f64 / full;
-        let (d, kv) = (config.rows.head_dim, config.kv_heads);
+        let (d, kv) = (config.rows.head_dim, config.attn.kv_heads());
         let queries = match policy.step_signal() {
-            StepSignal::Queries => config.layers * config.q_heads * d,
+            StepSignal::Queries => config.layers * config.attn.q_heads() * d,
             _ => 0,
         };
         let cap = config.queue_capacity;
@@ -456,7 +459,7 @@ fn check_kv(config: &StoreConfig, kv: &dyn PromptKv) -> Result<()> {
     const OP: &str = "TieredStore::prefill";
     let n = config.layout.seq_len() * config.rows.head_dim;
     for l in 0..config.layers {
-        for k in 0..config.kv_heads {
+        for k in 0..config.attn.kv_heads() {
             check_len(OP, "keys", kv.keys(l, k), n)?;
             check_len(OP, "values", kv.values(l, k), n)?;
             check_finite(OP, "keys", kv.keys(l, k))?;
@@ -470,7 +473,7 @@ fn check_prefill_scores(config: &StoreConfig, signal: PrefillSignal, scores: &[f
     const OP: &str = "TieredStore::prefill";
     let n = match signal {
         PrefillSignal::None if scores.is_empty() => return Ok(()),
-        _ => config.num_heads() * config.layout.audio_len(),
+        _ => config.total_kv_heads() * config.layout.audio_len(),
     };
     check_len(OP, "scores", scores, n)?;
     check_scores(OP, "scores", scores)
@@ -478,7 +481,7 @@ fn check_prefill_scores(config: &StoreConfig, signal: PrefillSignal, scores: &[f
 
 fn check_plans(plans: &[HeadPlan], config: &StoreConfig, unit: usize) -> Result<()> {
     const OP: &str = "Policy::plan_prefill";
-    check_len(OP, "plans", plans, config.num_heads())?;
+    check_len(OP, "plans", plans, config.total_kv_heads())?;
     let t = config.layout.audio_len();
     let units = t.div_ceil(unit) as u32;
     let mut mark = vec![false; t];

@@ -66,14 +66,9 @@ impl Model {
     }
 
     pub fn config(&self, max_new_tokens: usize) -> StoreConfig {
-        StoreConfig::new(
-            self.layers,
-            self.kv_heads,
-            self.q_heads,
-            self.head_dim,
-            self.layout,
-            max_new_tokens,
-        )
+        let attn =
+            attn_kernels::AttnConfig::new(self.q_heads, self.kv_heads, self.head_dim).unwrap();
+        StoreConfig::new(self.layers, attn, self.layout, max_new_tokens)
     }
 
     /// Row `pos` of head `h` (keys or values) of the prompt.

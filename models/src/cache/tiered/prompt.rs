@@ -176,7 +176,7 @@ impl Prompt {
         }
         let config = StoreConfig {
             rows: self.rows(spec, swan)?,
-            ..StoreConfig::new(s.layers, s.kv_heads(), s.q_heads(), s.head_dim(), layout, capacity)
+            ..StoreConfig::new(s.layers, s.attn, layout, capacity)
         };
         let scores = if signal == PrefillSignal::None { Vec::new() } else { self.scores };
         let kv = DensePromptKv::new(
