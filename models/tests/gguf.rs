@@ -215,3 +215,93 @@ fn truncated_real_model_is_a_typed_error() {
     let missing = Checkpoint::load(std::path::Path::new("/nonexistent/model.gguf")).err().unwrap();
     assert!(matches!(missing, Error::Io { .. }), "{missing}");
 }
+
+/// A GGUF v3 header with no tensors and one metadata entry whose key and (type tag, value)
+/// bytes are given raw: the parser's metadata path through its public entry point.
+fn one_entry(key: &[u8], entry: &[u8]) -> Vec<u8> {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes()); // tensors
+    b.extend_from_slice(&1u64.to_le_bytes()); // metadata entries
+    b.extend_from_slice(&(key.len() as u64).to_le_bytes());
+    b.extend_from_slice(key);
+    b.extend_from_slice(entry);
+    b
+}
+
+/// Type tag 9 (array) of `len` elements of type `ty`, then `payload`.
+fn array_entry(ty: u32, len: u64, payload: &[u8]) -> Vec<u8> {
+    let mut b = 9u32.to_le_bytes().to_vec();
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(&len.to_le_bytes());
+    b.extend_from_slice(payload);
+    b
+}
+
+fn gguf_err(bytes: Vec<u8>) -> GgufError {
+    match GgufFile::from_bytes(bytes) {
+        Err(Error::Gguf(e)) => e,
+        other => panic!("expected a GGUF error, got {:?}", other.map(|f| f.version())),
+    }
+}
+
+#[test]
+fn metadata_strings_and_arrays_parse_and_report_truncation() {
+    let mut entry = 8u32.to_le_bytes().to_vec();
+    entry.extend_from_slice(&3u64.to_le_bytes());
+    entry.extend_from_slice(b"abc");
+    let file = GgufFile::from_bytes(one_entry(b"k", &entry)).unwrap();
+    assert_eq!(file.get("k"), Some(&str_meta("abc")));
+    let ints = array_entry(5, 2, &[1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]);
+    let file = GgufFile::from_bytes(one_entry(b"k", &ints)).unwrap();
+    let v = file.get("k").unwrap();
+    assert_eq!(v, &MetaValue::Array(vec![MetaValue::I32(1), MetaValue::I32(-1)]));
+    assert_eq!(
+        (v.as_array().unwrap()[1].as_i64(), v.as_array().unwrap()[1].as_u64()),
+        (Some(-1), None)
+    );
+    let cut = one_entry(b"k", &entry[..entry.len() - 1]);
+    assert!(matches!(
+        gguf_err(cut),
+        GgufError::Truncated { what: "string value", needed: 3, available: 2, .. }
+    ));
+}
+
+#[test]
+fn huge_string_length_is_truncation_not_allocation() {
+    let mut b = one_entry(b"", &[0; 32]);
+    let at = b.len() - 40;
+    b[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes()); // the key's length
+    let e = gguf_err(b);
+    assert!(matches!(e, GgufError::Truncated { needed: u64::MAX, .. }), "{e}");
+}
+
+#[test]
+fn invalid_utf8_is_typed() {
+    let mut entry = 8u32.to_le_bytes().to_vec();
+    entry.extend_from_slice(&1u64.to_le_bytes());
+    entry.push(b'x');
+    assert!(matches!(gguf_err(one_entry(&[0xff], &entry)), GgufError::Invalid { .. }));
+}
+
+#[test]
+fn huge_array_count_is_rejected_before_allocating() {
+    let b = one_entry(b"k", &array_entry(8, u64::MAX / 2, &[]));
+    assert!(matches!(gguf_err(b), GgufError::Truncated { what: "array elements", .. }));
+}
+
+#[test]
+fn bad_bool_unknown_type_and_deep_nesting_are_typed() {
+    let bad_bool = [7u32.to_le_bytes().as_slice(), &[2]].concat();
+    assert!(matches!(gguf_err(one_entry(b"k", &bad_bool)), GgufError::Invalid { .. }));
+    let unknown = [13u32.to_le_bytes().as_slice(), &[0; 8]].concat();
+    assert!(matches!(gguf_err(one_entry(b"k", &unknown)), GgufError::Invalid { .. }));
+    let mut nested = 9u32.to_le_bytes().to_vec();
+    for _ in 0..8 {
+        nested.extend_from_slice(&9u32.to_le_bytes());
+        nested.extend_from_slice(&1u64.to_le_bytes());
+    }
+    nested.extend_from_slice(&[0; 64]);
+    let e = gguf_err(one_entry(b"k", &nested));
+    assert!(matches!(e, GgufError::Invalid { ref reason, .. } if reason.contains("nested")), "{e}");
+}

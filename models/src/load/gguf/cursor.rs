@@ -82,37 +82,3 @@ impl<'a> Cursor<'a> {
         })
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_and_reports_truncation() {
-        let mut bytes = 3u64.to_le_bytes().to_vec();
-        bytes.extend_from_slice(b"abc");
-        bytes.extend_from_slice(&7u32.to_le_bytes());
-        let mut c = Cursor::new(&bytes);
-        assert_eq!(c.string("s").unwrap(), "abc");
-        assert_eq!(c.u32("n").unwrap(), 7);
-        let e = c.u8("tail").unwrap_err();
-        assert!(matches!(
-            e,
-            GgufError::Truncated { what: "tail", offset: 15, needed: 1, available: 0 }
-        ));
-    }
-
-    #[test]
-    fn huge_string_length_is_truncation_not_allocation() {
-        let bytes = u64::MAX.to_le_bytes();
-        let e = Cursor::new(&bytes).string("key").unwrap_err();
-        assert!(matches!(e, GgufError::Truncated { needed: u64::MAX, .. }));
-    }
-
-    #[test]
-    fn invalid_utf8_is_typed() {
-        let mut bytes = 1u64.to_le_bytes().to_vec();
-        bytes.push(0xff);
-        assert!(matches!(Cursor::new(&bytes).string("key"), Err(GgufError::Invalid { .. })));
-    }
-}
