@@ -4,9 +4,11 @@
 //! windows; Qwen2.5-Omni adds sinusoidal positions per 2 s chunk, block-diagonal attention,
 //! pooling and a projection (see [`super::omni`]).
 
+use serde_json::Value;
 use tch::{Kind, Tensor};
 
 use crate::Result;
+use crate::error::config_err;
 use crate::load::weights::Weights;
 
 /// A dense layer `y = x Wᵀ + b`.
@@ -99,6 +101,41 @@ pub struct EncoderDims {
     pub heads: usize,
     /// MLP width.
     pub ffn: usize,
+}
+
+/// An integer field `k` of an `audio_config` JSON object.
+pub(crate) fn json_usize(audio: &Value, k: &str) -> Result<usize> {
+    audio
+        .get(k)
+        .and_then(Value::as_u64)
+        .map(|v| v as usize)
+        .ok_or_else(|| config_err(&format!("audio_config.{k}"), "missing or not an integer"))
+}
+
+impl EncoderDims {
+    /// The encoder sizes of an `audio_config` JSON object, whose fields for mel bins, width,
+    /// blocks, heads and MLP width are named `keys` (Voxtral and Qwen2.5-Omni name them
+    /// differently); rejects an activation other than GELU and `heads ∤ d_model`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Config`] for a missing field, another activation or bad head counts.
+    pub(crate) fn from_json(audio: &Value, keys: [&str; 5]) -> Result<Self> {
+        if let Some(act) =
+            audio.get("activation_function").and_then(Value::as_str).filter(|a| *a != "gelu")
+        {
+            return Err(config_err(
+                "audio_config.activation_function",
+                format!("`{act}` unsupported (gelu only)"),
+            ));
+        }
+        let [n_mels, d_model, layers, heads, ffn] = keys.map(|k| json_usize(audio, k));
+        let dims =
+            Self { n_mels: n_mels?, d_model: d_model?, layers: layers?, heads: heads?, ffn: ffn? };
+        if dims.heads == 0 || !dims.d_model.is_multiple_of(dims.heads) {
+            return Err(config_err("audio_config", format!("{dims:?}: need heads | d_model")));
+        }
+        Ok(dims)
+    }
 }
 
 /// The convolutional stem: conv(k3, s1) → GELU → conv(k3, s2) → GELU, halving time.

@@ -11,7 +11,7 @@ use serde_json::Value;
 use tch::{Kind, Tensor};
 
 use super::audio_err;
-use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear};
+use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear, json_usize};
 use crate::Result;
 use crate::error::config_err;
 use crate::load::weights::Weights;
@@ -35,42 +35,28 @@ impl OmniAudioConfig {
     /// # Errors
     /// [`crate::Error::Config`] for missing or inconsistent fields.
     pub fn from_json(audio: &Value) -> Result<Self> {
-        let get = |k: &str| -> Result<usize> {
-            audio.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| {
-                config_err(&format!("audio_config.{k}"), "missing or not an integer")
-            })
-        };
-        if let Some(act) =
-            audio.get("activation_function").and_then(Value::as_str).filter(|a| *a != "gelu")
-        {
-            return Err(config_err(
-                "audio_config.activation_function",
-                format!("`{act}` unsupported (gelu only)"),
-            ));
-        }
-        let dims = EncoderDims {
-            n_mels: get("num_mel_bins")?,
-            d_model: get("d_model")?,
-            layers: get("encoder_layers")?,
-            heads: get("encoder_attention_heads")?,
-            ffn: get("encoder_ffn_dim")?,
-        };
+        const KEYS: [&str; 5] = [
+            "num_mel_bins",
+            "d_model",
+            "encoder_layers",
+            "encoder_attention_heads",
+            "encoder_ffn_dim",
+        ];
+        let dims = EncoderDims::from_json(audio, KEYS)?;
         let cfg = Self {
             dims,
-            n_window: get("n_window")?,
-            max_source_positions: get("max_source_positions")?,
-            output_dim: get("output_dim")?,
+            n_window: json_usize(audio, "n_window")?,
+            max_source_positions: json_usize(audio, "max_source_positions")?,
+            output_dim: json_usize(audio, "output_dim")?,
         };
-        if dims.heads == 0
-            || !dims.d_model.is_multiple_of(dims.heads)
-            || !dims.d_model.is_multiple_of(2)
+        if !dims.d_model.is_multiple_of(2)
             || cfg.n_window == 0
             || cfg.max_source_positions < cfg.n_window
         {
             return Err(config_err(
                 "audio_config",
                 format!(
-                    "{cfg:?}: need heads | d_model, even d_model, n_window ≥ 1, max_source_positions ≥ n_window"
+                    "{cfg:?}: need even d_model, n_window ≥ 1, max_source_positions ≥ n_window"
                 ),
             ));
         }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use tch::{Kind, Tensor};
 
 use super::audio_err;
-use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear};
+use super::encoder::{Blocks, ConvStem, EncoderDims, LayerNorm, Linear, json_usize};
 use crate::Result;
 use crate::error::config_err;
 use crate::load::weights::Weights;
@@ -36,29 +36,17 @@ impl VoxtralAudioConfig {
     /// [`crate::Error::Config`] for missing fields, an activation other than GELU, or
     /// `intermediate_size ≠ 4 · hidden_size` (the projector stacks 4 frames).
     pub fn from_json(audio: &Value) -> Result<Self> {
-        let get = |k: &str| -> Result<usize> {
-            audio.get(k).and_then(Value::as_u64).map(|v| v as usize).ok_or_else(|| {
-                config_err(&format!("audio_config.{k}"), "missing or not an integer")
-            })
-        };
-        if let Some(act) =
-            audio.get("activation_function").and_then(Value::as_str).filter(|a| *a != "gelu")
-        {
-            return Err(config_err(
-                "audio_config.activation_function",
-                format!("`{act}` unsupported (gelu only)"),
-            ));
-        }
-        let dims = EncoderDims {
-            n_mels: get("num_mel_bins")?,
-            d_model: get("hidden_size")?,
-            layers: get("num_hidden_layers")?,
-            heads: get("num_attention_heads")?,
-            ffn: get("intermediate_size")?,
-        };
+        const KEYS: [&str; 5] = [
+            "num_mel_bins",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+        ];
+        let dims = EncoderDims::from_json(audio, KEYS)?;
         let cfg = Self {
             dims,
-            max_source_positions: get("max_source_positions")?,
+            max_source_positions: json_usize(audio, "max_source_positions")?,
             projector_in: dims.ffn,
         };
         // Checked: the counts come from a file (`4 · d_model` or `2 · max_source_positions`
@@ -69,15 +57,13 @@ impl VoxtralAudioConfig {
                 format!("{} ≠ 4 × hidden_size {}", cfg.projector_in, dims.d_model),
             ));
         }
-        if dims.heads == 0
-            || !dims.d_model.is_multiple_of(dims.heads)
-            || !cfg.max_source_positions.is_multiple_of(STACK)
+        if !cfg.max_source_positions.is_multiple_of(STACK)
             || cfg.max_source_positions.checked_mul(2).is_none()
         {
             return Err(config_err(
                 "audio_config",
                 format!(
-                    "{dims:?}, max_source_positions {}: need heads | d_model and 4 | max_source_positions",
+                    "max_source_positions {}: need 4 | max_source_positions",
                     cfg.max_source_positions
                 ),
             ));
