@@ -33,7 +33,7 @@ suites=(
     "attn-kernels:kernels|-p attn-kernels --test kernels|"
     "attn-kernels:errors|-p attn-kernels --test errors|"
     "projection:lib|-p projection --lib|"
-    "models:lib|-p models --lib|host gguf"
+    "models:lib|-p models --lib|host"
     "models:gguf|-p models --test gguf|--skip real_model"
     "kv-tiered:tier_contract|-p kv-tiered --test tier_contract|"
     "integration:fuzz_parsers|-p integration-tests --test fuzz_parsers|"
