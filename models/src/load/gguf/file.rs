@@ -122,7 +122,7 @@ impl GgufFile {
     /// # Examples
     /// ```
     /// let e = models::load::gguf::GgufFile::from_bytes(b"GGUF".to_vec()).err().unwrap();
-    /// use models::{Error, gguf::GgufError};
+    /// use models::{Error, load::gguf::GgufError};
     /// assert!(matches!(e, Error::Gguf(GgufError::Truncated { what: "version", .. })));
     /// ```
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
