@@ -1,7 +1,8 @@
 //! The gathered kernel over a tiered store's dense *and* SWAN sparse fp8 rows
 //! (`GatheredSparseAttention`): every optimized engine × dense format × GQA layout × edge
 //! case against the reference, weights included; sparse rows with `k = d_h` against the
-//! plain gathered kernel over the same rows decoded; bad input as typed errors.
+//! plain gathered kernel over the same rows decoded; bad input as typed errors; buffers
+//! reserved up front (`CpuAttention::reserve`) change no result.
 
 mod common;
 
@@ -116,6 +117,10 @@ fn check_case<D: Value>(layout: (usize, usize), c: Case, seed: u64) {
         let mut plain = vec![f32::NAN; cfg.q_len()];
         e.gathered_sparse(&cfg, &q, &dense, &sparse, &mut plain, None).unwrap();
         assert_eq!(plain, got, "{what}: weights must not change the output");
+        e.reserve(&cfg, 5000);
+        let (mut again, mut again_w) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; rows]);
+        e.gathered_sparse(&cfg, &q, &dense, &sparse, &mut again, Some(&mut again_w)).unwrap();
+        assert_eq!((again, again_w), (got, got_w), "{what}: reserve must not change results");
     }
     for per_head in want_w.chunks(c.nd + c.ns) {
         let total: f32 = per_head.iter().sum();

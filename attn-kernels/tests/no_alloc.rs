@@ -1,8 +1,11 @@
 //! The steady-state decode path allocates nothing: after one warm-up call with a shape,
-//! further calls (any kernel, any thread) make zero heap allocations.
+//! further calls (any kernel, any thread) make zero heap allocations; after
+//! `CpuAttention::reserve`, neither do calls over a cache that grows row by row (a decode
+//! loop).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, DenseKv, GatheredKv, GatheredSparseAttention,
@@ -40,8 +43,15 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter sees every thread: the tests of this binary run one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[test]
 fn decode_steps_after_warm_up_do_not_allocate() {
+    let _serial = serial();
     let cfg = AttnConfig::new(12, 2, 64).unwrap();
     let caches: Vec<HybridCache<u8, Fp8E4M3, f16>> =
         (0..2).map(|h| synth::hybrid_cache(64, 16, 32, 5000, h).unwrap()).collect();
@@ -74,5 +84,42 @@ fn decode_steps_after_warm_up_do_not_allocate() {
         }
         let allocated = ALLOCATIONS.load(Ordering::SeqCst) - before;
         assert_eq!(allocated, 0, "{isa}: {allocated} allocations in 20 steady-state calls");
+    }
+}
+
+#[test]
+fn a_growing_cache_does_not_allocate_after_reserve() {
+    let _serial = serial();
+    let (d, k, n_max) = (64, 16, 2000);
+    let cfg = AttnConfig::new(8, 2, d).unwrap();
+    let rows: Vec<f16> = synth::dense_rows(n_max, d, 5);
+    let slab = synth::sparse_slab(n_max, d, k, 0.5, 6).unwrap();
+    let slab = SparseSlab::new(&slab, k, 0.5);
+    // Dense rows at even positions, sparse rows at odd ones: disjoint, each ascending.
+    let even: Vec<u32> = (0..n_max as u32).map(|i| 2 * i).collect();
+    let odd: Vec<u32> = (0..n_max as u32).map(|i| 2 * i + 1).collect();
+    let q = synth::values(cfg.q_len(), 7);
+    let mut out = vec![0.0; cfg.q_len()];
+    let mut weights = vec![0.0; 4 * n_max];
+    for isa in Isa::available() {
+        let mut attn =
+            CpuAttention::new(2).unwrap().with_isa(isa).unwrap().with_split_rows(700).unwrap();
+        attn.reserve(&cfg, 2 * n_max);
+        let mut step = |attn: &mut CpuAttention, n: usize| {
+            let dense = [GatheredKv::new(d, &even[..n], &rows[..n * d], &rows[..n * d]); 2];
+            let sparse = [GatheredSparseKv::new(d, &odd[..n], slab, slab); 2];
+            let w = Some(&mut weights[..4 * n]);
+            attn.gathered_sparse(&cfg, &q, &dense, &sparse, &mut out, w).unwrap();
+            attn.gathered(&cfg, &q, &dense, &mut out, Some(&mut weights[..2 * n])).unwrap();
+        };
+        // One call on the smallest cache: the calling thread's one-time set-up (its
+        // `Thread` handle, made the first time it waits for the pool) is not the kernels'.
+        step(&mut attn, 1);
+        let before = ALLOCATIONS.load(Ordering::SeqCst);
+        for n in (2..=n_max).step_by(37) {
+            step(&mut attn, n);
+        }
+        let allocated = ALLOCATIONS.load(Ordering::SeqCst) - before;
+        assert_eq!(allocated, 0, "{isa}: {allocated} allocations while the cache grew");
     }
 }

@@ -15,7 +15,8 @@
 //! * [`rows`]: dense rows (lossless f32, or f16/bf16) and SWAN sparse fp8 rows.
 //! * [`policy`]: WnW and the baselines decide placement and recall.
 //! * [`TieredStore`]: owns the rows, runs a policy, gives attention kernels zero-copy per-head
-//!   views ([`HeadView`], `attn_kernels::GatheredKv`), recalls on a worker thread, reports
+//!   views ([`HeadView`]; `attn_kernels::GatheredKv` and `GatheredSparseKv` lists built in
+//!   reused [`GatheredLists`]), recalls on a worker thread, reports
 //!   [`metrics`], checks itself ([`TieredStore::audit`]).
 //! * [`sim`]: a synthetic Voxtral-scale workload for benches and smoke tests.
 //!
@@ -71,6 +72,7 @@ pub use retention::RetentionSchedule;
 pub use roles::{HeadRoles, RankingSignal, Role, TriageConfig};
 pub use rows::{RowCodec, RowLayout};
 pub use store::{
-    Audit, DensePromptKv, Gather, HeadView, LayerView, PromptKv, StoreConfig, TieredStore,
+    Audit, DensePromptKv, Gather, GatheredLists, HeadView, LayerView, PromptKv, StoreConfig,
+    TieredStore,
 };
 pub use tier::{HostTier, Tier};

@@ -175,6 +175,8 @@ fn sparse_views_hold_the_codec_image_of_the_prompt() {
 /// `LayerView::gathered_parts_into` feeds `attn-kernels`' optimized and reference
 /// `gathered_sparse`, which must equal attention over the decoded resident rows, and the
 /// kernel's weights must drive the anchor signal exactly like the per-position call.
+/// `LayerView::with_gathered_parts` over one `GatheredLists` reused for every step and
+/// layer hands the kernel the same lists (bit-identical outputs and weights).
 #[test]
 fn gathered_sparse_kernel_reads_sparse_views_in_place() {
     use attn_kernels::{AttnConfig, CpuAttention, GatheredSparseAttention, Reference};
@@ -188,6 +190,7 @@ fn gathered_sparse_kernel_reads_sparse_views_in_place() {
     let mut cpu = CpuAttention::new(2).unwrap();
     let mut r = rng(22);
     let mut saw_sparse = false;
+    let mut lists = kv_tiered::GatheredLists::<f32>::default();
     for _step in 0..4 {
         for l in 0..m.layers {
             let q: Vec<f32> = (0..m.q_heads * d).map(|_| r.random_range(-2.0..2.0)).collect();
@@ -199,6 +202,14 @@ fn gathered_sparse_kernel_reads_sparse_views_in_place() {
             let (mut out, mut w) = (vec![0.0; m.q_heads * d], vec![0.0; rows]);
             cpu.gathered_sparse(&cfg, &q, &dense_parts, &sparse_parts, &mut out, Some(&mut w))
                 .unwrap();
+            let (mut reused, mut reused_w) = (vec![0.0; m.q_heads * d], vec![0.0; rows]);
+            view.with_gathered_parts(&mut lists, |dense, sparse| {
+                let w = Some(&mut reused_w[..]);
+                cpu.gathered_sparse(&cfg, &q, dense, sparse, &mut reused, w)
+            })
+            .unwrap()
+            .unwrap();
+            assert_eq!((&reused, &reused_w), (&out, &w), "reused lists, layer {l}");
             let (mut ref_out, mut ref_w) = (vec![0.0; m.q_heads * d], vec![0.0; rows]);
             Reference
                 .gathered_sparse(

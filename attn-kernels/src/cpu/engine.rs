@@ -10,7 +10,8 @@
 //! method section: one softmax over sparse history and dense buffer).
 //!
 //! After the first call with a given shape, a call allocates nothing: items, per-item
-//! states and per-thread scratch live in [`Workspace`] and are reused.
+//! states and per-thread scratch live in [`Workspace`] and are reused; [`Engine::reserve`]
+//! sizes them up front for a cache that grows (one row per decode step).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -136,6 +137,33 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// Grows the workspace to what calls with layout `cfg` over up to `rows` rows per
+    /// kv-head need (with captured scores), on every thread.
+    pub fn reserve(&mut self, cfg: &AttnConfig, rows: usize) {
+        let job = Job { cfg, q: &[], capture: true };
+        let (lanes, d) = (job.lanes(), cfg.head_dim());
+        let per_item = rows.min(self.split_rows);
+        let items = cfg.kv_heads() * job.blocks() * rows.div_ceil(self.split_rows);
+        let ws = &mut self.ws;
+        ws.items.reserve(items.saturating_sub(ws.items.len()));
+        ws.finals.reserve((cfg.kv_heads() * job.blocks()).saturating_sub(ws.finals.len()));
+        while ws.slots.len() < items {
+            ws.slots.push(Mutex::default());
+        }
+        for slot in &ws.slots {
+            let slot = &mut *lock(slot);
+            let (acc, capture) = (lanes * d, per_item * lanes);
+            slot.acc.reserve(acc.saturating_sub(slot.acc.len()));
+            slot.capture.reserve(capture.saturating_sub(slot.capture.len()));
+        }
+        while ws.scratch.len() < self.pool.threads() {
+            ws.scratch.push(Mutex::default());
+        }
+        for sc in &ws.scratch {
+            lock(sc).prepare(lanes, d);
+        }
+    }
+
     /// Runs one decode call: plan, parallel items, merge into `out`, optional weights.
     pub fn execute<S: ItemSource>(
         &mut self,

@@ -105,6 +105,28 @@ impl CpuAttention {
         Ok(self)
     }
 
+    /// Sizes the reusable buffers for calls with layout `cfg` over up to `rows` rows per
+    /// kv-head, softmax weights included, so that a cache growing toward `rows` — a decode
+    /// loop appending one row per step — allocates nothing on the way. Without it the
+    /// buffers grow on demand: a call with more rows than any before may allocate.
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, GatheredKv};
+    /// let cfg = AttnConfig::new(2, 1, 4)?;
+    /// let mut attn = CpuAttention::new(1)?;
+    /// attn.reserve(&cfg, 1000); // later calls over ≤ 1000 rows per kv-head reuse buffers
+    /// let rows = [0.5f32; 8]; // two rows of 4
+    /// let kv = [GatheredKv::new(4, &[0, 1], &rows, &rows)];
+    /// let (mut out, mut w) = ([0.0f32; 8], [0.0f32; 2]);
+    /// attn.gathered(&cfg, &[1.0; 8], &kv, &mut out, Some(&mut w))?;
+    /// assert!((w[0] - 1.0).abs() < 1e-6); // two q-heads, half of each on either row
+    /// # Ok::<(), attn_kernels::Error>(())
+    /// ```
+    pub fn reserve(&mut self, cfg: &AttnConfig, rows: usize) {
+        self.engine.reserve(cfg, rows);
+    }
+
     /// Threads the kernels run on.
     pub fn threads(&self) -> usize {
         self.engine.pool.threads()

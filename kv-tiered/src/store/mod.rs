@@ -11,8 +11,9 @@
 //!   for layer l:
 //!     store.append(l, &k_new, &v_new)?      // new token, all kv-heads (always resident)
 //!     let view = store.layer_view(l)?;      // waits only for layer l's recalls
-//!     view.gathered_into(&mut kv_list)?;    // zero-copy attn_kernels::GatheredKv per kv-head
-//!     attn.gathered(&cfg, &q, &kv_list, &mut out, Some(&mut weights))?
+//!     view.with_gathered_parts(&mut lists, |dense, sparse| {   // zero-copy, reused lists
+//!         attn.gathered_sparse(&cfg, &q, dense, sparse, &mut out, Some(&mut weights))
+//!     })??;
 //!     drop(view);
 //!     store.add_gathered_weights(l, &weights)?   // anchor signal (StepSignal::AnchorWeights)
 //!     store.observe_queries(l, &q)?               // only for StepSignal::Queries (ArkVale)
@@ -21,7 +22,9 @@
 //! Runtimes that compute the anchor weights themselves can call
 //! [`TieredStore::add_anchor_weights`] (per head, any positions) or
 //! [`TieredStore::add_audio_weights`] (pre-summed) instead. With SWAN sparse rows, a
-//! non-anchor head's audio rows are in [`HeadView::sparse`] and need a kernel over sparse rows.
+//! non-anchor head's audio rows are in [`HeadView::sparse`]; the gathered dense + sparse
+//! kernel reads them in place. A store without sparse rows can also use
+//! [`LayerView::gathered_into`] with `attn.gathered`.
 //!
 //! Recalls issued by `end_step` run on a background worker while the runtime computes the
 //! next step's early layers; `layer_view(l)` blocks only until layer `l`'s recalls landed.
@@ -38,7 +41,7 @@ pub(crate) mod shared;
 mod view;
 
 pub use audit::Audit;
-pub use view::{Gather, HeadView, LayerView};
+pub use view::{Gather, GatheredLists, HeadView, LayerView};
 
 use std::sync::Arc;
 use std::thread::JoinHandle;

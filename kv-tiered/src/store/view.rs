@@ -8,6 +8,11 @@
 //! are absolute). With SWAN sparse rows enabled, a non-exact head's audio rows are in the
 //! `sparse` list (pool 1) and its text rows in the `dense` list; the two position lists are
 //! disjoint and together form the resident set, attended with one softmax.
+//!
+//! The view also owns the hand-over to `attn-kernels`: a layer's per-head dense and sparse
+//! parts ([`LayerView::gathered_parts_into`]) for its gathered dense + sparse fp8 kernel, built
+//! each step in a [`GatheredLists`] that survives the step's view, so the decode loop neither
+//! densifies a sparse row nor allocates ([`LayerView::with_gathered_parts`]).
 
 use attn_kernels::{GatheredKv, GatheredSparseKv, SparseSlab};
 use kv_sparse::csr::SparseRow;
@@ -144,6 +149,51 @@ impl<'a, T: Tier> LayerView<'a, T> {
         Ok(())
     }
 
+    /// Runs `attend` over every kv-head's resident rows laid out as
+    /// [`LayerView::gathered_parts_into`] lays them out (dense parts, sparse parts), both
+    /// lists built in `lists`' storage, which keeps its capacity from one call to the next
+    /// although each call's lists borrow that call's view — the per-step form for decode
+    /// loops: nothing is copied or densified, and nothing is allocated once `lists` has held
+    /// `kv_heads` entries. Returns what `attend` returns (typically
+    /// `attn_kernels::GatheredSparseAttention::gathered_sparse`'s own result).
+    ///
+    /// # Errors
+    /// As [`LayerView::gathered_parts_into`]; `attend` is not called then.
+    ///
+    /// # Examples
+    /// ```
+    /// # use kv_tiered::{AudioLayout, DensePromptKv, GatheredLists, StoreConfig, TieredStore};
+    /// # use kv_tiered::policy::FullPolicy;
+    /// use attn_kernels::{AttnConfig, CpuAttention, GatheredSparseAttention};
+    /// // One layer, one kv-head, head_dim 4, a 12-token prompt with audio at 2..10.
+    /// let layout = AudioLayout::new(12, 2..10, 4, 8)?;
+    /// let kv = DensePromptKv::new(1, 1, 12, 4, vec![0.25; 48], vec![1.0; 48])?;
+    /// let config = StoreConfig::new(1, 1, 1, 4, layout, 4);
+    /// let store = TieredStore::prefill_host(config, Box::new(FullPolicy), &kv, &[])?;
+    /// let (cfg, mut cpu) = (AttnConfig::new(1, 1, 4).unwrap(), CpuAttention::new(1).unwrap());
+    /// let (mut lists, mut out) = (GatheredLists::<f32>::with_capacity(1), [0.0f32; 4]);
+    /// let view = store.layer_view(0)?;
+    /// view.with_gathered_parts(&mut lists, |dense, sparse| {
+    ///     cpu.gathered_sparse(&cfg, &[1.0; 4], dense, sparse, &mut out, None)
+    /// })?
+    /// .unwrap();
+    /// assert!(out.iter().all(|&x| (x - 1.0).abs() < 1e-6)); // every value row is 1
+    /// # Ok::<(), kv_tiered::Error>(())
+    /// ```
+    pub fn with_gathered_parts<D: Value, R>(
+        &self,
+        lists: &mut GatheredLists<D>,
+        attend: impl FnOnce(&[GatheredKv<'_, D>], &[GatheredSparseKv<'_>]) -> R,
+    ) -> Result<R> {
+        let mut dense: Vec<GatheredKv<'_, D>> = std::mem::take(&mut lists.dense);
+        let mut sparse: Vec<GatheredSparseKv<'_>> = std::mem::take(&mut lists.sparse);
+        let result =
+            self.gathered_parts_into(&mut dense, &mut sparse).map(|()| attend(&dense, &sparse));
+        lists.dense = recycle(dense);
+        lists.sparse = recycle(sparse);
+        result
+    }
+
     /// Concatenates every head's `pool` lists into `positions`/`rows` with `offsets`
     /// (`kv_heads + 1` entries), the batched layout of the GPU gathered kernel. Reuses the
     /// vectors' capacity.
@@ -166,6 +216,35 @@ impl<'a, T: Tier> LayerView<'a, T> {
             offsets.push(positions.len() as u32);
         }
     }
+}
+
+/// Storage for the per-kv-head lists of [`LayerView::with_gathered_parts`] that outlives
+/// every view: the lists borrow one step's view, the allocation stays for the next step.
+#[derive(Debug)]
+pub struct GatheredLists<D: Value> {
+    dense: Vec<GatheredKv<'static, D>>,
+    sparse: Vec<GatheredSparseKv<'static>>,
+}
+
+impl<D: Value> Default for GatheredLists<D> {
+    fn default() -> Self {
+        Self { dense: Vec::new(), sparse: Vec::new() }
+    }
+}
+
+impl<D: Value> GatheredLists<D> {
+    /// Room for `kv_heads` kv-heads, so that not even the first step allocates.
+    pub fn with_capacity(kv_heads: usize) -> Self {
+        Self { dense: Vec::with_capacity(kv_heads), sparse: Vec::with_capacity(kv_heads) }
+    }
+}
+
+/// An empty vector in `v`'s allocation, for an element type that differs from `v`'s in
+/// lifetimes only: `Vec`'s `into_iter().collect()` runs in place when the element layouts
+/// agree, so no allocation is made (`tests/alloc_free.rs` checks it).
+fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
+    v.clear();
+    v.into_iter().filter_map(|_| None).collect()
 }
 
 /// One kv-head's resident KV. See the module documentation.
@@ -275,7 +354,8 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
     }
 
     /// Decodes every resident row to f32 in ascending position order (both pools merged)
-    /// into caller buffers — for references, tests and CPU fallbacks (this copies).
+    /// into caller buffers — for references and tests (this copies; attention reads the
+    /// rows in place through [`LayerView::with_gathered_parts`]).
     ///
     /// # Errors
     /// [`Error::Shape`] if the arena is not host-addressable.

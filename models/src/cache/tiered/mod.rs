@@ -4,14 +4,19 @@
 //! Prefill: the model reports each layer's prefill attention from the text rows to the span
 //! (or the last-window rows for the SnapKV-style baselines) and the layer's K/V; after the
 //! last layer the cache triages heads, solves the retention schedule and builds the store.
-//! Decode: each layer's new k/v are appended (always resident), attention runs over the
-//! resident rows with `attn-kernels`' gathered kernel, which also returns the softmax
-//! weights the anchor heads feed back (Eq. 2); `end_step` lets the policy recall and release.
+//! Decode: each layer's new k/v are appended (always resident) and attention runs over the
+//! resident rows where they lie: the store's layer view lends every kv-head's dense rows
+//! and, for `swan+tiered`, its SWAN sparse rows (`LayerView::with_gathered_parts`, lists
+//! reused across steps) to `attn-kernels`' gathered dense + sparse kernel
+//! (`GatheredSparseAttention::gathered_sparse`), which attends both under one softmax and
+//! also returns the softmax weights the anchor heads feed back (Eq. 2); `end_step` lets the
+//! policy recall and release.
 //!
 //! `swan+tiered` additionally rotates q/k by `P_QK` (values come rotated from the absorbed
-//! `Ŵ_V`) and stores non-anchor span rows as SWAN sparse fp8 rows, cutting recall bytes.
-//! Heads holding sparse rows are decoded to f32 for the gathered kernel (a CPU fallback:
-//! `attn-kernels` has no kernel over mixed dense + `kv-tiered` sparse rows yet).
+//! `Ŵ_V`) and stores non-anchor span rows as SWAN sparse fp8 rows, cutting recall bytes
+//! (`papers/swan.txt` method section inside WnW's store). The kernel reads those rows at
+//! their kept indices — no row is decoded to f32 (`tests/tiered_rows.rs`) — and the
+//! steady-state step allocates nothing (`tests/tiered_alloc.rs`).
 
 mod prompt;
 mod spec;
@@ -20,10 +25,12 @@ pub use spec::{PolicyKind, RolesSource, TieredSpec};
 
 use std::sync::Arc;
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, GatheredKv};
+use attn_kernels::{
+    AttnConfig, CpuAttention, GatheredKv, GatheredSparseAttention, GatheredSparseKv,
+};
 use kv_sparse::Value;
 use kv_tiered::policy::StepSignal;
-use kv_tiered::{StepMetrics, TieredStore};
+use kv_tiered::{GatheredLists, StepMetrics, TieredStore};
 use projection::ProjectionSet;
 
 use self::prompt::Prompt;
@@ -53,14 +60,6 @@ impl TieredSpec {
     }
 }
 
-/// Per-head f32 rows decoded from a store with sparse rows (reused every step).
-#[derive(Default)]
-struct Decoded {
-    positions: Vec<u32>,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-}
-
 /// A WnW tiered store behind the [`KvCache`] interface; `D` is the dense row format.
 pub struct TieredCache<D: Value> {
     shape: CacheShape,
@@ -74,9 +73,8 @@ pub struct TieredCache<D: Value> {
     q_rot: Vec<f32>,
     k_rot: Vec<f32>,
     weights: Vec<f32>,
-    decoded: Vec<Decoded>,
+    lists: GatheredLists<D>,
     last: StepMetrics,
-    _format: std::marker::PhantomData<D>,
 }
 
 impl<D: Value> TieredCache<D> {
@@ -127,9 +125,8 @@ impl<D: Value> TieredCache<D> {
             q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
             k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             weights: Vec::new(),
-            decoded: (0..shape.kv_heads()).map(|_| Decoded::default()).collect(),
+            lists: GatheredLists::with_capacity(shape.kv_heads()),
             last: StepMetrics::default(),
-            _format: std::marker::PhantomData,
         })
     }
 
@@ -226,7 +223,9 @@ impl<D: Value> KvCache for TieredCache<D> {
                 .map(|(c, _)| *c)
                 .filter(|c| c.value == kv_sparse::ValueFormat::Fp8E4M3);
             self.store = Some(prompt.build_store(&self.spec, swan, capacity)?);
+            // Every later step attends at most `tokens + capacity` rows per kv-head.
             self.weights.reserve(self.shape.kv_heads() * (kv.tokens + capacity));
+            self.kernel.reserve(&self.shape.attn, kv.tokens + capacity);
         }
         Ok(())
     }
@@ -234,7 +233,7 @@ impl<D: Value> KvCache for TieredCache<D> {
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
         let rotated = self.rotate_step(layer, &step)?;
-        let Self { store, q_rot, k_rot, kernel, shape, weights, decoded, .. } = self;
+        let Self { store, q_rot, k_rot, kernel, shape, weights, lists, .. } = self;
         let attn = &shape.attn;
         let store = store.as_mut().ok_or_else(|| {
             invalid("tiered decode", "the tiered cache needs a prefill covering its span first")
@@ -242,12 +241,9 @@ impl<D: Value> KvCache for TieredCache<D> {
         let (q, k) = if rotated { (&q_rot[..], &k_rot[..]) } else { (step.q, step.k) };
         store.append(layer, k, step.v)?;
         store.observe_queries(layer, q)?;
-        let want_weights = store.policy().step_signal() == StepSignal::AnchorWeights;
-        if store.config().rows.sparse.is_none() {
-            attend_gathered::<D>(store, layer, (kernel, attn), q, out, weights, want_weights)?;
-        } else {
-            attend_decoded(store, layer, (kernel, attn), q, out, (weights, decoded), want_weights)?;
-        }
+        let weights =
+            (store.policy().step_signal() == StepSignal::AnchorWeights).then_some(weights);
+        attend(store, layer, (kernel, attn, lists), q, out, weights)?;
         if layer + 1 == self.shape.layers {
             self.appended += 1;
         }
@@ -283,62 +279,28 @@ impl<D: Value> KvCache for TieredCache<D> {
     }
 }
 
-/// Attention over the zero-copy dense views of one layer; feeds the anchor weights back.
-fn attend_gathered<D: Value>(
+/// Attention over one layer's resident dense and SWAN sparse rows, read in place; with
+/// `weights` (the policy reads the anchor signal) the kernel's per-row softmax weights are
+/// fed back to the store (Eq. 2).
+fn attend<D: Value>(
     store: &mut TieredStore,
     layer: usize,
-    (kernel, attn): (&mut CpuAttention, &AttnConfig),
+    (kernel, attn, lists): (&mut CpuAttention, &AttnConfig, &mut GatheredLists<D>),
     q: &[f32],
     out: &mut [f32],
-    weights: &mut Vec<f32>,
-    want_weights: bool,
+    mut weights: Option<&mut Vec<f32>>,
 ) -> Result<()> {
-    {
-        let view = store.layer_view(layer)?;
-        let mut list: Vec<GatheredKv<'_, D>> = Vec::with_capacity(view.kv_heads());
-        view.gathered_into(&mut list)?;
-        weights.resize(list.iter().map(GatheredKv::num_rows).sum(), 0.0);
-        kernel.gathered(attn, q, &list, out, want_weights.then_some(&mut weights[..]))?;
-    }
-    if want_weights {
-        store.add_gathered_weights(layer, weights)?;
-    }
-    Ok(())
-}
-
-/// Attention over rows decoded to f32 (stores with SWAN sparse rows).
-fn attend_decoded(
-    store: &mut TieredStore,
-    layer: usize,
-    (kernel, attn): (&mut CpuAttention, &AttnConfig),
-    q: &[f32],
-    out: &mut [f32],
-    (weights, decoded): (&mut Vec<f32>, &mut [Decoded]),
-    want_weights: bool,
-) -> Result<()> {
-    {
-        let view = store.layer_view(layer)?;
-        for (h, d) in decoded.iter_mut().enumerate() {
-            let head = view
-                .head(h)
-                .ok_or_else(|| invalid("tiered decode", format!("kv-head {h} missing")))?;
-            head.decode_into(&mut d.positions, &mut d.keys, &mut d.values)?;
-        }
-    }
-    let dim = attn.head_dim();
-    let list: Vec<GatheredKv<'_, f32>> =
-        decoded.iter().map(|d| GatheredKv::new(dim, &d.positions, &d.keys, &d.values)).collect();
-    weights.resize(decoded.iter().map(|d| d.positions.len()).sum(), 0.0);
-    kernel.gathered(attn, q, &list, out, want_weights.then_some(&mut weights[..]))?;
-    if want_weights {
-        let mut off = 0;
-        for (h, d) in decoded.iter().enumerate() {
-            let n = d.positions.len();
-            if store.is_anchor(layer, h) {
-                store.add_anchor_weights(layer, h, &d.positions, &weights[off..off + n])?;
-            }
-            off += n;
-        }
+    store.layer_view(layer)?.with_gathered_parts(lists, |dense, sparse| {
+        let w = weights.as_deref_mut().map(|w| {
+            let rows = dense.iter().map(GatheredKv::num_rows).sum::<usize>()
+                + sparse.iter().map(GatheredSparseKv::num_rows).sum::<usize>();
+            w.resize(rows, 0.0);
+            &mut w[..]
+        });
+        kernel.gathered_sparse(attn, q, dense, sparse, out, w)
+    })??;
+    if let Some(w) = weights {
+        store.add_gathered_weights(layer, w)?;
     }
     Ok(())
 }
