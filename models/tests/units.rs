@@ -1,6 +1,6 @@
 //! Unit tests of `models`' public helpers (configuration parsing, GGUF block dequantisation,
-//! RoPE tables, WAV reading and resampling, word alignments, markdown stripping), one module per
-//! source file, against the public API only.
+//! RoPE tables, WAV reading, resampling and log-mel features, word alignments, markdown
+//! stripping, tensor hand-over), one module per source file, against the public API only.
 
 mod config {
     use models::load::config::*;
@@ -410,5 +410,50 @@ mod text {
         let md = "_Exit_\nkept\n**A**\n** not a speaker\n_Enter\nmany\nlines_\nlast\\";
         assert_eq!(strip_markdown(md), "kept ** not a speaker last");
         assert_eq!(strip_markdown("_\nstill stage_\nafter"), "after");
+    }
+}
+
+mod mel {
+    use models::Error;
+    use models::audio::mel::*;
+
+    #[test]
+    fn silence_is_flat_and_long_audio_splits_into_windows() {
+        let ex = LogMelExtractor::new(80).unwrap();
+        let mel = ex.compute(&vec![0.0; WINDOW_SAMPLES + 1]).unwrap();
+        assert_eq!((mel.windows(), mel.frames()), (2, 2 * WINDOW_FRAMES));
+        // All -10 → max − 8 clamp is a no-op, (−10 + 4) / 4 = −1.5 everywhere.
+        assert!(mel.data().iter().all(|&x| x == -1.5));
+        assert_eq!(mel.valid_frames(), WINDOW_FRAMES + 1);
+        let (n, w) = mel.split_windows(WINDOW_FRAMES);
+        assert_eq!((n, w.len()), (2, 2 * 80 * WINDOW_FRAMES));
+        let (n, w) = mel.split_windows(1000);
+        assert_eq!((n, w.len()), (4, 4 * 80 * 1000));
+    }
+
+    #[test]
+    fn bad_input_is_a_typed_error() {
+        let ex = LogMelExtractor::new(128).unwrap();
+        assert!(matches!(ex.compute(&[]), Err(Error::Audio { .. })));
+        assert!(matches!(ex.compute(&[0.0, f32::NAN]), Err(Error::Audio { .. })));
+        assert!(LogMelExtractor::new(0).is_err());
+    }
+}
+
+mod host {
+    use models::llama::host::{f32_slice, to_f32_vec};
+    use tch::{Kind, Tensor};
+
+    #[test]
+    fn borrow_or_copy_contiguous_f32_only() {
+        let t = Tensor::from_slice(&[1f32, 2.0, 3.0]);
+        // SAFETY: `t` is not shared and not written while borrowed.
+        assert_eq!(unsafe { f32_slice(&t) }.unwrap(), &[1.0, 2.0, 3.0]);
+        assert_eq!(to_f32_vec(&t).unwrap(), vec![1.0, 2.0, 3.0]);
+        assert!(to_f32_vec(&t.to_kind(Kind::Double)).is_err());
+        let strided = Tensor::from_slice(&[1f32, 2.0, 3.0, 4.0]).reshape([2, 2]).tr();
+        assert!(to_f32_vec(&strided).is_err());
+        // SAFETY: as above.
+        assert!(unsafe { f32_slice(&strided) }.is_err());
     }
 }

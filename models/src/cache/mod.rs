@@ -77,6 +77,19 @@ impl CacheShape {
         self.attn.group_size()
     }
 
+    /// Checks that a SWAN projection set was built for this shape (layers, heads, head
+    /// size), the one geometry check every user of a set runs before rotating with it.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] naming `op` and both shapes.
+    pub fn check_projection(&self, op: &'static str, dims: projection::ModelDims) -> Result<()> {
+        let want = (self.layers, self.q_heads(), self.kv_heads(), self.head_dim());
+        if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
+            return Err(invalid(op, format!("projection set is for {dims:?}, model is {self:?}")));
+        }
+        Ok(())
+    }
+
     /// Checks one decode step at the cache boundary, where the rows enter: the layer index,
     /// every row length (the caches slice rows per head on this alone), and that the query
     /// is finite. The query is checked here because the kernel sees it only after the step

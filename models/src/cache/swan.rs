@@ -97,14 +97,7 @@ impl<V: Value, D: Value> SwanCache<V, D> {
         set: Arc<ProjectionSet>,
         threads: usize,
     ) -> Result<Self> {
-        let dims = set.dims();
-        let want = (shape.layers, shape.q_heads(), shape.kv_heads(), shape.head_dim());
-        if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
-            return Err(invalid(
-                "swan cache",
-                format!("projection set is for {dims:?}, model is {shape:?}"),
-            ));
-        }
+        shape.check_projection("swan cache", set.dims())?;
         if (cfg.value, cfg.buffer_format) != (V::FORMAT, D::FORMAT) {
             return Err(invalid(
                 "swan cache",

@@ -9,7 +9,7 @@ use projection::ProjectionSet;
 use tch::Tensor;
 
 use super::{Block, Llama};
-use crate::error::{Result, TorchOp, invalid};
+use crate::error::{Result, TorchOp};
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
     let t = t.f_contiguous().op("contiguous")?;
@@ -29,14 +29,7 @@ impl Llama {
     /// [`crate::Error::Projection`] from the absorption itself.
     pub fn absorb_vo(&self, set: &ProjectionSet) -> Result<Self> {
         let cfg = self.config();
-        let dims = set.dims();
-        let want = (cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim);
-        if (dims.layers(), dims.q_heads(), dims.kv_heads(), dims.head_dim()) != want {
-            return Err(invalid(
-                "absorb P_VO",
-                format!("projection set is for {dims:?}, model has {want:?}"),
-            ));
-        }
+        crate::cache::CacheShape::of(cfg)?.check_projection("absorb P_VO", set.dims())?;
         let blocks = self
             .blocks()
             .iter()

@@ -103,15 +103,7 @@ impl<D: Value> TieredCache<D> {
                 let reason = "kv-tiered stores sparse rows as fp8: use value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
                 return Err(invalid("swan+tiered cache", reason));
             }
-            let d = set.dims();
-            if (d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())
-                != (shape.layers, shape.q_heads(), shape.kv_heads(), shape.head_dim())
-            {
-                return Err(invalid(
-                    "tiered cache",
-                    format!("projection set is for {d:?}, model is {shape:?}"),
-                ));
-            }
+            shape.check_projection("tiered cache", set.dims())?;
         }
         Ok(Self {
             shape,
