@@ -2,7 +2,7 @@
 //! it applies, what was expected and what was found, so bad input (a corrupt GGUF, a
 //! mis-shaped tensor, an unknown cache name) reads as a sentence rather than a panic.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong in `models`.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +146,20 @@ impl<T> TorchOp<T> for std::result::Result<T, tch::TchError> {
 /// Shorthand for an [`Error::InvalidInput`].
 pub(crate) fn invalid(op: &'static str, reason: impl Into<String>) -> Error {
     Error::InvalidInput { op, reason: reason.into() }
+}
+
+/// Reads a whole file as text; the error names the file.
+pub(crate) fn read_text_file(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        op: "read",
+        path: path.into(),
+        source,
+    })
+}
+
+/// Reads a whole file as bytes; the error names the file.
+pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io { op: "read", path: path.into(), source })
 }
 
 /// Shorthand for an [`Error::Config`].

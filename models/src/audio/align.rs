@@ -81,12 +81,7 @@ impl WordAlignment {
     /// # Errors
     /// [`Error::Io`] if unreadable; as [`WordAlignment::from_json`].
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_json(&text)
+        Self::from_json(&crate::error::read_text_file(path)?)
     }
 
     /// A **test** alignment of `transcript` over `seconds` of audio: the duration is divided

@@ -84,11 +84,7 @@ impl AudioLlm {
     /// unsupported or inconsistent configuration, weight errors naming the tensor.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-            op: "read",
-            path: path.clone(),
-            source,
-        })?;
+        let text = crate::error::read_text_file(&path)?;
         let cfg: Value = serde_json::from_str(&text)
             .map_err(|source| Error::Json { what: path.display().to_string(), source })?;
         let src = SafetensorsSource::open_dir(dir)?;

@@ -19,7 +19,7 @@ pub const SUPPORTED_RATES: std::ops::RangeInclusive<u32> = 1_000..=768_000;
 /// Resamples mono `samples` from `rate_in` to `rate_out` Hz.
 ///
 /// # Errors
-/// [`crate::Error::Audio`] for a rate outside [`SUPPORTED_RATES`], empty input, a
+/// [`crate::Error::Audio`] for a rate outside 1 kHz–768 kHz, empty input, a
 /// non-finite sample, or a resampler failure.
 ///
 /// # Examples

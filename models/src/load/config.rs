@@ -186,12 +186,7 @@ impl ModelConfig {
     /// [`Error::Io`] if the file cannot be read, [`Error::Json`] if it is not JSON,
     /// [`Error::Config`] / [`Error::UnsupportedArchitecture`] for unusable values.
     pub fn from_hf_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            op: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_hf_json(&text)
+        Self::from_hf_json(&crate::error::read_text_file(path)?)
     }
 
     /// Parses and validates the text of an HF `config.json`.

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Applies the rule above to one play's markdown.
 ///
@@ -46,12 +46,8 @@ pub fn strip_markdown(md: &str) -> String {
 /// Reads a text file; `.md` files go through [`strip_markdown`], others are used as is.
 ///
 /// # Errors
-/// [`Error::Io`] if the file cannot be read.
+/// [`crate::Error::Io`] if the file cannot be read.
 pub fn read_text(path: &Path) -> Result<String> {
-    let raw = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        op: "read",
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let raw = crate::error::read_text_file(path)?;
     Ok(if path.extension().is_some_and(|e| e == "md") { strip_markdown(&raw) } else { raw })
 }

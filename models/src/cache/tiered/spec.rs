@@ -214,12 +214,7 @@ impl TieredSpec {
         let heads = layers * kv_heads;
         match &self.roles {
             RolesSource::File(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-                    op: "read",
-                    path: path.clone(),
-                    source,
-                })?;
-                let roles = HeadRoles::from_json(&text)?;
+                let roles = HeadRoles::from_json(&crate::error::read_text_file(path)?)?;
                 if (roles.layers(), roles.kv_heads()) != (layers, kv_heads) {
                     let reason = format!(
                         "{}×{} roles for a {layers}×{kv_heads} model",

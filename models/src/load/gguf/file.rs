@@ -82,12 +82,7 @@ impl GgufFile {
     /// # Errors
     /// [`Error::Io`] if it cannot be read; the parse errors of [`GgufFile::from_bytes`].
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|source| Error::Io {
-            op: "read",
-            path: path.into(),
-            source,
-        })?;
-        Self::from_bytes(bytes)
+        Self::from_bytes(crate::error::read_file(path)?)
     }
 
     /// Memory-maps the file at `path` read-only and parses it, without copying it.

@@ -51,11 +51,7 @@ impl SafetensorsSource {
     /// # Errors
     /// As [`SafetensorsSource::open_dir`].
     pub fn open_index(index: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(index).map_err(|source| Error::Io {
-            op: "read",
-            path: index.to_path_buf(),
-            source,
-        })?;
+        let text = crate::error::read_text_file(index)?;
         let parsed: serde_json::Value = serde_json::from_str(&text)
             .map_err(|source| Error::Json { what: index.display().to_string(), source })?;
         let map = parsed.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
@@ -124,11 +120,7 @@ impl SafetensorsSource {
 }
 
 fn open_shard(path: &Path) -> Result<Shard> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        op: "read",
-        path: path.into(),
-        source,
-    })?;
+    let bytes = crate::error::read_file(path)?;
     let (header_len, meta) = SafeTensors::read_metadata(&bytes)
         .map_err(|e| Error::Safetensors { path: path.to_path_buf(), reason: e.to_string() })?;
     Ok(Shard { path: path.to_path_buf(), bytes, header_len, meta })
