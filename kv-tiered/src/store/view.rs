@@ -168,9 +168,10 @@ impl<'a, T: Tier> LayerView<'a, T> {
     /// // One layer, one kv-head, head_dim 4, a 12-token prompt with audio at 2..10.
     /// let layout = AudioLayout::new(12, 2..10, 4, 8)?;
     /// let kv = DensePromptKv::new(1, 1, 12, 4, vec![0.25; 48], vec![1.0; 48])?;
-    /// let config = StoreConfig::new(1, 1, 1, 4, layout, 4);
+    /// let cfg = AttnConfig::new(1, 1, 4)?;
+    /// let config = StoreConfig::new(1, cfg, layout, 4);
     /// let store = TieredStore::prefill_host(config, Box::new(FullPolicy), &kv, &[])?;
-    /// let (cfg, mut cpu) = (AttnConfig::new(1, 1, 4).unwrap(), CpuAttention::new(1).unwrap());
+    /// let mut cpu = CpuAttention::new(1)?;
     /// let (mut lists, mut out) = (GatheredLists::<f32>::with_capacity(1), [0.0f32; 4]);
     /// let view = store.layer_view(0)?;
     /// view.with_gathered_parts(&mut lists, |dense, sparse| {
