@@ -53,9 +53,6 @@ pub enum Error {
         /// What went wrong.
         detail: String,
     },
-    /// The sparse storage crate rejected an operation.
-    #[error("kv-sparse: {0}")]
-    Sparse(#[from] kv_sparse::Error),
     /// A decode-attention kernel rejected its input.
     #[error("attn-kernels: {0}")]
     Attention(#[from] attn_kernels::Error),
