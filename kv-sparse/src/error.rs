@@ -95,6 +95,48 @@ pub enum Error {
         /// The rejected scale.
         scale: f32,
     },
+    /// A stored per-row or per-block scale that is zero, NaN or infinite.
+    #[error("{op}: row {row} has scale {scale}; scales must be finite and non-zero")]
+    InvalidRowScale {
+        /// Operation that failed.
+        op: &'static str,
+        /// Row holding the scale.
+        row: usize,
+        /// The stored scale.
+        scale: f32,
+    },
+    /// A finite value too large for the f16 scale of a quantized format.
+    #[error("{op}: |{value}| does not fit {format} (its f16 scale needs values below {limit})")]
+    ScaleOverflow {
+        /// Operation that failed.
+        op: &'static str,
+        /// The quantized format.
+        format: String,
+        /// The offending magnitude.
+        value: f32,
+        /// Smallest magnitude that overflows.
+        limit: f32,
+    },
+    /// A bitmask row whose popcount differs from the number of values the row stores.
+    #[error("{op}: row {row}: mask has {popcount} bits set but the row stores {stored} values")]
+    MaskCountMismatch {
+        /// Operation that failed.
+        op: &'static str,
+        /// Row index.
+        row: usize,
+        /// Bits set in the mask.
+        popcount: usize,
+        /// Values the row's length implies.
+        stored: usize,
+    },
+    /// An odd number of kept values with 4-bit values (two per byte).
+    #[error("{op}: k = {k} is odd; 4-bit values need an even k")]
+    OddK {
+        /// Operation that failed.
+        op: &'static str,
+        /// The requested k.
+        k: usize,
+    },
     /// A view's scales differ from the config it is loaded with.
     #[error("{op}: (key, value) scales are {got:?}, expected {expected:?}")]
     ScaleMismatch {

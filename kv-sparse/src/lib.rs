@@ -10,6 +10,8 @@
 //! |---|---|---|
 //! | [`fp8`] | E4M3FN codec, decode table, optional per-head scale | 8-bit values |
 //! | [`topk`] | O(d) magnitude top-k (ties → lower index) | pruning step |
+//! | [`coded`] | SWAN rows as index list or bitmask × f16/bf16/fp8/int8/int4 values | memory footprint (encodings) |
+//! | [`quant`] | dense int8 (q8_0) / int4 (q4_0) / scaled fp8 rows, integer value codes | baselines, 8-bit values |
 //! | [`csr`] | paged CSR rows: [`csr::CsrStore`], [`csr::CsrView`] | memory footprint (CSR) |
 //! | [`ring`] | dense ring buffer of recent rows | hybrid cache |
 //! | [`hybrid`] | [`hybrid::HybridCache`], [`hybrid::MultiHeadCache`], kernel views | Algorithm 1 |
@@ -68,6 +70,7 @@
 //! ```
 #![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod coded;
 pub mod csr;
 mod error;
 pub mod fp8;
@@ -75,6 +78,7 @@ pub mod hybrid;
 mod index;
 pub mod memory;
 pub mod persist;
+pub mod quant;
 pub mod ring;
 #[cfg(feature = "proptest")]
 pub mod strategies;

@@ -23,6 +23,9 @@ pub struct MemoryReport {
     pub value_bytes: usize,
     /// Stored sparse indices.
     pub index_bytes: usize,
+    /// Stored quantization scales (per row of integer-coded sparse values, per block or
+    /// row of dense quantized rows).
+    pub scale_bytes: usize,
     /// The 2-byte per-row offsets.
     pub offset_bytes: usize,
     /// One u64 base per block of rows (paging overhead beyond the paper's formula).
@@ -47,6 +50,7 @@ impl MemoryReport {
     pub fn held_bytes(&self) -> usize {
         self.value_bytes
             + self.index_bytes
+            + self.scale_bytes
             + self.offset_bytes
             + self.block_header_bytes
             + self.dense_bytes
@@ -57,9 +61,10 @@ impl MemoryReport {
         self.held_bytes() + self.capacity_slack_bytes
     }
 
-    /// Bytes of the sparse part in the paper's accounting (values + indices + offsets).
+    /// Bytes of the sparse part in the paper's accounting (values + indices + offsets),
+    /// plus the per-row scales of integer-coded rows (0 for CSR rows).
     pub fn sparse_formula_bytes(&self) -> usize {
-        self.value_bytes + self.index_bytes + self.offset_bytes
+        self.value_bytes + self.index_bytes + self.scale_bytes + self.offset_bytes
     }
 }
 
@@ -75,6 +80,7 @@ impl AddAssign for MemoryReport {
     fn add_assign(&mut self, rhs: MemoryReport) {
         self.value_bytes += rhs.value_bytes;
         self.index_bytes += rhs.index_bytes;
+        self.scale_bytes += rhs.scale_bytes;
         self.offset_bytes += rhs.offset_bytes;
         self.block_header_bytes += rhs.block_header_bytes;
         self.dense_bytes += rhs.dense_bytes;

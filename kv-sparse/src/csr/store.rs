@@ -314,6 +314,7 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
         MemoryReport {
             value_bytes: nnz * V::FORMAT.bytes(),
             index_bytes: nnz * I::BYTES,
+            scale_bytes: 0,
             offset_bytes: rows * 2,
             block_header_bytes: blocks * 8,
             dense_bytes: 0,

@@ -8,7 +8,8 @@ use super::history::SparseHistory;
 use super::input::round_through;
 use crate::memory::MemoryReport;
 use crate::ring::DenseRing;
-use crate::{Result, SparseIndex, Value};
+use super::RowStore;
+use crate::{Result, Value};
 
 /// Key and value rings plus the scratch rows used for eviction.
 #[derive(Clone, Debug)]
@@ -41,11 +42,11 @@ impl<D: Value> DenseBuffer<D> {
 
     /// Appends one (key, value) pair, evicting the oldest pair into `sparse` when full
     /// (with capacity 0 the pair goes to `sparse` directly). All-or-nothing.
-    pub(crate) fn push<I: SparseIndex, V: Value>(
+    pub(crate) fn push<S: RowStore>(
         &mut self,
         k: &[f32],
         v: &[f32],
-        sparse: &mut SparseHistory<I, V>,
+        sparse: &mut SparseHistory<S>,
     ) -> Result<()> {
         if self.capacity() == 0 {
             return sparse.push(k, v);
@@ -58,9 +59,9 @@ impl<D: Value> DenseBuffer<D> {
     }
 
     /// Moves the oldest buffered pair into `sparse`; the buffer keeps it on error.
-    pub(crate) fn spill_oldest<I: SparseIndex, V: Value>(
+    pub(crate) fn spill_oldest<S: RowStore>(
         &mut self,
-        sparse: &mut SparseHistory<I, V>,
+        sparse: &mut SparseHistory<S>,
     ) -> Result<()> {
         if !self.keys.oldest_into(&mut self.evicted_key) {
             return Ok(());
@@ -74,11 +75,11 @@ impl<D: Value> DenseBuffer<D> {
 
     /// Sends a pair to `sparse` exactly as if it had passed through the buffer: rounded
     /// to `D` first, unless the buffer has capacity 0 (then rows never touch it).
-    pub(crate) fn spill_through<I: SparseIndex, V: Value>(
+    pub(crate) fn spill_through<S: RowStore>(
         &mut self,
         k: &[f32],
         v: &[f32],
-        sparse: &mut SparseHistory<I, V>,
+        sparse: &mut SparseHistory<S>,
     ) -> Result<()> {
         if self.capacity() == 0 {
             return sparse.push(k, v);

@@ -4,25 +4,30 @@
 //! rows stay dense in a ring buffer; appending to a full buffer evicts its oldest row,
 //! which is pruned to its top-k magnitudes and appended to the CSR sparse history.
 //! Token order is: sparse rows (oldest tokens) first, then the buffer rows.
+//!
+//! One cache type, [`Hybrid`], holds its history in any [`RowStore`]: [`HybridCache`] is
+//! the CSR form (the paper's index lists), [`CodedHybridCache`] the coded rows of
+//! [`crate::coded`] (bitmask or list indices, f16/bf16/fp8/int8/int4 values).
 
 use super::buffer::DenseBuffer;
 use super::history::SparseHistory;
 use super::input::{check_limits, sanitize_into, scan};
-use super::{HybridConfig, HybridView, NonFinitePolicy};
+use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore};
+use crate::coded::{CodedStore, IndexCode, ValueCode};
 use crate::csr::CsrStore;
 use crate::memory::MemoryReport;
 use crate::{Error, Result, SparseIndex, Value};
 
-/// Hybrid cache of one (layer, kv-head): sparse history in [`CsrStore<I, V>`], dense
-/// buffer in [`crate::ring::DenseRing<D>`] (`I`: `u8`/`u16` indices, `V`: sparse value
-/// format, `D`: dense buffer format, typically `f32`, `f16` or `bf16`).
+/// Hybrid cache of one (layer, kv-head): sparse history in two [`RowStore`]s `S` (keys,
+/// values), dense buffer in [`crate::ring::DenseRing<D>`] (`D`: dense buffer format,
+/// typically `f32`, `f16` or `bf16`).
 ///
 /// Appends are all-or-nothing: on error the cache is unchanged. Steady-state appends do
-/// not allocate beyond the sparse stores' amortized growth (see [`HybridCache::reserve`]).
+/// not allocate beyond the sparse stores' amortized growth (see [`Hybrid::reserve`]).
 #[derive(Clone, Debug)]
-pub struct HybridCache<I, V, D> {
+pub struct Hybrid<S, D> {
     cfg: HybridConfig,
-    sparse: SparseHistory<I, V>,
+    sparse: SparseHistory<S>,
     buffer: DenseBuffer<D>,
     /// Sanitized copies of input rows (only used under [`NonFinitePolicy::Zero`]).
     staged_key: Vec<f32>,
@@ -44,7 +49,30 @@ fn buffer_rows<'a, D>((a, b): (&'a [D], &'a [D]), d: usize) -> impl Iterator<Ite
     a.chunks_exact(d).chain(b.chunks_exact(d))
 }
 
-impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
+/// The CSR hybrid cache (`I`: `u8`/`u16` indices, `V`: sparse value format, `D`: buffer).
+pub type HybridCache<I, V, D> = Hybrid<CsrStore<I, V>, D>;
+
+/// The hybrid cache over coded rows (`X`: index list or bitmask, `Y`: value code, `D`:
+/// buffer).
+///
+/// # Examples
+/// ```
+/// use kv_sparse::coded::{Bitmask, Int8Values};
+/// use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+/// let cfg = HybridConfig::new(16, 2, 8).for_store::<kv_sparse::coded::CodedStore<Bitmask, Int8Values>>();
+/// let mut cache = CodedHybridCache::<Bitmask, Int8Values, half::f16>::new(cfg)?;
+/// for t in 0..5 {
+///     cache.append(&[t as f32; 16], &[1.0; 16])?;
+/// }
+/// assert_eq!((cache.sparse_len(), cache.buffer_len()), (3, 2));
+/// let mut k = [0.0; 16];
+/// cache.view().key_into(1, &mut k)?;
+/// assert_eq!(k.iter().filter(|&&x| x != 0.0).count(), 8); // top 8 of a constant row
+/// # Ok::<(), kv_sparse::Error>(())
+/// ```
+pub type CodedHybridCache<X, Y, D> = Hybrid<CodedStore<X, Y>, D>;
+
+impl<S: RowStore, D: Value> Hybrid<S, D> {
     /// An empty cache.
     ///
     /// # Errors
@@ -62,19 +90,14 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
     /// # Ok::<(), kv_sparse::Error>(())
     /// ```
     pub fn new(cfg: HybridConfig) -> Result<Self> {
-        cfg.validate::<I, D>()?;
-        let store = || CsrStore::with_block_rows(cfg.head_dim, cfg.rows_per_block);
+        cfg.validate_store::<S, D>()?;
+        let store = || S::empty(cfg.head_dim, cfg.rows_per_block);
         Ok(Self::from_stores(cfg, store()?, store()?, cfg.buffer))
     }
 
     /// A cache over the given histories whose buffer has storage for `buffer_rows` rows
     /// allocated up front (the rest as rows arrive).
-    fn from_stores(
-        cfg: HybridConfig,
-        keys: CsrStore<I, V>,
-        values: CsrStore<I, V>,
-        buffer_rows: usize,
-    ) -> Self {
+    fn from_stores(cfg: HybridConfig, keys: S, values: S, buffer_rows: usize) -> Self {
         let sparse = SparseHistory::new(keys, values, (cfg.k_key, cfg.k_value), cfg.scales());
         Self {
             cfg,
@@ -83,52 +106,6 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
             staged_key: Vec::with_capacity(cfg.head_dim),
             staged_value: Vec::with_capacity(cfg.head_dim),
         }
-    }
-
-    /// Rebuilds an owned cache from a view with config `cfg` (e.g. a view of a mapped file,
-    /// to keep appending to a persisted prefix). The rows are copied; buffer storage is
-    /// allocated for the rows the view holds and grows as rows are appended (up to
-    /// `cfg.buffer`), so a huge claimed capacity costs nothing until it is used.
-    ///
-    /// # Errors
-    /// [`Error::ShapeMismatch`] when the view does not fit `cfg` (head_dim, rows per block,
-    /// scales, key/value row counts, buffer capacity); any [`HybridConfig::validate`] error.
-    pub fn from_view(cfg: HybridConfig, view: HybridView<'_, I, V, D>) -> Result<Self> {
-        const OP: &str = "HybridCache::from_view";
-        cfg.validate::<I, D>()?;
-        view.check_shape(OP)?;
-        let checks = [
-            ("head_dim", cfg.head_dim, view.head_dim),
-            ("key rows_per_block", cfg.rows_per_block, view.sparse_keys.rows_per_block()),
-            ("value rows_per_block", cfg.rows_per_block, view.sparse_values.rows_per_block()),
-        ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(Error::ShapeMismatch { op: OP, what, expected, got });
-            }
-        }
-        if view.buffer_len() > cfg.buffer {
-            let (expected, got) = (cfg.buffer, view.buffer_len());
-            return Err(Error::ShapeMismatch { op: OP, what: "buffer rows", expected, got });
-        }
-        if view.value_scale != cfg.scales() {
-            return Err(Error::ScaleMismatch {
-                op: OP,
-                expected: cfg.scales(),
-                got: view.value_scale,
-            });
-        }
-        let (keys, values) = (view.sparse_keys, view.sparse_values);
-        // Allocate the buffer for the rows the view holds, not its capacity: `cfg` may come
-        // from an untrusted file claiming a huge buffer (memory follows the rows held).
-        let (k, v) = (CsrStore::from_view(keys), CsrStore::from_view(values));
-        let mut cache = Self::from_stores(cfg, k, v, view.buffer_len());
-        let d = cfg.head_dim;
-        for (k, v) in buffer_rows(view.buffer_keys, d).zip(buffer_rows(view.buffer_values, d)) {
-            cache.buffer.keys.push_raw(k);
-            cache.buffer.values.push_raw(v);
-        }
-        Ok(cache)
     }
 
     /// Appends one token's key and value rows. When the buffer is full its oldest row is
@@ -144,7 +121,7 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
         self.append_checked(k, v)
     }
 
-    /// [`HybridCache::append`] after [`HybridCache::check_input`] succeeded.
+    /// [`Hybrid::append`] after [`Hybrid::check_input`] succeeded.
     pub(crate) fn append_checked(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
         let zero = self.cfg.non_finite == NonFinitePolicy::Zero;
         let k = stage(k, zero && !k.iter().all(|x| x.is_finite()), &mut self.staged_key);
@@ -153,11 +130,11 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
     }
 
     /// Bulk insert of `n` tokens (a prefill): `keys` and `values` are `n × head_dim`
-    /// row-major. Same result as `n` calls to [`HybridCache::append`] — the last `b` rows
+    /// row-major. Same result as `n` calls to [`Hybrid::append`] — the last `b` rows
     /// stay dense — but validated up front (all-or-nothing) and with storage reserved once.
     ///
     /// # Errors
-    /// As [`HybridCache::append`]; [`Error::LengthMismatch`] when the lengths are not equal
+    /// As [`Hybrid::append`]; [`Error::LengthMismatch`] when the lengths are not equal
     /// multiples of `head_dim` (a non-finite position counts across the flattened rows).
     ///
     /// # Examples
@@ -181,7 +158,7 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
         self.extend_checked(keys, values)
     }
 
-    /// [`HybridCache::extend`] after [`HybridCache::check_input`] succeeded for these rows
+    /// [`Hybrid::extend`] after [`Hybrid::check_input`] succeeded for these rows
     /// (whole rows of `head_dim`; finite or allowed by the non-finite policy; within the
     /// storage limits): nothing is checked again.
     pub(crate) fn extend_checked(&mut self, keys: &[f32], values: &[f32]) -> Result<()> {
@@ -226,8 +203,8 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
         let (sk, sv) = self.cfg.scales();
         let (kmax, _) = scan(self.cfg.non_finite, ops[0], k)?;
         let (vmax, _) = scan(self.cfg.non_finite, ops[1], v)?;
-        check_limits::<V, D>(ops[0], kmax, buffered, self.cfg.k_key > 0, sk)?;
-        check_limits::<V, D>(ops[1], vmax, buffered, self.cfg.k_value > 0, sv)
+        check_limits::<S, D>(ops[0], kmax, buffered, self.cfg.k_key > 0, sk)?;
+        check_limits::<S, D>(ops[1], vmax, buffered, self.cfg.k_value > 0, sv)
     }
 
     /// Reserves sparse storage for `rows` more evicted tokens.
@@ -271,6 +248,61 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
         self.buffer.len()
     }
 
+    /// Bytes held, split by role (see [`MemoryReport`]).
+    pub fn memory(&self) -> MemoryReport {
+        let staged = (self.staged_key.capacity() + self.staged_value.capacity()) * 4;
+        let staged = MemoryReport { capacity_slack_bytes: staged, ..MemoryReport::default() };
+        self.sparse.memory() + self.buffer.memory() + staged
+    }
+}
+
+impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
+    /// Rebuilds an owned cache from a view with config `cfg` (e.g. a view of a mapped file,
+    /// to keep appending to a persisted prefix). The rows are copied; buffer storage is
+    /// allocated for the rows the view holds and grows as rows are appended (up to
+    /// `cfg.buffer`), so a huge claimed capacity costs nothing until it is used.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the view does not fit `cfg` (head_dim, rows per block,
+    /// scales, key/value row counts, buffer capacity); any [`HybridConfig::validate`] error.
+    pub fn from_view(cfg: HybridConfig, view: HybridView<'_, I, V, D>) -> Result<Self> {
+        const OP: &str = "HybridCache::from_view";
+        cfg.validate_store::<CsrStore<I, V>, D>()?;
+        view.check_shape(OP)?;
+        let checks = [
+            ("head_dim", cfg.head_dim, view.head_dim),
+            ("key rows_per_block", cfg.rows_per_block, view.sparse_keys.rows_per_block()),
+            ("value rows_per_block", cfg.rows_per_block, view.sparse_values.rows_per_block()),
+        ];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+            }
+        }
+        if view.buffer_len() > cfg.buffer {
+            let (expected, got) = (cfg.buffer, view.buffer_len());
+            return Err(Error::ShapeMismatch { op: OP, what: "buffer rows", expected, got });
+        }
+        if view.value_scale != cfg.scales() {
+            return Err(Error::ScaleMismatch {
+                op: OP,
+                expected: cfg.scales(),
+                got: view.value_scale,
+            });
+        }
+        let (keys, values) = (view.sparse_keys, view.sparse_values);
+        // Allocate the buffer for the rows the view holds, not its capacity: `cfg` may come
+        // from an untrusted file claiming a huge buffer (memory follows the rows held).
+        let (k, v) = (CsrStore::from_view(keys), CsrStore::from_view(values));
+        let mut cache = Self::from_stores(cfg, k, v, view.buffer_len());
+        let d = cfg.head_dim;
+        for (k, v) in buffer_rows(view.buffer_keys, d).zip(buffer_rows(view.buffer_values, d)) {
+            cache.buffer.keys.push_raw(k);
+            cache.buffer.values.push_raw(v);
+        }
+        Ok(cache)
+    }
+
     /// The sparse key store.
     pub fn sparse_keys(&self) -> &CsrStore<I, V> {
         &self.sparse.keys
@@ -292,11 +324,28 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
             value_scale: self.cfg.scales(),
         }
     }
+}
 
-    /// Bytes held, split by role (see [`MemoryReport`]).
-    pub fn memory(&self) -> MemoryReport {
-        let staged = (self.staged_key.capacity() + self.staged_value.capacity()) * 4;
-        let staged = MemoryReport { capacity_slack_bytes: staged, ..MemoryReport::default() };
-        self.sparse.memory() + self.buffer.memory() + staged
+impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
+    /// The sparse key store.
+    pub fn sparse_keys(&self) -> &CodedStore<X, Y> {
+        &self.sparse.keys
+    }
+
+    /// The sparse value store.
+    pub fn sparse_values(&self) -> &CodedStore<X, Y> {
+        &self.sparse.values
+    }
+
+    /// Everything a decode kernel reads, borrowed.
+    pub fn view(&self) -> CodedHybridView<'_, X, Y, D> {
+        CodedHybridView {
+            head_dim: self.cfg.head_dim,
+            sparse_keys: self.sparse.keys.view(),
+            sparse_values: self.sparse.values.view(),
+            buffer_keys: self.buffer.keys.as_slices(),
+            buffer_values: self.buffer.values.as_slices(),
+            value_scale: self.cfg.scales(),
+        }
     }
 }

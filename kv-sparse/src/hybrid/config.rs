@@ -5,8 +5,9 @@
 //! which may differ), and the value format (a type parameter of the cache). Lossless
 //! setting: `k_key = k_value = head_dim` with `f32` values.
 
-use crate::csr::{check_rows_per_block, default_rows_per_block};
-use crate::index::check_head_dim;
+use crate::csr::default_rows_per_block;
+use super::RowStore;
+use crate::csr::CsrStore;
 use crate::{Error, Result, SparseIndex, Value, ValueFormat};
 
 /// What to do with NaN or ±∞ in an appended key or value row.
@@ -96,19 +97,28 @@ impl HybridConfig {
     /// [`Error::HeadDimOutOfRange`], [`Error::KTooLarge`], [`Error::RowsPerBlockOutOfRange`],
     /// [`Error::InvalidScale`], or [`Error::OutOfRange`] when the buffer cannot be allocated.
     pub fn validate<I: SparseIndex, D: Value>(&self) -> Result<()> {
-        self.validate_formats::<I>(D::FORMAT)
+        self.validate_formats::<CsrStore<I, f32>>(D::FORMAT)
     }
 
-    /// [`HybridConfig::validate`] with the dense format given at run time.
-    pub(crate) fn validate_formats<I: SparseIndex>(&self, dense: ValueFormat) -> Result<()> {
+    /// [`HybridConfig::validate`] for a cache whose sparse rows live in `S`.
+    ///
+    /// # Errors
+    /// As [`HybridConfig::validate`], plus [`Error::OddK`] for 4-bit coded values.
+    pub fn validate_store<S: RowStore, D: Value>(&self) -> Result<()> {
+        self.validate_formats::<S>(D::FORMAT)
+    }
+
+    /// The same config with the default block size of rows stored in `S` (coded rows are
+    /// larger than CSR entries, so their blocks hold fewer rows).
+    pub fn for_store<S: RowStore>(mut self) -> Self {
+        self.rows_per_block = S::default_rows_per_block(self.head_dim).max(1);
+        self
+    }
+
+    /// [`HybridConfig::validate_store`] with the dense format given at run time.
+    pub(crate) fn validate_formats<S: RowStore>(&self, dense: ValueFormat) -> Result<()> {
         const OP: &str = "HybridConfig::validate";
-        check_head_dim::<I>(OP, self.head_dim)?;
-        for k in [self.k_key, self.k_value] {
-            if k > self.head_dim {
-                return Err(Error::KTooLarge { op: OP, k, head_dim: self.head_dim });
-            }
-        }
-        check_rows_per_block(OP, self.head_dim, self.rows_per_block)?;
+        S::check_config(OP, self.head_dim, self.rows_per_block, [self.k_key, self.k_value])?;
         let (sk, sv) = self.scales();
         for scale in [sk, sv] {
             if !(scale.is_normal() && scale > 0.0) {

@@ -2,27 +2,28 @@
 //!
 //! SWAN (method section, Algorithm 1): an evicted key is pruned to `k_key` components and
 //! its value to `k_value` components; both rows join the sparse history together, so the
-//! two stores always hold the same number of rows. A push is all-or-nothing.
+//! two stores always hold the same number of rows. A push is all-or-nothing. The stores
+//! are any [`RowStore`] (CSR or coded rows).
 
-use crate::csr::CsrStore;
+use super::RowStore;
 use crate::memory::MemoryReport;
-use crate::{Result, SparseIndex, Value};
+use crate::Result;
 
-/// Key and value CSR stores plus the scale and scratch used to fill them.
+/// Key and value stores plus the scale and scratch used to fill them.
 #[derive(Clone, Debug)]
-pub(crate) struct SparseHistory<I, V> {
-    pub(crate) keys: CsrStore<I, V>,
-    pub(crate) values: CsrStore<I, V>,
+pub(crate) struct SparseHistory<S> {
+    pub(crate) keys: S,
+    pub(crate) values: S,
     k_key: usize,
     k_value: usize,
     scale: (f32, f32),
     scaled: Vec<f32>,
 }
 
-impl<I: SparseIndex, V: Value> SparseHistory<I, V> {
+impl<S: RowStore> SparseHistory<S> {
     pub(crate) fn new(
-        keys: CsrStore<I, V>,
-        values: CsrStore<I, V>,
+        keys: S,
+        values: S,
         k: (usize, usize),
         scale: (f32, f32),
     ) -> Self {
@@ -51,8 +52,8 @@ impl<I: SparseIndex, V: Value> SparseHistory<I, V> {
     }
 
     pub(crate) fn clear(&mut self) {
-        self.keys.clear();
-        self.values.clear();
+        self.keys.truncate(0);
+        self.values.truncate(0);
     }
 
     pub(crate) fn memory(&self) -> MemoryReport {
@@ -65,8 +66,8 @@ impl<I: SparseIndex, V: Value> SparseHistory<I, V> {
 }
 
 /// Pushes `row / scale` (or `row` itself when the scale is 1) pruned to `k` entries.
-fn push_scaled<I: SparseIndex, V: Value>(
-    store: &mut CsrStore<I, V>,
+fn push_scaled<S: RowStore>(
+    store: &mut S,
     row: &[f32],
     k: usize,
     scale: f32,

@@ -5,6 +5,7 @@
 //! `append`/`extend` are all-or-nothing.
 
 use super::NonFinitePolicy;
+use super::RowStore;
 use crate::value::{check_overflow, max_magnitude_bits};
 use crate::{Error, Result, Value};
 
@@ -44,8 +45,8 @@ pub(crate) fn round_through<D: Value>(row: &[f32], dst: &mut Vec<f32>) {
 
 /// Overflow limits of one cache: checks that a row whose largest magnitude is `max_abs`
 /// fits the dense buffer (`D`) and, after the buffer's rounding and the scale, the sparse
-/// values (`V`). Rounding and division are monotone, so checking the maximum is exact.
-pub(crate) fn check_limits<V: Value, D: Value>(
+/// rows (`S`). Rounding and division are monotone, so checking the maximum is exact.
+pub(crate) fn check_limits<S: RowStore, D: Value>(
     op: &'static str,
     max_abs: f32,
     buffered: bool,
@@ -59,7 +60,7 @@ pub(crate) fn check_limits<V: Value, D: Value>(
         max_abs
     };
     if keeps_entries {
-        check_overflow::<V>(op, stored / scale)?;
+        S::check_overflow(op, stored / scale)?;
     }
     Ok(())
 }

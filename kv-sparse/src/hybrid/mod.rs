@@ -6,9 +6,11 @@
 //! different `k` (Appendix A.3's TopK_R/TopV_R ablation).
 //!
 //! * [`HybridConfig`], [`NonFinitePolicy`] — the knobs.
-//! * [`HybridCache`] — one (layer, kv-head).
-//! * [`HybridView`] — what kernels read (same type for mapped files).
-//! * [`MultiHeadCache`] — `[layer][kv_head]` of hybrid caches for a whole model.
+//! * [`Hybrid`] — one (layer, kv-head) over any [`RowStore`]: [`HybridCache`] (CSR rows)
+//!   or [`CodedHybridCache`] (bitmask / list rows with float or integer values).
+//! * [`HybridView`], [`CodedHybridView`] — what kernels read (same type for mapped files).
+//! * [`MultiHead`] — `[layer][kv_head]` of hybrid caches for a whole model
+//!   ([`MultiHeadCache`], [`CodedMultiHeadCache`]).
 
 mod buffer;
 mod cache;
@@ -16,9 +18,11 @@ mod config;
 mod history;
 mod input;
 mod multi;
+mod store;
 mod view;
 
-pub use cache::HybridCache;
+pub use cache::{CodedHybridCache, Hybrid, HybridCache};
 pub use config::{HybridConfig, NonFinitePolicy};
-pub use multi::MultiHeadCache;
-pub use view::HybridView;
+pub use multi::{CodedMultiHeadCache, MultiHead, MultiHeadCache};
+pub use store::RowStore;
+pub use view::{CodedHybridView, HybridView};

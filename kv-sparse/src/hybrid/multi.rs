@@ -4,21 +4,30 @@
 //! cache is per KV head, shared by its query-head group). This container routes one
 //! token's concatenated per-head rows to the right caches, all-or-nothing per layer.
 
-use super::{HybridCache, HybridConfig, HybridView};
+use super::{Hybrid, HybridCache, HybridConfig, HybridView, RowStore};
+use crate::coded::CodedStore;
+use crate::csr::CsrStore;
 use crate::memory::MemoryReport;
 use crate::{Error, Result, SparseIndex, Value};
 
-/// `num_layers × kv_heads` hybrid caches sharing one head dimension.
+/// `num_layers × kv_heads` hybrid caches sharing one head dimension, over any
+/// [`RowStore`] `S`.
 #[derive(Clone, Debug)]
-pub struct MultiHeadCache<I, V, D> {
+pub struct MultiHead<S, D> {
     num_layers: usize,
     kv_heads: usize,
     head_dim: usize,
     /// Layer-major: `heads[layer * kv_heads + h]`.
-    heads: Vec<HybridCache<I, V, D>>,
+    heads: Vec<Hybrid<S, D>>,
 }
 
-impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
+/// The CSR form: [`HybridCache`]s of `u8`/`u16` indices and `V` values.
+pub type MultiHeadCache<I, V, D> = MultiHead<CsrStore<I, V>, D>;
+
+/// The coded form: [`super::CodedHybridCache`]s of `X` indices and `Y` values.
+pub type CodedMultiHeadCache<X, Y, D> = MultiHead<CodedStore<X, Y>, D>;
+
+impl<S: RowStore, D: Value> MultiHead<S, D> {
     /// `num_layers × kv_heads` empty caches with the same config.
     ///
     /// # Errors
@@ -33,10 +42,10 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     /// # Ok::<(), kv_sparse::Error>(())
     /// ```
     pub fn new(num_layers: usize, kv_heads: usize, cfg: HybridConfig) -> Result<Self> {
-        cfg.validate::<I, D>()?;
+        cfg.validate_store::<S, D>()?;
         check_nonzero("MultiHeadCache::new", num_layers, kv_heads)?;
         let heads = (0..num_layers * kv_heads)
-            .map(|_| HybridCache::new(cfg))
+            .map(|_| Hybrid::new(cfg))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self { num_layers, kv_heads, head_dim: cfg.head_dim, heads })
     }
@@ -49,7 +58,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     pub fn from_heads(
         num_layers: usize,
         kv_heads: usize,
-        heads: Vec<HybridCache<I, V, D>>,
+        heads: Vec<Hybrid<S, D>>,
     ) -> Result<Self> {
         const OP: &str = "MultiHeadCache::from_heads";
         check_nonzero(OP, num_layers, kv_heads)?;
@@ -71,7 +80,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a bad layer; [`Error::LengthMismatch`]; any error of
-    /// [`HybridCache::append`]. The layer is unchanged on error.
+    /// [`Hybrid::append`]. The layer is unchanged on error.
     pub fn append_token(&mut self, layer: usize, k: &[f32], v: &[f32]) -> Result<()> {
         const OPS: [&str; 2] =
             ["MultiHeadCache::append_token: key", "MultiHeadCache::append_token: value"];
@@ -92,7 +101,7 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     /// contiguous (the layout of a `[kv_heads, seq, head_dim]` tensor).
     ///
     /// # Errors
-    /// As [`MultiHeadCache::append_token`] and [`HybridCache::extend`]; the layer is
+    /// As [`MultiHeadCache::append_token`] and [`Hybrid::extend`]; the layer is
     /// unchanged on error.
     pub fn extend_layer(&mut self, layer: usize, keys: &[f32], values: &[f32]) -> Result<()> {
         const OPS: [&str; 2] =
@@ -144,13 +153,13 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
         Ok(())
     }
 
-    fn layer_mut(&mut self, layer: usize) -> &mut [HybridCache<I, V, D>] {
+    fn layer_mut(&mut self, layer: usize) -> &mut [Hybrid<S, D>] {
         let n = self.kv_heads;
         &mut self.heads[layer * n..(layer + 1) * n]
     }
 
     /// The caches of `layer`, one per KV head, or `None` for a bad layer.
-    pub fn layer(&self, layer: usize) -> Option<&[HybridCache<I, V, D>]> {
+    pub fn layer(&self, layer: usize) -> Option<&[Hybrid<S, D>]> {
         let n = self.kv_heads;
         self.heads.get(layer * n..(layer + 1) * n)
     }
@@ -165,25 +174,20 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
     }
 
     /// The cache of (`layer`, `kv_head`), or `None`.
-    pub fn head(&self, layer: usize, kv_head: usize) -> Option<&HybridCache<I, V, D>> {
+    pub fn head(&self, layer: usize, kv_head: usize) -> Option<&Hybrid<S, D>> {
         self.layer(layer)?.get(kv_head)
     }
 
     /// Mutable cache of (`layer`, `kv_head`), or `None`.
-    pub fn head_mut(&mut self, layer: usize, kv_head: usize) -> Option<&mut HybridCache<I, V, D>> {
+    pub fn head_mut(&mut self, layer: usize, kv_head: usize) -> Option<&mut Hybrid<S, D>> {
         if layer >= self.num_layers || kv_head >= self.kv_heads {
             return None;
         }
         self.heads.get_mut(layer * self.kv_heads + kv_head)
     }
 
-    /// The kernel view of (`layer`, `kv_head`), or `None`.
-    pub fn view(&self, layer: usize, kv_head: usize) -> Option<HybridView<'_, I, V, D>> {
-        self.head(layer, kv_head).map(HybridCache::view)
-    }
-
     /// All caches, layer-major.
-    pub fn heads(&self) -> &[HybridCache<I, V, D>] {
+    pub fn heads(&self) -> &[Hybrid<S, D>] {
         &self.heads
     }
 
@@ -204,12 +208,19 @@ impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
 
     /// Removes all tokens from every head.
     pub fn clear(&mut self) {
-        self.heads.iter_mut().for_each(HybridCache::clear);
+        self.heads.iter_mut().for_each(Hybrid::clear);
     }
 
     /// Bytes held by all heads together.
     pub fn memory(&self) -> MemoryReport {
-        self.heads.iter().map(HybridCache::memory).sum()
+        self.heads.iter().map(Hybrid::memory).sum()
+    }
+}
+
+impl<I: SparseIndex, V: Value, D: Value> MultiHeadCache<I, V, D> {
+    /// The kernel view of (`layer`, `kv_head`), or `None`.
+    pub fn view(&self, layer: usize, kv_head: usize) -> Option<HybridView<'_, I, V, D>> {
+        self.head(layer, kv_head).map(HybridCache::view)
     }
 }
 

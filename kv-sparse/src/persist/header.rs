@@ -223,8 +223,8 @@ impl HeadEntry {
             fp8_scale: if scales == (1.0, 1.0) { None } else { Some(scales) },
         };
         let validated = match format.index_bytes {
-            1 => cfg.validate_formats::<u8>(format.dense),
-            _ => cfg.validate_formats::<u16>(format.dense),
+            1 => cfg.validate_formats::<crate::csr::CsrStore<u8, f32>>(format.dense),
+            _ => cfg.validate_formats::<crate::csr::CsrStore<u16, f32>>(format.dense),
         };
         validated.map_err(|e| corrupt(format!("head config: {e}")))?;
         if self.buffer_rows > self.buffer_capacity {

@@ -1,0 +1,201 @@
+//! [`RowStore`]: what the hybrid cache needs from its sparse history's storage, so the one
+//! cache logic (SWAN Algorithm 1: buffer, evict, prune, append) serves every row encoding —
+//! CSR rows ([`CsrStore`], the paper's `u8`/`u16` indices with per-element values) and
+//! coded rows ([`CodedStore`]: index lists or bitmasks with f16/bf16/fp8/int8/int4 values).
+
+use crate::coded::{CodedStore, IndexCode, ValueCode};
+use crate::csr::{CsrStore, check_rows_per_block, default_rows_per_block};
+use crate::index::check_head_dim;
+use crate::memory::MemoryReport;
+use crate::value::check_overflow;
+use crate::{Error, Result, SparseIndex, Value};
+
+mod private {
+    /// Seals [`super::RowStore`].
+    pub trait Sealed {}
+    impl<I, V> Sealed for crate::csr::CsrStore<I, V> {}
+    impl<X, Y> Sealed for crate::coded::CodedStore<X, Y> {}
+}
+
+/// Storage of one side (keys or values) of a sparse history. Sealed: [`CsrStore`] and
+/// [`CodedStore`].
+pub trait RowStore: private::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// Default rows per block for `head_dim`.
+    fn default_rows_per_block(head_dim: usize) -> usize;
+
+    /// Checks the parts of a config this storage constrains: `head_dim` for the index
+    /// type, rows per block, and each `k`.
+    ///
+    /// # Errors
+    /// [`Error::HeadDimOutOfRange`], [`Error::RowsPerBlockOutOfRange`], [`Error::KTooLarge`],
+    /// [`Error::OddK`].
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()>;
+
+    /// Checks that a row whose largest magnitude is `max_abs` encodes finitely.
+    ///
+    /// # Errors
+    /// [`Error::Overflow`] / [`Error::ScaleOverflow`].
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()>;
+
+    /// An empty store.
+    ///
+    /// # Errors
+    /// As [`RowStore::check_config`].
+    fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self>;
+
+    /// Prunes `x` to its top-`k` magnitudes and appends it (all-or-nothing).
+    ///
+    /// # Errors
+    /// The store's input errors.
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()>;
+
+    /// Rows held.
+    fn len(&self) -> usize;
+
+    /// True when no row is held.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Elements of the dense vectors.
+    fn head_dim(&self) -> usize;
+
+    /// Keeps the first `rows` rows.
+    fn truncate(&mut self, rows: usize);
+
+    /// Reserves room for `rows` more rows with `nnz` kept entries in total.
+    fn reserve(&mut self, rows: usize, nnz: usize);
+
+    /// Bytes held.
+    fn memory(&self) -> MemoryReport;
+}
+
+fn check_ks(op: &'static str, head_dim: usize, ks: [usize; 2]) -> Result<()> {
+    for k in ks {
+        if k > head_dim {
+            return Err(Error::KTooLarge { op, k, head_dim });
+        }
+    }
+    Ok(())
+}
+
+impl<I: SparseIndex, V: Value> RowStore for CsrStore<I, V> {
+    fn default_rows_per_block(head_dim: usize) -> usize {
+        default_rows_per_block(head_dim)
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        check_head_dim::<I>(op, head_dim)?;
+        check_ks(op, head_dim, ks)?;
+        check_rows_per_block(op, head_dim, rows_per_block)
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        check_overflow::<V>(op, max_abs)
+    }
+
+    fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self> {
+        CsrStore::with_block_rows(head_dim, rows_per_block)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        CsrStore::push_dense(self, x, k)
+    }
+
+    fn len(&self) -> usize {
+        CsrStore::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        CsrStore::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        CsrStore::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, nnz: usize) {
+        CsrStore::reserve(self, rows, nnz);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        CsrStore::memory(self)
+    }
+}
+
+impl<X: IndexCode, Y: ValueCode> RowStore for CodedStore<X, Y> {
+    fn default_rows_per_block(head_dim: usize) -> usize {
+        CodedStore::<X, Y>::default_rows_per_block(head_dim)
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        let max = X::MAX_HEAD_DIM.min(crate::MAX_HEAD_DIM);
+        if head_dim == 0 || head_dim > max {
+            return Err(Error::HeadDimOutOfRange { op, head_dim, max });
+        }
+        check_ks(op, head_dim, ks)?;
+        for k in ks {
+            Y::check_k(op, k)?;
+        }
+        let max = CodedStore::<X, Y>::max_rows_per_block(head_dim);
+        if rows_per_block == 0 || rows_per_block > max {
+            return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max });
+        }
+        Ok(())
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        if max_abs >= Y::OVERFLOW_AT {
+            return Err(Error::ScaleOverflow {
+                op,
+                format: Y::KIND.to_string(),
+                value: max_abs,
+                limit: Y::OVERFLOW_AT,
+            });
+        }
+        Ok(())
+    }
+
+    fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self> {
+        CodedStore::with_block_rows(head_dim, rows_per_block)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        CodedStore::push_dense(self, x, k)
+    }
+
+    fn len(&self) -> usize {
+        CodedStore::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        CodedStore::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        CodedStore::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, nnz: usize) {
+        CodedStore::reserve(self, rows, nnz);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        CodedStore::memory(self)
+    }
+}
