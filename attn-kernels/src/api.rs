@@ -14,11 +14,15 @@
 //! anchor-head importance signal (§2.3, Eq. 2). [`GatheredSparseAttention`] extends the
 //! gathered kernel to a tiered store holding SWAN's sparse fp8 rows next to dense ones.
 
+use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::Result;
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
+use crate::views::{
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+};
 
 /// One decode step of a layer's attention over each kind of KV cache.
 ///
@@ -102,5 +106,38 @@ pub trait GatheredSparseAttention {
         sparse: &[GatheredSparseKv<'_>],
         out: &mut [f32],
         weights: Option<&mut [f32]>,
+    ) -> Result<()>;
+}
+
+/// Decode attention over the encodings a runtime compares SWAN with and the encodings
+/// that make SWAN rows small: dense quantized rows (int8 / int4 blocks, scaled fp8) and the
+/// hybrid cache over coded rows (index list or bitmask × f16/bf16/fp8/int8/int4 values).
+/// Rows are read as stored — a tile of rows is decoded into registers-sized scratch as it
+/// is streamed, the cache itself never is. Same conventions and errors as
+/// [`DecodeAttention`].
+pub trait EncodedAttention {
+    /// Attention over dense quantized K/V rows.
+    ///
+    /// # Errors
+    /// As [`DecodeAttention::dense`].
+    fn quantized<C: DenseCodec>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[QuantKv<'_, C>],
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// SWAN's hybrid cache over coded rows: the coded history then the dense buffer, under
+    /// one softmax.
+    ///
+    /// # Errors
+    /// As [`DecodeAttention::hybrid`].
+    fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value, H: CodedHybridSource<X, Y, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
     ) -> Result<()>;
 }

@@ -9,7 +9,10 @@
 //!   `hybrid`, `gathered`, each running one decode step of all heads of a layer (GQA-aware:
 //!   one pass over a kv-head's rows serves all q-heads of its group);
 //!   [`GatheredSparseAttention`] — the gathered kernel over a tiered store's dense *and*
-//!   SWAN sparse fp8 rows ([`GatheredSparseKv`], [`SparseSlab`]) under one softmax.
+//!   SWAN sparse fp8 rows ([`GatheredSparseKv`], [`SparseSlab`]) under one softmax;
+//!   [`EncodedAttention`] — dense quantized rows ([`QuantKv`]: int8 / int4 blocks, scaled
+//!   fp8) and SWAN's hybrid cache over coded rows ([`CodedHybridSource`]: bitmask or list
+//!   indices with float or integer values).
 //! * [`Reference`] — plain `f64` kernels, obviously correct, slow: the ground truth of the
 //!   CPU kernels and, over the GPU's packed layouts ([`cuda::DecodeDevice`]), of the GPU path.
 //! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX2/FMA/F16C with
@@ -53,10 +56,13 @@ pub mod synth;
 mod validate;
 mod views;
 
-pub use api::{DecodeAttention, GatheredSparseAttention};
+pub use api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
 pub use config::AttnConfig;
 pub use cpu::{CpuAttention, Isa};
 pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;
-pub use views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv, SparseSlab};
+pub use views::{
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+    SparseSlab,
+};

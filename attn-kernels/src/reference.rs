@@ -13,15 +13,20 @@
 //! signal, §2.3 Eq. 2). The optimized kernels are tested against this, within the
 //! tolerances of [`crate::accuracy`] (CPU) and of the GPU tests.
 
+use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
 use kv_sparse::csr::{CsrView, SparseRow};
+use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::{DecodeAttention, GatheredSparseAttention};
+use crate::api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
 use crate::cuda::{DecodeDevice, LayerCache, PackedCsr};
 use crate::error::Result;
 use crate::validate;
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv, SparseSlab};
+use crate::views::{
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+    SparseSlab,
+};
 
 /// The reference implementation of [`DecodeAttention`], [`GatheredSparseAttention`] and
 /// [`DecodeDevice`] (slow; for tests and checks).
@@ -149,6 +154,30 @@ impl Decoded {
         for i in 0..kv.num_rows() {
             Self::push_slab_row(&mut self.keys, self.d, &kv.keys, kv.slab_row(i));
             Self::push_slab_row(&mut self.values, self.d, &kv.values, kv.slab_row(i));
+        }
+    }
+
+    /// Dense quantized rows, each decoded by its codec (exact given the stored bytes).
+    fn push_quant<C: DenseCodec>(&mut self, keys: &QuantView<'_, C>, values: &QuantView<'_, C>) {
+        let mut row = vec![0.0f32; self.d];
+        for (side, view) in [(&mut self.keys, keys), (&mut self.values, values)] {
+            for r in 0..view.num_rows() {
+                C::decode(view.row(r).expect("row in range"), &mut row);
+                side.extend(row.iter().map(|&x| f64::from(x)));
+            }
+        }
+    }
+
+    /// Coded rows, scattered from their `(index, value)` entries and scaled.
+    fn push_coded<X: IndexCode, Y: ValueCode>(
+        &mut self,
+        keys: &CodedView<'_, X, Y>,
+        values: &CodedView<'_, X, Y>,
+        (key_scale, value_scale): (f32, f32),
+    ) {
+        for (k, v) in keys.rows().zip(values.rows()) {
+            Self::push_entries(&mut self.keys, self.d, k.entries().into_iter(), key_scale);
+            Self::push_entries(&mut self.values, self.d, v.entries().into_iter(), value_scale);
         }
     }
 
@@ -351,6 +380,52 @@ impl DecodeDevice for Reference {
             rows
         });
         attend_all(cfg, q, out, weights, heads);
+        Ok(())
+    }
+}
+
+impl EncodedAttention for Reference {
+    fn quantized<C: DenseCodec>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[QuantKv<'_, C>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::quantized";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::quantized(OP, cfg.head_dim(), h, c)?;
+        }
+        let heads = kv.iter().map(|c| {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_quant(&c.keys, &c.values);
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
+        Ok(())
+    }
+
+    fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value, H: CodedHybridSource<X, Y, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::coded_hybrid";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::coded_hybrid(OP, cfg.head_dim(), h, &c.coded_view())?;
+        }
+        let heads = kv.iter().map(|c| {
+            let v = c.coded_view();
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_coded(&v.sparse_keys, &v.sparse_values, v.value_scale);
+            rows.push_ring(v.buffer_keys, v.buffer_values);
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
         Ok(())
     }
 }

@@ -5,13 +5,15 @@
 //! section: CSR history + dense buffer) and of WnW's gathered decode (§2.3: resident
 //! positions, slots and the dense/sparse split of one kv-head).
 
+use kv_sparse::coded::{IndexCode, ValueCode};
 use kv_sparse::csr::CsrView;
-use kv_sparse::hybrid::HybridView;
+use kv_sparse::hybrid::{CodedHybridView, HybridView};
+use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, SparseKv, SparseSlab};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, QuantKv, SparseKv, SparseSlab};
 
 /// Query and output lengths, the number of per-kv-head caches, a finite query.
 pub(crate) fn call(
@@ -148,6 +150,38 @@ pub(crate) fn hybrid<I: SparseIndex, V: Value, D: Value>(
 ) -> Result<usize> {
     head_dim(op, kv_head, d, view.head_dim)?;
     let s = csr(op, d, kv_head, &view.sparse_keys, &view.sparse_values, view.value_scale)?;
+    let k = ring_rows(op, kv_head, ["buffer_keys.0", "buffer_keys.1"], view.buffer_keys, d)?;
+    let v = ring_rows(op, kv_head, ["buffer_values.0", "buffer_values.1"], view.buffer_values, d)?;
+    non_empty(op, kv_head, s + same_rows(op, kv_head, "buffer", k, v)?)
+}
+
+/// A dense quantized kv-head; returns its rows.
+pub(crate) fn quantized<C: DenseCodec>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &QuantKv<'_, C>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, kv.keys.head_dim())?;
+    head_dim(op, kv_head, d, kv.values.head_dim())?;
+    let rows = same_rows(op, kv_head, "dense", kv.keys.num_rows(), kv.values.num_rows())?;
+    non_empty(op, kv_head, rows)
+}
+
+/// A coded hybrid kv-head; returns its rows (sparse + buffer).
+pub(crate) fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    view: &CodedHybridView<'_, X, Y, D>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, view.head_dim)?;
+    head_dim(op, kv_head, d, view.sparse_keys.head_dim())?;
+    head_dim(op, kv_head, d, view.sparse_values.head_dim())?;
+    scale(op, kv_head, "key", view.value_scale.0)?;
+    scale(op, kv_head, "value", view.value_scale.1)?;
+    let (sk, sv) = (view.sparse_keys.num_rows(), view.sparse_values.num_rows());
+    let s = same_rows(op, kv_head, "sparse", sk, sv)?;
     let k = ring_rows(op, kv_head, ["buffer_keys.0", "buffer_keys.1"], view.buffer_keys, d)?;
     let v = ring_rows(op, kv_head, ["buffer_values.0", "buffer_values.1"], view.buffer_values, d)?;
     non_empty(op, kv_head, s + same_rows(op, kv_head, "buffer", k, v)?)

@@ -7,8 +7,10 @@
 //! memory-mapped and tiered stores hand their bytes over without copying; the kernels
 //! validate them ([`crate::Error`]) before reading a row.
 
+use kv_sparse::coded::{IndexCode, ValueCode};
 use kv_sparse::csr::CsrView;
-use kv_sparse::hybrid::{HybridCache, HybridView};
+use kv_sparse::hybrid::{CodedHybridCache, CodedHybridView, HybridCache, HybridView};
+use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
 
 /// Dense keys and values of one kv-head, in token order: each side is an
@@ -278,5 +280,58 @@ impl<'a> GatheredSparseKv<'a> {
     /// Slab row of resident row `i` (`i < num_rows()`; validated slots only).
     pub fn slab_row(&self, i: usize) -> usize {
         self.slots.map_or(i, |s| s[i] as usize)
+    }
+}
+
+/// Dense quantized keys and values of one kv-head (`kv-sparse`'s int8 / int4 blocks or
+/// scaled fp8 rows), in token order — the dense baselines of the frontier study.
+#[derive(Debug)]
+pub struct QuantKv<'a, C> {
+    /// Key rows.
+    pub keys: QuantView<'a, C>,
+    /// Value rows (same number of rows as `keys`).
+    pub values: QuantView<'a, C>,
+}
+
+impl<C> Clone for QuantKv<'_, C> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<C> Copy for QuantKv<'_, C> {}
+
+impl<'a, C: DenseCodec> QuantKv<'a, C> {
+    /// Keys and values of one kv-head.
+    pub fn new(keys: QuantView<'a, C>, values: QuantView<'a, C>) -> Self {
+        Self { keys, values }
+    }
+
+    /// Key rows.
+    pub fn num_rows(&self) -> usize {
+        self.keys.num_rows()
+    }
+}
+
+/// Anything that lends a coded hybrid view of one kv-head: the view itself or a
+/// `CodedHybridCache` (a layer's caches go to [`crate::EncodedAttention::coded_hybrid`]
+/// as they are).
+pub trait CodedHybridSource<X, Y, D>: Sync {
+    /// The borrowed view the kernels read.
+    fn coded_view(&self) -> CodedHybridView<'_, X, Y, D>;
+}
+
+impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridSource<X, Y, D>
+    for CodedHybridView<'_, X, Y, D>
+{
+    fn coded_view(&self) -> CodedHybridView<'_, X, Y, D> {
+        *self
+    }
+}
+
+impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridSource<X, Y, D>
+    for CodedHybridCache<X, Y, D>
+{
+    fn coded_view(&self) -> CodedHybridView<'_, X, Y, D> {
+        self.view()
     }
 }

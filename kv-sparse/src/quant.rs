@@ -516,7 +516,12 @@ impl<'a, C: DenseCodec> QuantView<'a, C> {
         let rb = C::row_bytes(head_dim);
         if !bytes.len().is_multiple_of(rb) {
             let expected = bytes.len().div_ceil(rb) * rb;
-            return Err(Error::LengthMismatch { op: OP, what: "bytes", expected, got: bytes.len() });
+            return Err(Error::LengthMismatch {
+                op: OP,
+                what: "bytes",
+                expected,
+                got: bytes.len(),
+            });
         }
         for (r, row) in bytes.chunks_exact(rb).enumerate() {
             C::check_row(OP, r, row)?;

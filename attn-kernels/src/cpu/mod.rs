@@ -19,16 +19,22 @@ mod tile;
 
 pub use isa::Isa;
 
+use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::{DecodeAttention, GatheredSparseAttention};
+use crate::api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
 use crate::validate;
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
+use crate::views::{
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+};
 use engine::{Engine, Job, Workspace};
-use sources::{DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, SparseSrc};
+use sources::{
+    CodedHybridSrc, DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, QuantSrc, SparseSrc,
+};
 use tile::Kernels;
 
 /// The optimized CPU implementation of [`DecodeAttention`], with its thread pool and
@@ -233,6 +239,43 @@ impl GatheredSparseAttention for CpuAttention {
         validate::weights(OP, weights.as_deref(), total)?;
         let job = Job { cfg, q, capture: weights.is_some() };
         self.engine.execute(&job, &GatheredSparseSrc { dense, sparse }, out, weights);
+        Ok(())
+    }
+}
+
+impl EncodedAttention for CpuAttention {
+    fn quantized<C: DenseCodec>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[QuantKv<'_, C>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::quantized";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::quantized(OP, cfg.head_dim(), h, c)?;
+        }
+        let job = Job { cfg, q, capture: false };
+        self.engine.execute(&job, &QuantSrc(kv), out, None);
+        Ok(())
+    }
+
+    fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value, H: CodedHybridSource<X, Y, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::coded_hybrid";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::coded_hybrid(OP, cfg.head_dim(), h, &c.coded_view())?;
+        }
+        let job = Job { cfg, q, capture: false };
+        let src = CodedHybridSrc { heads: kv, types: std::marker::PhantomData };
+        self.engine.execute(&job, &src, out, None);
         Ok(())
     }
 }

@@ -8,9 +8,15 @@
 //! * gathered — a dense segment over the resident rows of a tiered store, optionally
 //!   keeping every row's logits for the anchor signal (WnW §2.3, Eq. 2);
 //! * gathered sparse — a kv-head's dense resident rows, then its sparse slab rows (SWAN
-//!   rows recalled by the WnW store), continuing one softmax state, logits optionally kept.
+//!   rows recalled by the WnW store), continuing one softmax state, logits optionally kept;
+//! * quantized — dense int8 / int4 / scaled-fp8 rows, decoded a tile at a time into
+//!   per-thread scratch and streamed through the f32 dense tile kernel;
+//! * coded hybrid — coded SWAN rows (bitmask or list × float or integer values), expanded a
+//!   tile at a time the same way, then the dense buffer, under one softmax state.
 
-use kv_sparse::hybrid::HybridView;
+use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
+use kv_sparse::hybrid::{CodedHybridView, HybridView};
+use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
 use super::engine::{Item, ItemSource, Job};
@@ -18,8 +24,10 @@ use super::segment::{
     Scratch, SlabRows, Slot, SparsePair, SparseRows, dense_segment, scaled_queries, sparse_segment,
     transpose_in, transpose_out, transposed_queries,
 };
-use super::tile::Kernels;
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, HybridSource, SparseKv};
+use super::tile::{Kernels, TILE};
+use crate::views::{
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+};
 
 /// Row `j` of a ring's `(older, newer)` row-major halves.
 fn ring_row<'a, D>((older, newer): (&'a [D], &'a [D]), d: usize, j: usize) -> &'a [D] {
@@ -248,5 +256,125 @@ impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
             );
         }
         slot.capture = capture;
+    }
+}
+
+/// Streams rows `range` whose key and value rows `decode(j, key_out, value_out)` writes as
+/// `f32` (`d` each), [`TILE`] rows at a time through the dense f32 tile kernel: the stored
+/// rows are read once, the decoded tile lives in per-thread scratch.
+fn decoded_segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    range: std::ops::Range<usize>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+    decode: impl Fn(usize, &mut [f32], &mut [f32]),
+) {
+    let d = job.cfg.head_dim();
+    let Scratch { q: qbuf, kval, vval, .. } = sc;
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), qbuf);
+    for buf in [&mut *kval, &mut *vval] {
+        if buf.len() < TILE * d {
+            buf.resize(TILE * d, 0.0);
+        }
+    }
+    let mut r = range.start;
+    while r < range.end {
+        let n = TILE.min(range.end - r);
+        for t in 0..n {
+            decode(r + t, &mut kval[t * d..(t + 1) * d], &mut vval[t * d..(t + 1) * d]);
+        }
+        let (kt, vt) = (&kval[..], &vval[..]);
+        let row = |j: usize| (&kt[j * d..(j + 1) * d], &vt[j * d..(j + 1) * d]);
+        dense_segment::<f32, W>(k, &row, 0..n, q, d, slot, None);
+        r += n;
+    }
+}
+
+/// Dense quantized keys/values of every kv-head.
+pub(crate) struct QuantSrc<'s, 'a, C>(pub &'s [QuantKv<'a, C>]);
+
+impl<C: DenseCodec> ItemSource for QuantSrc<'_, '_, C> {
+    fn rows(&self, kv: usize) -> usize {
+        self.0[kv].num_rows()
+    }
+
+    fn run<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        sc: &mut Scratch,
+        slot: &mut Slot,
+    ) {
+        let kv = &self.0[item.kv];
+        let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+            C::decode(kv.keys.row(j).expect("validated row"), ko);
+            C::decode(kv.values.row(j).expect("validated row"), vo);
+        };
+        decoded_segment::<W>(k, job, item, item.rows.clone(), sc, slot, decode);
+    }
+}
+
+/// Expands coded row `j` of `view` into `out`, times `scale`.
+fn expand_scaled<X: IndexCode, Y: ValueCode>(
+    view: &CodedView<'_, X, Y>,
+    j: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    view.row(j).expect("validated row").expand(out);
+    if scale != 1.0 {
+        out.iter_mut().for_each(|x| *x *= scale);
+    }
+}
+
+/// Coded hybrid caches of every kv-head.
+pub(crate) struct CodedHybridSrc<'s, H, X, Y, D> {
+    pub heads: &'s [H],
+    pub types: Types<X, Y, D>,
+}
+
+impl<X, Y, D, H> ItemSource for CodedHybridSrc<'_, H, X, Y, D>
+where
+    X: IndexCode,
+    Y: ValueCode,
+    D: Value,
+    H: CodedHybridSource<X, Y, D>,
+{
+    fn rows(&self, kv: usize) -> usize {
+        self.heads[kv].coded_view().len()
+    }
+
+    fn run<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        sc: &mut Scratch,
+        slot: &mut Slot,
+    ) {
+        let view: CodedHybridView<'_, X, Y, D> = self.heads[item.kv].coded_view();
+        let (d, split) = (job.cfg.head_dim(), view.sparse_len());
+        let (start, end) = (item.rows.start, item.rows.end);
+        if start < split {
+            let (sk, sv) = view.value_scale;
+            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                expand_scaled(&view.sparse_keys, j, sk, ko);
+                expand_scaled(&view.sparse_values, j, sv, vo);
+            };
+            decoded_segment::<W>(k, job, item, start..end.min(split), sc, slot, decode);
+        }
+        if end > split {
+            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+            let row = |j: usize| {
+                (
+                    ring_row(view.buffer_keys, d, j - split),
+                    ring_row(view.buffer_values, d, j - split),
+                )
+            };
+            dense_segment::<D, W>(k, &row, start.max(split)..end, q, d, slot, None);
+        }
     }
 }

@@ -144,11 +144,8 @@ pub trait IndexCode: private::Sealed + Copy + Default + Send + Sync + fmt::Debug
 impl<I: SparseIndex> IndexCode for List<I> {
     const KIND: IndexKind = if I::BYTES == 1 { IndexKind::ListU8 } else { IndexKind::ListU16 };
     const ENTRY_BYTES: usize = I::BYTES;
-    const MAX_HEAD_DIM: usize = if I::MAX_HEAD_DIM < crate::MAX_HEAD_DIM {
-        I::MAX_HEAD_DIM
-    } else {
-        crate::MAX_HEAD_DIM
-    };
+    const MAX_HEAD_DIM: usize =
+        if I::MAX_HEAD_DIM < crate::MAX_HEAD_DIM { I::MAX_HEAD_DIM } else { crate::MAX_HEAD_DIM };
 
     fn fixed_bytes(_: usize) -> usize {
         0

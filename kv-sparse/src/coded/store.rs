@@ -384,7 +384,8 @@ impl<'a, X: IndexCode, Y: ValueCode> CodedView<'a, X, Y> {
                 offsets.len()
             )));
         }
-        let view = Self { head_dim, rows_per_block, block_bases, offsets, bytes, codes: PhantomData };
+        let view =
+            Self { head_dim, rows_per_block, block_bases, offsets, bytes, codes: PhantomData };
         for b in 0..blocks {
             let start = block_bases[b] as usize;
             let end = block_bases.get(b + 1).map_or(bytes.len(), |&e| e as usize);

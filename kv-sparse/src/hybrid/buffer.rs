@@ -4,11 +4,11 @@
 //! SWAN (method section, Algorithm 1): "When the buffer exceeds its capacity, the oldest
 //! dense vectors are evicted, pruned, and added to the main sparse cache."
 
+use super::RowStore;
 use super::history::SparseHistory;
 use super::input::round_through;
 use crate::memory::MemoryReport;
 use crate::ring::DenseRing;
-use super::RowStore;
 use crate::{Result, Value};
 
 /// Key and value rings plus the scratch rows used for eviction.

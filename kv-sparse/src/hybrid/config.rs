@@ -5,9 +5,9 @@
 //! which may differ), and the value format (a type parameter of the cache). Lossless
 //! setting: `k_key = k_value = head_dim` with `f32` values.
 
-use crate::csr::default_rows_per_block;
 use super::RowStore;
 use crate::csr::CsrStore;
+use crate::csr::default_rows_per_block;
 use crate::{Error, Result, SparseIndex, Value, ValueFormat};
 
 /// What to do with NaN or ±∞ in an appended key or value row.

@@ -6,8 +6,8 @@
 //! are any [`RowStore`] (CSR or coded rows).
 
 use super::RowStore;
-use crate::memory::MemoryReport;
 use crate::Result;
+use crate::memory::MemoryReport;
 
 /// Key and value stores plus the scale and scratch used to fill them.
 #[derive(Clone, Debug)]
@@ -21,12 +21,7 @@ pub(crate) struct SparseHistory<S> {
 }
 
 impl<S: RowStore> SparseHistory<S> {
-    pub(crate) fn new(
-        keys: S,
-        values: S,
-        k: (usize, usize),
-        scale: (f32, f32),
-    ) -> Self {
+    pub(crate) fn new(keys: S, values: S, k: (usize, usize), scale: (f32, f32)) -> Self {
         let scaled = Vec::with_capacity(keys.head_dim());
         Self { keys, values, k_key: k.0, k_value: k.1, scale, scaled }
     }

@@ -44,9 +44,8 @@ impl<S: RowStore, D: Value> MultiHead<S, D> {
     pub fn new(num_layers: usize, kv_heads: usize, cfg: HybridConfig) -> Result<Self> {
         cfg.validate_store::<S, D>()?;
         check_nonzero("MultiHeadCache::new", num_layers, kv_heads)?;
-        let heads = (0..num_layers * kv_heads)
-            .map(|_| Hybrid::new(cfg))
-            .collect::<Result<Vec<_>>>()?;
+        let heads =
+            (0..num_layers * kv_heads).map(|_| Hybrid::new(cfg)).collect::<Result<Vec<_>>>()?;
         Ok(Self { num_layers, kv_heads, head_dim: cfg.head_dim, heads })
     }
 

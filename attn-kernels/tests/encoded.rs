@@ -1,0 +1,190 @@
+//! The kernels over encoded rows — dense int8 / int4 / scaled-fp8 and SWAN's hybrid cache
+//! over coded rows (bitmask or list × float or integer values) — against the reference on
+//! every GQA layout, and the lossless coded setting against dense attention.
+
+mod common;
+
+use attn_kernels::accuracy::Kernel;
+use attn_kernels::{
+    CpuAttention, DecodeAttention, DenseKv, EncodedAttention, Error, QuantKv, Reference, synth,
+};
+use common::{LAYOUTS, assert_close, cfg, engines};
+use half::f16;
+use kv_sparse::ValueFormat;
+use kv_sparse::coded::{
+    Bitmask, CodedStore, Elems, IndexCode, Int4Values, Int8Values, List, ValueCode,
+};
+use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+
+fn bound(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize, seed: u64) {
+    let cfg = cfg(layout, d);
+    let mut stores = Vec::new();
+    let mut max = 0.0f32;
+    for h in 0..layout.1 as u64 {
+        let (k, v) =
+            (synth::values(rows * d, seed + 2 * h), synth::values(rows * d, seed + 2 * h + 1));
+        max = max.max(bound(&v));
+        let (mut ks, mut vs) = (QuantRows::<C>::new(d).unwrap(), QuantRows::<C>::new(d).unwrap());
+        ks.push(&k).unwrap();
+        vs.push(&v).unwrap();
+        stores.push((ks, vs));
+    }
+    let kv: Vec<QuantKv<'_, C>> =
+        stores.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
+    let q = synth::values(cfg.q_len(), seed + 99);
+    let mut want = vec![0.0; cfg.q_len()];
+    Reference.quantized(&cfg, &q, &kv, &mut want).unwrap();
+    for (name, mut e) in engines() {
+        let mut got = vec![f32::NAN; cfg.q_len()];
+        e.quantized(&cfg, &q, &kv, &mut got).unwrap();
+        let what = format!("{name} {:?} {layout:?} d={d} rows={rows}", C::FORMAT);
+        assert_close(Kernel::Dense, ValueFormat::F32, &got, &want, max, &what);
+    }
+}
+
+#[test]
+fn quantized_dense_every_codec_and_layout() {
+    for (i, &layout) in LAYOUTS.iter().enumerate() {
+        for (j, (d, rows)) in [(32, 1), (64, 100), (128, 45)].into_iter().enumerate() {
+            let seed = 1000 * i as u64 + 10 * j as u64;
+            quant_case::<Int8Blocks>(layout, d, rows, seed);
+            quant_case::<Int4Blocks>(layout, d, rows, seed + 1);
+            quant_case::<Fp8Rows>(layout, d, rows, seed + 2);
+        }
+    }
+}
+
+type Caches<X, Y> = Vec<CodedHybridCache<X, Y, f16>>;
+
+fn coded_caches<X: IndexCode, Y: ValueCode>(
+    kv_heads: usize,
+    d: usize,
+    (buffer, k, tokens): (usize, usize, usize),
+    scale: Option<(f32, f32)>,
+    seed: u64,
+) -> (Caches<X, Y>, f32) {
+    let cfg = HybridConfig { fp8_scale: scale, ..HybridConfig::new(d, buffer, k) }
+        .for_store::<CodedStore<X, Y>>();
+    let mut max = 0.0f32;
+    let caches = (0..kv_heads as u64)
+        .map(|h| {
+            let mut c = CodedHybridCache::<X, Y, f16>::new(cfg).unwrap();
+            let (k, v) = (
+                synth::values(tokens * d, seed + 2 * h),
+                synth::values(tokens * d, seed + 2 * h + 1),
+            );
+            max = max.max(bound(&v));
+            c.extend(&k, &v).unwrap();
+            c
+        })
+        .collect();
+    (caches, max)
+}
+
+fn coded_case<X: IndexCode, Y: ValueCode>(layout: (usize, usize), d: usize, seed: u64) {
+    let cfg = cfg(layout, d);
+    // (b, k, tokens): history and buffer, history only, buffer only, one token.
+    for (b, k, tokens) in [(16, d / 2, 90), (0, d / 4 * 2, 40), (64, 2, 30), (4, d, 1)] {
+        for scale in [None, Some((0.5, 2.0))] {
+            let (caches, max) = coded_caches::<X, Y>(layout.1, d, (b, k, tokens), scale, seed);
+            let q = synth::values(cfg.q_len(), seed + 7);
+            let mut want = vec![0.0; cfg.q_len()];
+            Reference.coded_hybrid(&cfg, &q, &caches, &mut want).unwrap();
+            for (name, mut e) in engines() {
+                let mut got = vec![f32::NAN; cfg.q_len()];
+                e.coded_hybrid(&cfg, &q, &caches, &mut got).unwrap();
+                let what = format!(
+                    "{name} {:?}×{:?} {layout:?} d={d} b={b} k={k} L={tokens} scale={scale:?}",
+                    X::KIND,
+                    Y::KIND
+                );
+                let bound = max * scale.map_or(1.0, |s| s.1.max(1.0));
+                assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want, bound, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn coded_hybrid_every_encoding_and_layout() {
+    for (i, &layout) in LAYOUTS.iter().enumerate() {
+        for (j, d) in [16usize, 64, 24].into_iter().enumerate() {
+            let seed = 500 * i as u64 + 50 * j as u64;
+            coded_case::<List<u8>, Elems<f16>>(layout, d, seed);
+            coded_case::<List<u8>, Elems<Fp8E4M3>>(layout, d, seed + 1);
+            coded_case::<List<u16>, Int8Values>(layout, d, seed + 2);
+            coded_case::<Bitmask, Elems<f16>>(layout, d, seed + 3);
+            coded_case::<Bitmask, Elems<Fp8E4M3>>(layout, d, seed + 4);
+            coded_case::<Bitmask, Int8Values>(layout, d, seed + 5);
+            coded_case::<Bitmask, Int4Values>(layout, d, seed + 6);
+            coded_case::<List<u8>, Int4Values>(layout, d, seed + 7);
+        }
+    }
+}
+
+/// `k = head_dim`, f32 values, no buffer: the coded kernels read exactly the dense rows and
+/// run them through the same tiles, so the output equals dense f32 attention bit for bit.
+fn lossless_case<X: IndexCode>(layout: (usize, usize), d: usize, tokens: usize) {
+    let cfg = cfg(layout, d);
+    let (caches, _) = coded_caches::<X, Elems<f32>>(layout.1, d, (0, d, tokens), None, 3);
+    let rows: Vec<(Vec<f32>, Vec<f32>)> = (0..layout.1 as u64)
+        .map(|h| (synth::values(tokens * d, 3 + 2 * h), synth::values(tokens * d, 4 + 2 * h)))
+        .collect();
+    let dense: Vec<DenseKv<'_, f32>> = rows.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+    let q = synth::values(cfg.q_len(), 11);
+    for threads in [1, 2] {
+        let mut e = CpuAttention::new(threads).unwrap();
+        let (mut a, mut b) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
+        e.coded_hybrid(&cfg, &q, &caches, &mut a).unwrap();
+        e.dense(&cfg, &q, &dense, &mut b).unwrap();
+        assert_eq!(a, b, "{:?} {layout:?} d={d} L={tokens}", X::KIND);
+    }
+}
+
+#[test]
+fn lossless_coded_rows_equal_dense() {
+    for &layout in &LAYOUTS {
+        for (d, tokens) in [(64, 300), (24, 17)] {
+            lossless_case::<Bitmask>(layout, d, tokens);
+            lossless_case::<List<u8>>(layout, d, tokens);
+        }
+    }
+}
+
+#[test]
+fn bad_encoded_inputs_are_typed_errors() {
+    let cfg = cfg((2, 1), 32);
+    let q = vec![0.1; 64];
+    let mut out = vec![0.0; 64];
+    let empty = QuantRows::<Int8Blocks>::new(32).unwrap();
+    let kv = [QuantKv::new(empty.view(), empty.view())];
+    assert!(matches!(
+        CpuAttention::new(1).unwrap().quantized(&cfg, &q, &kv, &mut out),
+        Err(Error::EmptyCache { .. })
+    ));
+    let mut other = QuantRows::<Int8Blocks>::new(64).unwrap();
+    other.push(&[0.5; 64]).unwrap();
+    let kv = [QuantKv::new(other.view(), other.view())];
+    assert!(matches!(
+        Reference.quantized(&cfg, &q, &kv, &mut out),
+        Err(Error::HeadDimMismatch { .. })
+    ));
+    let (caches, _) = coded_caches::<Bitmask, Int8Values>(1, 32, (4, 8, 10), None, 1);
+    let mut bad_q = q.clone();
+    bad_q[3] = f32::NAN;
+    assert!(matches!(
+        CpuAttention::new(1).unwrap().coded_hybrid(&cfg, &bad_q, &caches, &mut out),
+        Err(Error::NonFiniteQuery { .. })
+    ));
+    let two = [caches[0].clone(), caches[0].clone()];
+    assert!(matches!(
+        Reference.coded_hybrid(&cfg, &q, &two, &mut out),
+        Err(Error::LengthMismatch { .. })
+    ));
+}
