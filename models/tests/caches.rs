@@ -7,6 +7,9 @@ use common::fixtures;
 use models::cache::spec::CacheSpec;
 use models::{Checkpoint, Error, Session};
 
+/// The tiny fixture with 32-wide heads (one int8 / int4 block per row).
+const WIDE_HEADS: &str = "tiny/llama-mha";
+
 fn run(ckpt: &Checkpoint, spec: &str) -> (Session, f64) {
     let spec: CacheSpec = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
     let (model, cache) = spec.build(&ckpt.model).unwrap_or_else(|e| panic!("{spec}: {e}"));
@@ -33,6 +36,28 @@ fn every_policy_and_format_runs() {
             s.cache().bytes().total()
         );
     }
+    for index in ["list", "bitmask"] {
+        for value in ["fp8", "int8", "int4"] {
+            let spec = format!("swan:k=8,index={index},value={value},b=8,basis=random:2");
+            let (s, _) = run(&ckpt, &spec);
+            assert!(s.cache().bytes().total() < dense_bytes, "{spec}");
+        }
+    }
+    // Quantized dense formats need whole 32-element blocks: the d = 16 model refuses them
+    // with a typed error, the d = 32 model runs them at a quarter (int8) or an eighth (int4)
+    // of the f32 bytes plus scales.
+    let spec: CacheSpec = "dense:format=int8".parse().unwrap();
+    assert!(spec.build(&ckpt.model).is_err(), "int8 blocks need head_dim % 32 == 0");
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let (f32_cache, _) = run(&wide, "dense:format=f32");
+    let f32_bytes = f32_cache.cache().bytes().total();
+    for (format, ratio) in [("int8", 34.0 / 128.0), ("int4", 18.0 / 128.0), ("fp8", 34.0 / 128.0)] {
+        for rotate in ["none", "hadamard"] {
+            let (s, _) = run(&wide, &format!("dense:format={format},rotate={rotate}"));
+            let got = s.cache().bytes().total() as f64 / f32_bytes as f64;
+            assert!((got - ratio).abs() < 1e-9, "{format}: {got} of f32, expected {ratio}");
+        }
+    }
     for policy in ["wnw", "full", "snapkv", "adakv", "audiokv", "arkvale"] {
         let spec = format!(
             "tiered:span=4..36,segment=4,chunk=8,policy={policy},r_gpu=0.5,n_voice=3,n_anchor=1,format=f32"
@@ -58,9 +83,11 @@ fn bad_specs_are_typed_errors() {
     for bad in [
         "lru",
         "swan:k=x",
-        "swan:value=int4",
+        "swan:value=int3",
+        "swan:index=tree",
+        "dense:rotate=spiral",
         "swan:basis=spiral",
-        "dense:format=fp8",
+        "dense:format=fp4",
         "tiered",
         "tiered:span=9..3",
         "tiered:span=0..8,r_gpu=0",

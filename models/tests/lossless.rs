@@ -58,9 +58,17 @@ fn tiny_models_every_lossless_cache_matches_dense() {
             (0..48u32).map(|i| (i * 37 + 11) % ckpt.config.vocab_size as u32).collect();
         let d = ckpt.config.head_dim;
         let dense = logits(&ckpt, "dense:format=f32,threads=1", &ids, 1);
-        for basis in ["identity", "random:3"] {
-            let spec =
-                format!("swan:k={d},kv={d},value=f32,buffer=f32,b=4,basis={basis},threads=1");
+        for basis in ["identity", "random:3", "hadamard"] {
+            for index in ["list", "bitmask"] {
+                let spec = format!(
+                    "swan:k={d},kv={d},index={index},value=f32,buffer=f32,b=4,basis={basis},threads=1"
+                );
+                compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
+            }
+        }
+        // A rotated dense cache is the same attention in another orthonormal basis.
+        for rotate in ["hadamard", "random:4"] {
+            let spec = format!("dense:format=f32,rotate={rotate},threads=1");
             compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
         }
         let tiered = logits(
@@ -94,7 +102,12 @@ fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
     // decode steps of a 1-token prefix.
     let swan = logits(&ckpt, "swan:k=64,kv=64,value=f32,buffer=f32,b=32,basis=random:11", ids, 256);
     let e1 = compare("swan k=64 f32 random basis", &dense, &swan);
+    let spec = "swan:k=64,kv=64,index=bitmask,value=f32,buffer=f32,b=32,basis=hadamard";
+    let e3 =
+        compare("swan bitmask k=64 f32 hadamard basis", &dense, &logits(&ckpt, spec, ids, 256));
     let tiered = logits(&ckpt, "tiered:span=16..240,format=f32,lossless", ids, 256);
     let e2 = compare("tiered lossless", &dense, &tiered);
-    println!("SmolLM2 512 tokens: swan max |Δlogit| {e1:.2e}, tiered {e2:.2e}");
+    println!(
+        "SmolLM2 512 tokens: swan max |Δlogit| {e1:.2e}, swan bitmask {e3:.2e}, tiered {e2:.2e}"
+    );
 }

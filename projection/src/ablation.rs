@@ -42,6 +42,31 @@ pub fn random_orthogonal(d: usize, seed: u64) -> Mat {
     random_orthogonal_from(d, &mut ChaCha8Rng::seed_from_u64(seed))
 }
 
+/// The normalized `d × d` Walsh–Hadamard matrix (Sylvester order): entry `(i, j)` is
+/// `(−1)^popcount(i & j) / √d`. Symmetric and orthogonal, so it is its own inverse; it
+/// spreads every coordinate over all others, which evens out the outlier channels that
+/// make per-block quantization of keys and values lossy.
+///
+/// # Errors
+/// [`Error::InvalidDims`] when `d` is not a power of two.
+///
+/// # Examples
+/// ```
+/// let h = projection::hadamard(4)?;
+/// assert_eq!(h.row(1), &[0.5, -0.5, 0.5, -0.5]);
+/// assert!(h.orthogonality_error() < 1e-6);
+/// # Ok::<(), projection::Error>(())
+/// ```
+pub fn hadamard(d: usize) -> Result<Mat> {
+    if !d.is_power_of_two() {
+        return Err(Error::InvalidDims {
+            reason: format!("a Hadamard basis needs a power-of-two head_dim, got {d}"),
+        });
+    }
+    let s = 1.0 / (d as f32).sqrt();
+    Ok(Mat::from_fn(d, d, |i, j| if (i & j).count_ones() % 2 == 0 { s } else { -s }))
+}
+
 /// A uniformly random cyclic permutation of `0..n` (Sattolo's algorithm): no element stays
 /// in place when `n >= 2`, so a shuffle ablation never keeps a head's own basis.
 fn cyclic_permutation(n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
@@ -86,6 +111,24 @@ impl ProjectionSet {
     pub fn identity(dims: ModelDims, model: &str) -> Result<Self> {
         let d = dims.head_dim();
         synthetic(dims, model, BasisKind::Identity, || Mat::identity(d))
+    }
+
+    /// The normalized Walsh–Hadamard basis ([`hadamard`]) for every (layer, kv-head, stream).
+    ///
+    /// # Errors
+    /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let set = ProjectionSet::hadamard(ModelDims::new(1, 2, 1, 8)?, "toy")?;
+    /// assert!(set.max_orthogonality_error() < 1e-6);
+    /// assert!(ProjectionSet::hadamard(ModelDims::new(1, 2, 1, 12)?, "toy").is_err());
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn hadamard(dims: ModelDims, model: &str) -> Result<Self> {
+        let h = hadamard(dims.head_dim())?;
+        synthetic(dims, model, BasisKind::Hadamard, || h.clone())
     }
 
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
@@ -210,6 +253,7 @@ impl ProjectionSet {
             BasisKind::Calibrated => Err(not_applicable(kind, "calibrated is not an ablation")),
             BasisKind::Random { seed } => Self::random(self.dims(), model, seed),
             BasisKind::Identity => Self::identity(self.dims(), model),
+            BasisKind::Hadamard => Self::hadamard(self.dims(), model),
             BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
             BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
             BasisKind::KvShuffle => self.kv_shuffle(),

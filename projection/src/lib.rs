@@ -52,7 +52,7 @@ pub mod reference;
 pub mod rotate;
 pub mod set;
 
-pub use ablation::random_orthogonal;
+pub use ablation::{hadamard, random_orthogonal};
 pub use absorb::{absorb_output_weights, absorb_value_weights};
 pub use basis::Basis;
 pub use calibrate::{

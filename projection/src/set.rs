@@ -31,6 +31,10 @@ pub enum BasisKind {
     },
     /// No rotation (`P = I`).
     Identity,
+    /// The normalized Walsh–Hadamard matrix of size `head_dim` (a power of two) for every
+    /// head and stream: the data-free rotation quantized KV caches use (llama.cpp rotates
+    /// q/k/v this way whenever its KV cache is quantized).
+    Hadamard,
     /// Calibrated bases moved to other layers (cyclic permutation of layers).
     LayerShuffle {
         /// ChaCha8 seed of the permutation.
@@ -52,6 +56,7 @@ impl BasisKind {
             BasisKind::Calibrated => "calibrated",
             BasisKind::Random { .. } => "random",
             BasisKind::Identity => "identity",
+            BasisKind::Hadamard => "hadamard",
             BasisKind::LayerShuffle { .. } => "layer-shuffle",
             BasisKind::HeadShuffle { .. } => "head-shuffle",
             BasisKind::KvShuffle => "kv-shuffle",
@@ -87,6 +92,7 @@ impl BasisKind {
         match name {
             "calibrated" => Ok(BasisKind::Calibrated),
             "identity" => Ok(BasisKind::Identity),
+            "hadamard" => Ok(BasisKind::Hadamard),
             "kv-shuffle" => Ok(BasisKind::KvShuffle),
             "random" => need(|seed| BasisKind::Random { seed }),
             "layer-shuffle" => need(|seed| BasisKind::LayerShuffle { seed }),

@@ -161,12 +161,16 @@ pub fn run(a: &EvalArgs) -> Result<()> {
     eval_all(&ckpt, &a.caches, (&path, &text), a.tokens, a.prefix, a.json)
 }
 
+/// Whether a basis kind is loaded from (or derived from) a calibrated projection file.
+fn needs_file(basis: projection::BasisKind) -> bool {
+    !matches!(basis.name(), "identity" | "random" | "hadamard")
+}
+
 /// Calibrates the default projection file if a cache needs it and it is missing.
 fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
     let needs = caches.iter().any(|c| match &c.kind {
-        CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => {
-            s.proj.is_none() && s.basis.name() != "identity" && s.basis.name() != "random"
-        }
+        CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.proj.is_none() && needs_file(s.basis),
+        CacheKind::Dense(d) => d.proj.is_none() && d.rotate.is_some_and(needs_file),
         _ => false,
     });
     let path = crate::paths::projection_file(&ckpt.config.name);

@@ -1,13 +1,18 @@
 //! `kvtide info`: the model's shape and what one token costs in KV memory for every cache
-//! format — dense rows (`2·d_h` bytes per vector at 16 bits) and SWAN sparse rows (`3k+2`
-//! bytes at 16 bits, `2k+2` at fp8; `papers/swan.txt`, memory section) — with SWAN's
-//! compute break-even length `b + d_h²/(d_h − k)` for `b = 128`.
+//! format — dense rows (`2·d_h` bytes per vector at 16 bits; fp8 with a 2-byte per-token
+//! scale; int8 / int4 in 34- / 18-byte blocks of 32) and SWAN sparse rows in every encoding
+//! (`3k+2` bytes at 16 bits with u8 indices, `2k+2` at fp8; `⌈d_h/8⌉ + k + 4` for a bitmask
+//! with int8 values; `papers/swan.txt`, memory section) — with SWAN's compute break-even
+//! length `b + d_h²/(d_h − k)` for `b = 128`.
 
 use crate::Result;
 use clap::Args;
 use kv_sparse::ValueFormat;
-use kv_sparse::memory::{break_even_len, dense_row_bytes, sparse_row_bytes};
+use kv_sparse::coded::ValueKind;
+use kv_sparse::memory::{break_even_len, dense_row_bytes};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks};
 use models::ModelConfig;
+use models::cache::{SwanConfig, SwanIndex};
 use serde_json::json;
 
 use crate::cli::common::{ModelArgs, print_json};
@@ -41,10 +46,29 @@ fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
         .into_iter()
         .map(|f| (format!("dense {f}"), vectors * dense_row_bytes(d, f), None))
         .collect();
-    for f in [ValueFormat::F16, ValueFormat::Fp8E4M3] {
-        for k in [d / 4, d / 2, 3 * d / 4, d] {
-            let label = format!("swan k={k}/{d} {f}");
-            out.push((label, vectors * sparse_row_bytes(k, f, 1), break_even_len(d, BUFFER, k)));
+    out.push(("dense fp8".into(), vectors * Fp8Rows::row_bytes(d), None));
+    if d.is_multiple_of(kv_sparse::quant::BLOCK) {
+        out.push(("dense int8".into(), vectors * Int8Blocks::row_bytes(d), None));
+        out.push(("dense int4".into(), vectors * Int4Blocks::row_bytes(d), None));
+    }
+    let values = [
+        ValueKind::Elems(ValueFormat::F16),
+        ValueKind::Elems(ValueFormat::Fp8E4M3),
+        ValueKind::Int8,
+        ValueKind::Int4,
+    ];
+    for index in [SwanIndex::List, SwanIndex::Bitmask] {
+        if index == SwanIndex::List && d > 256 {
+            continue; // u8 indices name at most 256 components
+        }
+        for value in values {
+            for k in [d / 8, d / 4, d / 2, 3 * d / 4, d] {
+                let mut cfg = SwanConfig::lossless(d, BUFFER);
+                (cfg.k_key, cfg.k_value, cfg.index, cfg.value) = (k, k, index, value);
+                let label = format!("swan k={k}/{d} {index} {value}");
+                let bytes = vectors / 2 * cfg.sparse_token_bytes(d);
+                out.push((label, bytes, break_even_len(d, BUFFER, k)));
+            }
         }
     }
     out
@@ -87,10 +111,10 @@ pub fn run(a: &InfoArgs) -> Result<()> {
     println!(
         "\nKV bytes per token (all layers, keys + values; SWAN = sparse history rows, b = {BUFFER}):"
     );
-    println!("{:<22} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
+    println!("{:<30} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
     for (label, bytes, be) in table {
         let be = be.map_or("—".to_string(), |l| format!("{l:.0}"));
-        println!("{label:<22} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
+        println!("{label:<30} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
     }
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! `dense`: every key and value kept in full (f32, f16 or bf16), attention over all of
 //! them with `attn-kernels`' dense kernel — the baseline every other cache is measured
 //! against (`papers/swan.txt`, standard decode step: `K ← [K; k]`, `V ← [V; v]`,
-//! `softmax(q Kᵀ/√d) V`).
+//! `softmax(q Kᵀ/√d) V`). Optionally in a rotated basis (the same rotation the quantized
+//! caches take), which changes nothing but float rounding.
 
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::Value;
 
+use super::rotation::QkRotation;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
 use crate::error::Result;
 
@@ -13,6 +15,7 @@ use crate::error::Result;
 pub struct DenseCache<D: Value> {
     shape: CacheShape,
     kernel: CpuAttention,
+    rotation: Option<QkRotation>,
     /// `keys[layer * kv_heads + h]`.
     keys: Vec<Vec<D>>,
     values: Vec<Vec<D>>,
@@ -40,9 +43,20 @@ impl<D: Value> DenseCache<D> {
         Ok(Self {
             shape,
             kernel: CpuAttention::new(threads)?,
+            rotation: None,
             keys: vec![Vec::new(); heads],
             values: vec![Vec::new(); heads],
         })
+    }
+
+    /// The same cache storing q and k rotated by `set`'s `P_QK` (values must come from a
+    /// model with `P_VO` absorbed).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for a set of another shape.
+    pub fn with_rotation(mut self, set: std::sync::Arc<projection::ProjectionSet>) -> Result<Self> {
+        self.rotation = Some(QkRotation::new("dense cache", self.shape, set)?);
+        Ok(self)
     }
 
     fn heads(&self, layer: usize) -> std::ops::Range<usize> {
@@ -56,7 +70,11 @@ impl<D: Value> DenseCache<D> {
 
 impl<D: Value> KvCache for DenseCache<D> {
     fn label(&self) -> String {
-        format!("dense {}", D::FORMAT)
+        let rotate = self
+            .rotation
+            .as_ref()
+            .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
+        format!("dense {}{rotate}", D::FORMAT)
     }
 
     fn shape(&self) -> CacheShape {
@@ -77,6 +95,41 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         self.shape.check_prefill(layer, &kv)?;
+        let shape = self.shape;
+        let mut rotation = self.rotation.take();
+        let result = match rotation.as_mut() {
+            Some(r) => match r.prefill(layer, &shape, kv) {
+                Ok(kv) => self.store_prefill(layer, kv),
+                Err(e) => Err(e),
+            },
+            None => self.store_prefill(layer, kv),
+        };
+        self.rotation = rotation;
+        result
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        let mut rotation = self.rotation.take();
+        let result = match rotation.as_mut() {
+            Some(r) => match r.step(layer, step) {
+                Ok(step) => self.store_and_attend(layer, step, out),
+                Err(e) => Err(e),
+            },
+            None => self.store_and_attend(layer, step, out),
+        };
+        self.rotation = rotation;
+        result
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
+        CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
+    }
+}
+
+impl<D: Value> DenseCache<D> {
+    fn store_prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         check_finite("cache prefill", "keys", layer, kv.keys)?;
         check_finite("cache prefill", "values", layer, kv.values)?;
         let n = kv.tokens * self.shape.head_dim();
@@ -87,8 +140,7 @@ impl<D: Value> KvCache for DenseCache<D> {
         Ok(())
     }
 
-    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
-        self.shape.check_step(layer, &step, out)?;
+    fn store_and_attend(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         // This cache is the storage of k and v: they are checked here, before any head
         // takes its row (`check_step` checked q and the lengths).
         check_finite("cache decode", "k", layer, step.k)?;
@@ -102,10 +154,5 @@ impl<D: Value> KvCache for DenseCache<D> {
             self.heads(layer).map(|s| DenseKv::new(d, &self.keys[s], &self.values[s])).collect();
         self.kernel.dense(&self.shape.attn, step.q, &views, out)?;
         Ok(())
-    }
-
-    fn bytes(&self) -> CacheBytes {
-        let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
-        CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
     }
 }

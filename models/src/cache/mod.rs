@@ -15,13 +15,16 @@
 //! [`crate::session::Session`]; the cache never sees weights.
 
 mod dense;
+mod quant;
+mod rotation;
 pub mod spec;
 mod swan;
 pub mod tiered;
 
 pub use dense::DenseCache;
-pub use spec::{CacheKind, CacheSpec, SwanSpec};
-pub use swan::{Fp8Scale, SwanCache, SwanConfig};
+pub use quant::QuantCache;
+pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
+pub use swan::{Fp8Scale, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
 
 use std::ops::Range;

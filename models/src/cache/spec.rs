@@ -2,10 +2,17 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32]` | [`DenseCache`] (default f16) |
-//! | `swan[:k=32,kv=32,b=128,value=fp8\|f16\|bf16\|f32,buffer=f16\|bf16\|f32,scale=auto\|none,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
+//!
+//! `rotate` turns q/k (and, absorbed into `W_V`/`W_O`, v/o) into another orthonormal basis
+//! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
+//! for a quantized KV cache), `calibrated` the SWAN basis (same file as `basis=calibrated`).
+//! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
+//! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
+//! row.
 //!
 //! Every cache also takes `threads=N` (attention threads; default: all cores). SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
@@ -21,11 +28,16 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use kv_sparse::ValueFormat;
+use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, List, ValueKind};
+use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
 use projection::{BasisKind, ModelDims, ProjectionSet};
 
 use crate::cache::TieredSpec;
-use crate::cache::{CacheShape, DenseCache, Fp8Scale, KvCache, SwanCache, SwanConfig};
+use crate::cache::{
+    CacheShape, DenseCache, Fp8Scale, KvCache, QuantCache, SwanCache, SwanConfig, SwanIndex,
+};
 use crate::error::{Error, Result};
 use crate::llama::Llama;
 
@@ -38,8 +50,10 @@ pub struct SwanSpec {
     pub k_value: Option<usize>,
     /// Dense buffer rows (`b`).
     pub buffer: usize,
-    /// Sparse value format (`value`).
-    pub value: ValueFormat,
+    /// Index encoding (`index`).
+    pub index: SwanIndex,
+    /// Sparse value code (`value`).
+    pub value: ValueKind,
     /// Buffer format (`buffer`).
     pub buffer_format: ValueFormat,
     /// fp8 scaling (`scale`).
@@ -56,7 +70,8 @@ impl Default for SwanSpec {
             k_key: None,
             k_value: None,
             buffer: 128,
-            value: ValueFormat::Fp8E4M3,
+            index: SwanIndex::List,
+            value: ValueKind::Elems(ValueFormat::Fp8E4M3),
             buffer_format: ValueFormat::F16,
             scale: Fp8Scale::Auto,
             basis: BasisKind::Calibrated,
@@ -65,11 +80,66 @@ impl Default for SwanSpec {
     }
 }
 
+/// How a dense cache stores each element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DenseStorage {
+    /// A float format (f32, f16, bf16).
+    Float(ValueFormat),
+    /// A quantized format (fp8 with a per-token scale, int8 / int4 blocks).
+    Quant(DenseFormat),
+}
+
+impl std::fmt::Display for DenseStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DenseStorage::Float(v) => write!(f, "{v}"),
+            DenseStorage::Quant(q) => write!(f, "{q}"),
+        }
+    }
+}
+
+/// Dense cache parameters of a spec.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DenseSpec {
+    /// Element storage (`format`).
+    pub format: DenseStorage,
+    /// Rotation of q/k and v/o before storing (`rotate`; `None` = `none`).
+    pub rotate: Option<BasisKind>,
+    /// Projection file for `rotate=calibrated` (`proj`).
+    pub proj: Option<PathBuf>,
+}
+
+impl DenseSpec {
+    /// Plain dense storage in `format`, no rotation.
+    pub fn new(format: DenseStorage) -> Self {
+        Self { format, rotate: None, proj: None }
+    }
+
+    fn parse(p: &mut Params<'_>) -> Result<Self> {
+        let format = match p.take("format") {
+            None | Some("f16") => DenseStorage::Float(ValueFormat::F16),
+            Some("f32") => DenseStorage::Float(ValueFormat::F32),
+            Some("bf16") => DenseStorage::Float(ValueFormat::Bf16),
+            Some("fp8") | Some("e4m3") => DenseStorage::Quant(DenseFormat::Fp8),
+            Some("int8") | Some("q8_0") => DenseStorage::Quant(DenseFormat::Int8),
+            Some("int4") | Some("q4_0") => DenseStorage::Quant(DenseFormat::Int4),
+            Some(v) => return Err(spec_err(p.spec(), format!("`format={v}`: unknown format"))),
+        };
+        let rotate = match p.take("rotate") {
+            None | Some("none") => None,
+            Some(r) => Some(
+                r.parse::<BasisKind>().map_err(|e| spec_err(p.spec(), format!("rotate: {e}")))?,
+            ),
+        };
+        Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from) })
+    }
+}
+
 /// What kind of cache a spec names.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CacheKind {
-    /// Full K/V in one format.
-    Dense(ValueFormat),
+    /// Full K/V in one format, optionally rotated.
+    Dense(DenseSpec),
     /// SWAN hybrid cache.
     Swan(SwanSpec),
     /// WnW tiered store.
@@ -179,11 +249,30 @@ impl SwanSpec {
                 return Err(spec_err(p.spec(), format!("`scale={v}`: expected auto or none")));
             }
         };
+        let index = match p.take("index") {
+            None | Some("list") => SwanIndex::List,
+            Some("bitmask") | Some("mask") => SwanIndex::Bitmask,
+            Some(v) => {
+                return Err(spec_err(p.spec(), format!("`index={v}`: expected list or bitmask")));
+            }
+        };
+        let value = match p.take("value") {
+            Some("int8") => ValueKind::Int8,
+            Some("int4") => ValueKind::Int4,
+            Some(v) => {
+                let mut one = Params { spec: p.spec(), pairs: vec![("value", v)] };
+                ValueKind::Elems(
+                    format_param(&mut one, "value", &VALUE_FORMATS)?.unwrap_or(ValueFormat::F16),
+                )
+            }
+            None => d.value,
+        };
         Ok(Self {
             k_key: p.parse_opt("k")?,
             k_value: p.parse_opt("kv")?,
             buffer: p.parse_opt("b")?.unwrap_or(d.buffer),
-            value: format_param(p, "value", &VALUE_FORMATS)?.unwrap_or(d.value),
+            index,
+            value,
             buffer_format: format_param(p, "buffer", &DENSE_FORMATS)?.unwrap_or(d.buffer_format),
             scale,
             basis,
@@ -197,6 +286,7 @@ impl SwanSpec {
             k_key: self.k_key.unwrap_or(head_dim / 2),
             k_value: self.k_value.or(self.k_key).unwrap_or(head_dim / 2),
             buffer: self.buffer,
+            index: self.index,
             value: self.value,
             buffer_format: self.buffer_format,
             fp8_scale: self.scale,
@@ -208,25 +298,32 @@ impl SwanSpec {
     /// # Errors
     /// [`Error::Projection`] if the file is missing, corrupt or for another model.
     pub fn projection(&self, model: &Llama) -> Result<ProjectionSet> {
-        let cfg = model.config();
-        let dims = ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
-        let load = || {
-            let path = self.proj.as_ref().ok_or_else(|| Error::CacheSpec {
-                spec: format!("basis={}", self.basis),
-                reason: "this basis needs a projection file: give proj=PATH".into(),
-            })?;
-            ProjectionSet::load_for(path, &dims, None).map_err(|e| Error::CacheSpec {
-                spec: format!("proj={}", path.display()),
-                reason: format!("{e} (run `kvtide calibrate` first)"),
-            })
-        };
-        Ok(match self.basis {
-            BasisKind::Identity => ProjectionSet::identity(dims, &cfg.name)?,
-            BasisKind::Random { seed } => ProjectionSet::random(dims, &cfg.name, seed)?,
-            BasisKind::Calibrated => load()?,
-            kind => load()?.ablation(kind)?,
-        })
+        projection_set(self.basis, self.proj.as_deref(), model)
     }
+}
+
+/// The projection set a `basis=`/`rotate=` names for `model`: built (identity, random,
+/// Hadamard) or loaded from `proj` (calibrated and its ablations).
+fn projection_set(basis: BasisKind, proj: Option<&Path>, model: &Llama) -> Result<ProjectionSet> {
+    let cfg = model.config();
+    let dims = ModelDims::new(cfg.num_layers, cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
+    let load = || {
+        let path = proj.ok_or_else(|| Error::CacheSpec {
+            spec: format!("basis={basis}"),
+            reason: "this basis needs a projection file: give proj=PATH".into(),
+        })?;
+        ProjectionSet::load_for(path, &dims, None).map_err(|e| Error::CacheSpec {
+            spec: format!("proj={}", path.display()),
+            reason: format!("{e} (run `kvtide calibrate` first)"),
+        })
+    };
+    Ok(match basis {
+        BasisKind::Identity => ProjectionSet::identity(dims, &cfg.name)?,
+        BasisKind::Random { seed } => ProjectionSet::random(dims, &cfg.name, seed)?,
+        BasisKind::Hadamard => ProjectionSet::hadamard(dims, &cfg.name)?,
+        BasisKind::Calibrated => load()?,
+        kind => load()?.ablation(kind)?,
+    })
 }
 
 impl FromStr for CacheSpec {
@@ -248,9 +345,7 @@ impl FromStr for CacheSpec {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
         let kind = match name {
-            "dense" => CacheKind::Dense(
-                format_param(&mut p, "format", &DENSE_FORMATS)?.unwrap_or(ValueFormat::F16),
-            ),
+            "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
             "tiered" => CacheKind::Tiered(TieredSpec::parse(&mut p)?),
             "swan+tiered" => {
@@ -293,8 +388,14 @@ impl CacheSpec {
     /// # Ok::<(), models::Error>(())
     /// ```
     pub fn with_default_projection(mut self, path: &Path) -> Self {
-        if let CacheKind::Swan(swan) | CacheKind::SwanTiered(swan, _) = &mut self.kind {
-            swan.proj.get_or_insert_with(|| path.to_path_buf());
+        match &mut self.kind {
+            CacheKind::Swan(swan) | CacheKind::SwanTiered(swan, _) => {
+                swan.proj.get_or_insert_with(|| path.to_path_buf());
+            }
+            CacheKind::Dense(dense) if dense.rotate.is_some() => {
+                dense.proj.get_or_insert_with(|| path.to_path_buf());
+            }
+            _ => {}
         }
         self
     }
@@ -325,9 +426,15 @@ impl CacheSpec {
         let shape = CacheShape::of(model.config())?;
         let threads = self.threads.unwrap_or_else(default_threads);
         Ok(match &self.kind {
-            CacheKind::Dense(format) => {
-                (model.clone(), Box::new(move || dense(shape, *format, threads)))
-            }
+            CacheKind::Dense(spec) => match spec.rotate {
+                None => (model.clone(), Box::new(move || dense(shape, spec.format, None, threads))),
+                Some(basis) => {
+                    let set = Arc::new(projection_set(basis, spec.proj.as_deref(), model)?);
+                    let absorbed = model.absorb_vo(&set)?;
+                    let make = move || dense(shape, spec.format, Some(set.clone()), threads);
+                    (absorbed, Box::new(make))
+                }
+            },
             CacheKind::Swan(swan) => {
                 let set = Arc::new(swan.projection(model)?);
                 let cfg = swan.config(shape.head_dim());
@@ -351,11 +458,36 @@ impl CacheSpec {
 /// Makes a fresh cache of one spec ([`CacheSpec::build_many`]).
 type CacheMaker<'a> = Box<dyn Fn() -> Result<Box<dyn KvCache>> + 'a>;
 
-fn dense(shape: CacheShape, format: ValueFormat, threads: usize) -> Result<Box<dyn KvCache>> {
+fn dense(
+    shape: CacheShape,
+    format: DenseStorage,
+    rotation: Option<Arc<ProjectionSet>>,
+    threads: usize,
+) -> Result<Box<dyn KvCache>> {
+    fn float<D: kv_sparse::Value>(
+        shape: CacheShape,
+        rotation: Option<Arc<ProjectionSet>>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
+        let cache = DenseCache::<D>::new(shape, threads)?;
+        Ok(Box::new(match rotation {
+            Some(set) => cache.with_rotation(set)?,
+            None => cache,
+        }))
+    }
     Ok(match format {
-        ValueFormat::F32 => Box::new(DenseCache::<f32>::new(shape, threads)?),
-        ValueFormat::Bf16 => Box::new(DenseCache::<bf16>::new(shape, threads)?),
-        _ => Box::new(DenseCache::<f16>::new(shape, threads)?),
+        DenseStorage::Float(ValueFormat::F32) => float::<f32>(shape, rotation, threads)?,
+        DenseStorage::Float(ValueFormat::Bf16) => float::<bf16>(shape, rotation, threads)?,
+        DenseStorage::Float(_) => float::<f16>(shape, rotation, threads)?,
+        DenseStorage::Quant(DenseFormat::Fp8) => {
+            Box::new(QuantCache::<Fp8Rows>::new(shape, rotation, threads)?)
+        }
+        DenseStorage::Quant(DenseFormat::Int8) => {
+            Box::new(QuantCache::<Int8Blocks>::new(shape, rotation, threads)?)
+        }
+        DenseStorage::Quant(DenseFormat::Int4) => {
+            Box::new(QuantCache::<Int4Blocks>::new(shape, rotation, threads)?)
+        }
     })
 }
 
@@ -365,22 +497,58 @@ fn swan_cache(
     set: Arc<ProjectionSet>,
     threads: usize,
 ) -> Result<Box<dyn KvCache>> {
-    fn with_buffer<V: kv_sparse::Value>(
+    fn with_buffer<S: crate::cache::SwanRows>(
         shape: CacheShape,
         cfg: SwanConfig,
         set: Arc<ProjectionSet>,
         threads: usize,
     ) -> Result<Box<dyn KvCache>> {
         Ok(match cfg.buffer_format {
-            ValueFormat::F32 => Box::new(SwanCache::<V, f32>::new(shape, cfg, set, threads)?),
-            ValueFormat::Bf16 => Box::new(SwanCache::<V, bf16>::new(shape, cfg, set, threads)?),
-            _ => Box::new(SwanCache::<V, f16>::new(shape, cfg, set, threads)?),
+            ValueFormat::F32 => Box::new(SwanCache::<S, f32>::new(shape, cfg, set, threads)?),
+            ValueFormat::Bf16 => Box::new(SwanCache::<S, bf16>::new(shape, cfg, set, threads)?),
+            _ => Box::new(SwanCache::<S, f16>::new(shape, cfg, set, threads)?),
         })
     }
-    match cfg.value {
-        ValueFormat::F32 => with_buffer::<f32>(shape, cfg, set, threads),
-        ValueFormat::F16 => with_buffer::<f16>(shape, cfg, set, threads),
-        ValueFormat::Bf16 => with_buffer::<bf16>(shape, cfg, set, threads),
-        ValueFormat::Fp8E4M3 => with_buffer::<Fp8E4M3>(shape, cfg, set, threads),
+    type B = Bitmask;
+    type L = List<u8>;
+    let (s, c, st) = (shape, cfg, set);
+    match (cfg.index, cfg.value) {
+        (SwanIndex::List, ValueKind::Elems(ValueFormat::F32)) => {
+            with_buffer::<CsrStore<u8, f32>>(s, c, st, threads)
+        }
+        (SwanIndex::List, ValueKind::Elems(ValueFormat::F16)) => {
+            with_buffer::<CsrStore<u8, f16>>(s, c, st, threads)
+        }
+        (SwanIndex::List, ValueKind::Elems(ValueFormat::Bf16)) => {
+            with_buffer::<CsrStore<u8, bf16>>(s, c, st, threads)
+        }
+        (SwanIndex::List, ValueKind::Elems(_)) => {
+            with_buffer::<CsrStore<u8, Fp8E4M3>>(s, c, st, threads)
+        }
+        (SwanIndex::List, ValueKind::Int8) => {
+            with_buffer::<CodedStore<L, Int8Values>>(s, c, st, threads)
+        }
+        (SwanIndex::List, ValueKind::Int4) => {
+            with_buffer::<CodedStore<L, Int4Values>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Elems(ValueFormat::F32)) => {
+            with_buffer::<CodedStore<B, Elems<f32>>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Elems(ValueFormat::F16)) => {
+            with_buffer::<CodedStore<B, Elems<f16>>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Elems(ValueFormat::Bf16)) => {
+            with_buffer::<CodedStore<B, Elems<bf16>>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Elems(_)) => {
+            with_buffer::<CodedStore<B, Elems<Fp8E4M3>>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Int8) => {
+            with_buffer::<CodedStore<B, Int8Values>>(s, c, st, threads)
+        }
+        (SwanIndex::Bitmask, ValueKind::Int4) => {
+            with_buffer::<CodedStore<B, Int4Values>>(s, c, st, threads)
+        }
+        (_, v) => Err(spec_err("swan", format!("value code {v} is not supported"))),
     }
 }

@@ -8,13 +8,21 @@
 //! and buffer (`attn-kernels` hybrid kernel). The output is in the rotated value basis, which
 //! the absorbed `Ŵ_O` maps back.
 //!
+//! Rows are stored in the encoding the config names: the paper's `u8` index lists with
+//! f32/f16/bf16/fp8 values (CSR rows), or coded rows (`kv-sparse::coded`) — a `d_h`-bit mask
+//! instead of the list, and/or int8 / int4 values with one scale per row — which are
+//! smaller once `k > d_h/8`.
+//!
 //! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
 //! orthogonal basis then reproduces dense attention to float rounding.
 
 use std::sync::Arc;
 
-use attn_kernels::{CpuAttention, DecodeAttention};
-use kv_sparse::hybrid::{HybridCache, HybridConfig, MultiHeadCache};
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, EncodedAttention};
+use kv_sparse::coded::{CodedStore, IndexCode, ValueCode, ValueKind, coded_row_bytes};
+use kv_sparse::csr::CsrStore;
+use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
+use kv_sparse::memory::sparse_row_bytes;
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
 
@@ -31,6 +39,25 @@ pub enum Fp8Scale {
     Auto,
 }
 
+/// How a SWAN row names its kept components.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SwanIndex {
+    /// One `u8` per kept component (the paper's encoding; `head_dim ≤ 256`).
+    #[default]
+    List,
+    /// A `head_dim`-bit mask (`⌈d_h/8⌉` bytes whatever `k`).
+    Bitmask,
+}
+
+impl std::fmt::Display for SwanIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SwanIndex::List => "list",
+            SwanIndex::Bitmask => "bitmask",
+        })
+    }
+}
+
 /// The knobs of a SWAN cache.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SwanConfig {
@@ -40,8 +67,10 @@ pub struct SwanConfig {
     pub k_value: usize,
     /// Dense buffer rows `b`.
     pub buffer: usize,
-    /// Sparse value format (`V`).
-    pub value: ValueFormat,
+    /// Index encoding of sparse rows.
+    pub index: SwanIndex,
+    /// Sparse value code: a float format, or int8 / int4 with one f16 scale per row.
+    pub value: ValueKind,
     /// Dense buffer format (`D`).
     pub buffer_format: ValueFormat,
     /// fp8 scaling (ignored for 16/32-bit values).
@@ -55,41 +84,133 @@ impl SwanConfig {
             k_key: head_dim,
             k_value: head_dim,
             buffer,
-            value: ValueFormat::F32,
+            index: SwanIndex::List,
+            value: ValueKind::Elems(ValueFormat::F32),
             buffer_format: ValueFormat::F32,
             fp8_scale: Fp8Scale::None,
         }
     }
 
-    fn hybrid(&self, head_dim: usize, scale: Option<(f32, f32)>) -> HybridConfig {
+    fn hybrid<S: RowStore>(&self, head_dim: usize, scale: Option<(f32, f32)>) -> HybridConfig {
         HybridConfig {
             k_key: self.k_key,
             k_value: self.k_value,
             fp8_scale: scale,
-            ..HybridConfig::new(head_dim, self.buffer, 0)
+            ..HybridConfig::new(head_dim, self.buffer, 0).for_store::<S>()
         }
+    }
+
+    /// Whether sparse values get a per-head fp8 scale fitted at prefill.
+    pub fn scaled_fp8(&self) -> bool {
+        self.value == ValueKind::Elems(ValueFormat::Fp8E4M3) && self.fp8_scale == Fp8Scale::Auto
+    }
+
+    /// Bytes of one sparse token (key row + value row, offsets included, block bases
+    /// excluded) for heads of `head_dim`: the per-encoding formula.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::coded::ValueKind;
+    /// use models::cache::{SwanConfig, SwanIndex};
+    /// let mut c = SwanConfig::lossless(64, 128);
+    /// (c.k_key, c.k_value, c.index, c.value) = (32, 32, SwanIndex::Bitmask, ValueKind::Int8);
+    /// assert_eq!(c.sparse_token_bytes(64), 2 * (8 + 32 + 2 + 2));
+    /// ```
+    pub fn sparse_token_bytes(&self, head_dim: usize) -> usize {
+        use kv_sparse::coded::{Bitmask, Int4Values, Int8Values, List};
+        let row = |k: usize| match (self.index, self.value) {
+            (SwanIndex::List, ValueKind::Elems(f)) => sparse_row_bytes(k, f, 1),
+            (SwanIndex::List, ValueKind::Int8) => {
+                coded_row_bytes::<List<u8>, Int8Values>(k, head_dim)
+            }
+            (SwanIndex::List, ValueKind::Int4) => {
+                coded_row_bytes::<List<u8>, Int4Values>(k, head_dim)
+            }
+            (SwanIndex::Bitmask, ValueKind::Elems(f)) => head_dim.div_ceil(8) + k * f.bytes() + 2,
+            (SwanIndex::Bitmask, ValueKind::Int8) => {
+                coded_row_bytes::<Bitmask, Int8Values>(k, head_dim)
+            }
+            (SwanIndex::Bitmask, ValueKind::Int4) => {
+                coded_row_bytes::<Bitmask, Int4Values>(k, head_dim)
+            }
+            _ => 0,
+        };
+        row(self.k_key) + row(self.k_value)
     }
 }
 
-/// SWAN's hybrid cache for a whole model (u8 indices, sparse values `V`, buffer `D`).
-pub struct SwanCache<V: Value, D: Value> {
+/// A sparse row storage the SWAN cache can attend over: CSR rows through the hybrid
+/// kernel, coded rows through the coded-hybrid kernel.
+pub trait SwanRows: RowStore {
+    /// The (index, value) encoding this storage implements.
+    const ENCODING: (SwanIndex, ValueKind);
+
+    /// One decode step of a layer over its kv-heads' caches.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn attend<D: Value>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()>;
+}
+
+impl<V: Value> SwanRows for CsrStore<u8, V> {
+    const ENCODING: (SwanIndex, ValueKind) = (SwanIndex::List, ValueKind::Elems(V::FORMAT));
+
+    fn attend<D: Value>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        kernel.hybrid(cfg, q, heads, out)
+    }
+}
+
+impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
+    const ENCODING: (SwanIndex, ValueKind) = (
+        match X::KIND {
+            kv_sparse::coded::IndexKind::Bitmask => SwanIndex::Bitmask,
+            _ => SwanIndex::List,
+        },
+        Y::KIND,
+    );
+
+    fn attend<D: Value>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        kernel.coded_hybrid(cfg, q, heads, out)
+    }
+}
+
+/// SWAN's hybrid cache for a whole model (sparse rows in `S`, buffer `D`).
+pub struct SwanCache<S: SwanRows, D: Value> {
     shape: CacheShape,
     cfg: SwanConfig,
     kernel: CpuAttention,
     set: Arc<ProjectionSet>,
-    caches: MultiHeadCache<u8, V, D>,
+    caches: MultiHead<S, D>,
     q_rot: Vec<f32>,
     k_rot: Vec<f32>,
     prefill_rot: Vec<f32>,
 }
 
-impl<V: Value, D: Value> SwanCache<V, D> {
+impl<S: SwanRows, D: Value> SwanCache<S, D> {
     /// An empty cache rotating with `set` (which must match `shape`), attention on
     /// `threads` threads.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] if `set` was built for other dimensions or the formats
-    /// differ from `V`/`D`; [`crate::Error::Sparse`] for an invalid `k` or buffer;
+    /// differ from `S`/`D`; [`crate::Error::Sparse`] for an invalid `k` or buffer;
     /// [`crate::Error::Attention`] for a bad layout or thread count.
     pub fn new(
         shape: CacheShape,
@@ -98,16 +219,16 @@ impl<V: Value, D: Value> SwanCache<V, D> {
         threads: usize,
     ) -> Result<Self> {
         shape.check_projection("swan cache", set.dims())?;
-        if (cfg.value, cfg.buffer_format) != (V::FORMAT, D::FORMAT) {
+        if ((cfg.index, cfg.value), cfg.buffer_format) != (S::ENCODING, D::FORMAT) {
             return Err(invalid(
                 "swan cache",
                 format!("config formats {:?} do not match the cache type", cfg),
             ));
         }
-        let caches = MultiHeadCache::new(
+        let caches = MultiHead::new(
             shape.layers,
             shape.kv_heads(),
-            cfg.hybrid(shape.head_dim(), None),
+            cfg.hybrid::<S>(shape.head_dim(), None),
         )?;
         Ok(Self {
             shape,
@@ -135,25 +256,22 @@ impl<V: Value, D: Value> SwanCache<V, D> {
             if !head.is_empty() {
                 return Err(invalid("swan prefill", format!("layer {layer} already holds tokens")));
             }
-            *head = HybridCache::new(self.cfg.hybrid(self.shape.head_dim(), Some((ks, vs))))?;
+            *head = Hybrid::new(self.cfg.hybrid::<S>(self.shape.head_dim(), Some((ks, vs))))?;
         }
         Ok(())
     }
 }
 
-impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
+impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     fn label(&self) -> String {
         let c = &self.cfg;
-        let scale = if V::FORMAT == ValueFormat::Fp8E4M3 && c.fp8_scale == Fp8Scale::Auto {
-            " scaled"
-        } else {
-            ""
-        };
+        let scale = if c.scaled_fp8() { " scaled" } else { "" };
+        let index = if c.index == SwanIndex::Bitmask { " bitmask" } else { "" };
         format!(
-            "swan k={}/{} {}{scale} b={} ({}) basis={}",
+            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}",
             c.k_key,
             c.k_value,
-            V::FORMAT,
+            c.value,
             c.buffer,
             D::FORMAT,
             self.set.provenance().kind
@@ -191,7 +309,7 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
                 &mut self.prefill_rot[h * n..(h + 1) * n],
             )?;
         }
-        if V::FORMAT == ValueFormat::Fp8E4M3 && self.cfg.fp8_scale == Fp8Scale::Auto {
+        if self.cfg.scaled_fp8() {
             self.rescale(layer, &kv)?;
         }
         debug_assert_eq!(self.prefill_rot.len() % d, 0);
@@ -205,7 +323,7 @@ impl<V: Value, D: Value> KvCache for SwanCache<V, D> {
         self.caches.append_token(layer, &self.k_rot, step.v)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
-        self.kernel.hybrid(&self.shape.attn, &self.q_rot, heads, out)?;
+        S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, out)?;
         Ok(())
     }
 

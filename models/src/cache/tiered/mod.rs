@@ -97,10 +97,13 @@ impl<D: Value> TieredCache<D> {
         }
         if let Some((cfg, set)) = &swan {
             let full = cfg.k_key == shape.head_dim() && cfg.k_value == shape.head_dim();
-            if cfg.value != kv_sparse::ValueFormat::Fp8E4M3
-                && !(full && cfg.value == kv_sparse::ValueFormat::F32)
+            use kv_sparse::coded::ValueKind::Elems;
+            let list = cfg.index == super::SwanIndex::List;
+            if !list
+                || cfg.value != Elems(kv_sparse::ValueFormat::Fp8E4M3)
+                    && !(full && cfg.value == Elems(kv_sparse::ValueFormat::F32))
             {
-                let reason = "kv-tiered stores sparse rows as fp8: use value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
+                let reason = "kv-tiered stores sparse rows as u8-list fp8: use index=list with value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
                 return Err(invalid("swan+tiered cache", reason));
             }
             shape.check_projection("tiered cache", set.dims())?;
@@ -209,11 +212,9 @@ impl<D: Value> KvCache for TieredCache<D> {
             };
             // Sparse span rows only for fp8 values; f32 with every component kept is the
             // lossless setting and stays dense (rotated).
-            let swan = self
-                .swan
-                .as_ref()
-                .map(|(c, _)| *c)
-                .filter(|c| c.value == kv_sparse::ValueFormat::Fp8E4M3);
+            let swan = self.swan.as_ref().map(|(c, _)| *c).filter(|c| {
+                c.value == kv_sparse::coded::ValueKind::Elems(kv_sparse::ValueFormat::Fp8E4M3)
+            });
             self.store = Some(prompt.build_store(&self.spec, swan, capacity)?);
             // Every later step attends at most `tokens + capacity` rows per kv-head.
             self.weights.reserve(self.shape.kv_heads() * (kv.tokens + capacity));
