@@ -49,6 +49,7 @@ mod private {
 
 /// Runtime tag of an index code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum IndexKind {
     /// One `u8` per kept component.
     ListU8,
@@ -70,6 +71,7 @@ impl fmt::Display for IndexKind {
 
 /// Runtime tag of a value code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ValueKind {
     /// One element of a [`Value`] format per kept component.
     Elems(ValueFormat),
