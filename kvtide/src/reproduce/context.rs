@@ -29,6 +29,7 @@ pub struct Context {
     /// `fixtures/` of this repository.
     pub fixtures: PathBuf,
     config: ModelConfig,
+    model_path: PathBuf,
     projection: Option<(PathBuf, CalibrationStats)>,
     started: Instant,
     progress: ProgressBar,
@@ -60,6 +61,7 @@ impl Context {
             work,
             fixtures,
             config,
+            model_path: model_path.to_path_buf(),
             projection: None,
             started: Instant::now(),
             progress,
@@ -122,6 +124,11 @@ impl Context {
     /// Statistics of the projection calibration, once it ran.
     pub fn calibration_stats(&self) -> Option<&CalibrationStats> {
         self.projection.as_ref().map(|(_, s)| s)
+    }
+
+    /// The GGUF file the model was loaded from.
+    pub fn model_path(&self) -> &Path {
+        &self.model_path
     }
 
     /// Bytes a dense f16 cache holds for `tokens` tokens (keys and values, all layers).

@@ -214,6 +214,10 @@ pub struct Plan {
     pub premise: Vec<(Variant, usize, Vec<&'static str>)>,
     /// Audio: new tokens per run, r_GPU targets.
     pub audio: (usize, Vec<f64>),
+    /// Frontier-study configurations.
+    pub frontier: Vec<super::frontier::FrontierRun>,
+    /// Frontier evaluation windows of the SWAN eval play, their length and prefix.
+    pub frontier_eval: (usize, usize, usize),
 }
 
 /// Voice heads scaled from the paper's Voxtral count (of 240) to `heads`, ≥ `n_anchor + 1`.
@@ -387,6 +391,8 @@ impl Plan {
             swan,
             swan_eval: (1, 272, 16),
             wnw: wnw_runs(heads, n_anchor, &[0.8, 0.4, 0.2], (&[30, 90], &[0.1]), a3),
+            frontier: super::frontier::grid(head_dim, &[1, 2, 3, 4, 6], &[0, 128], false),
+            frontier_eval: (2, 1024, 512),
             ..quick
         }
     }
@@ -417,6 +423,8 @@ impl Plan {
                 wnw: wnw_runs(heads, n_anchor, &[0.2], (&[30, 90], &[0.1]), 0.1),
                 premise: vec![(Variant::Chat, 500, vec!["hamlet"])],
                 audio: (12, vec![0.4]),
+                frontier: super::frontier::grid(head_dim, &[2, 4], &[64], false),
+                frontier_eval: (1, 192, 96),
             }
         }
     }
@@ -455,6 +463,13 @@ impl Plan {
                 .flat_map(|v| [500, 1500].map(|n| (v, n, vec!["hamlet", "macbeth", "the-tempest"])))
                 .collect(),
             audio: (48, vec![0.8, 0.6, 0.4, 0.3]),
+            frontier: super::frontier::grid(
+                head_dim,
+                &[1, 2, 3, 4, 5, 6, 7, 8],
+                &[0, 64, 128],
+                true,
+            ),
+            frontier_eval: (8, 1024, 512),
         }
     }
 

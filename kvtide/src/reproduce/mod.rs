@@ -11,6 +11,9 @@
 //!   Figure 1, checked
 //!   against the transformers fixtures; [`audio_study`] — the Voxtral-style pipeline end to
 //!   end on LibriVox clips with the tiny parity model; [`wer`] — truncated WER.
+//! * Against the formats runtimes already have: [`frontier`] — perplexity vs KV bytes for
+//!   dense f16 / fp8 / int8 / int4 (unrotated, Hadamard, calibrated) and SWAN under every
+//!   row encoding, the non-dominated frontier, and llama.cpp's own figures on the same text.
 //! * Output: [`report`] and [`plot`]; claims and enforced checks: [`findings`]; the grids
 //!   (and the `--quick` CI plan): [`grid`].
 //!
@@ -23,6 +26,7 @@ pub mod audio_study;
 pub mod corpus;
 pub mod decode;
 pub mod findings;
+pub mod frontier;
 pub mod grid;
 pub mod memory;
 pub mod plot;

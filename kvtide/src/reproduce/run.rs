@@ -11,7 +11,9 @@ use super::Context;
 use super::findings::{Check, Finding, checks_table, findings_table, lossless_check};
 use super::grid::Size;
 use super::report::Report;
-use super::{audio_study, memory, premise_study, swan_report, swan_study, wnw_report, wnw_study};
+use super::{
+    audio_study, frontier, memory, premise_study, swan_report, swan_study, wnw_report, wnw_study,
+};
 use crate::error::{Result, invalid};
 
 /// Arguments of `kvtide reproduce`.
@@ -29,7 +31,11 @@ pub struct ReproduceArgs {
     /// GGUF model (default: the SmolLM2 GGUF fetched by `scripts/setup.sh`).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Only these studies (comma-separated: memory, premise, swan, wnw, audio); the
+    /// llama.cpp's tools directory (`llama-perplexity`, `llama-quantize`) for the frontier
+    /// study's external check; without it that row is skipped with a printed reason.
+    #[arg(long)]
+    pub llama_cpp: Option<PathBuf>,
+    /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
@@ -49,7 +55,7 @@ impl ReproduceArgs {
 }
 
 /// The studies, in run order.
-const STUDIES: [&str; 5] = ["memory", "premise", "swan", "wnw", "audio"];
+const STUDIES: [&str; 6] = ["memory", "premise", "swan", "frontier", "wnw", "audio"];
 
 /// Tables and figures each study must produce.
 fn expected(study: &str) -> (&'static [&'static str], &'static [&'static str]) {
@@ -60,6 +66,10 @@ fn expected(study: &str) -> (&'static [&'static str], &'static [&'static str]) {
             &["fig1a_premise_per_position", "fig1b_premise_cumulative"],
         ),
         "swan" => (&["swan_main", "swan_projection", "swan_kv_split"], &["swan_ppl_vs_memory"]),
+        "frontier" => (
+            &["frontier_points", "frontier_budgets", "frontier_external"],
+            &["frontier_ppl_vs_bytes"],
+        ),
         "wnw" => (
             &["wnw_main", "wnw_runs", "wnw_a1", "wnw_a3", "wnw_runtime"],
             &[
@@ -147,6 +157,7 @@ fn progress(total: usize) -> ProgressBar {
 /// Runs one study and adds its section, findings and checks.
 fn study(
     name: &str,
+    llama_cpp: Option<&std::path::Path>,
     ctx: &mut Context,
     report: &mut Report,
     findings: &mut Vec<Finding>,
@@ -180,6 +191,16 @@ fn study(
             ));
             report.record("swan", &s)?;
         }
+        "frontier" => {
+            let s = frontier::run(ctx, llama_cpp)?;
+            frontier::section(
+                &s,
+                report.section("Frontier: perplexity vs KV bytes against quantized dense KV"),
+            );
+            findings.extend(frontier::findings(&s));
+            checks.push(frontier::formula_bytes(&s));
+            report.record("frontier", &s)?;
+        }
         "wnw" => {
             let s = wnw_study::run(ctx)?;
             wnw_report::section(
@@ -211,7 +232,7 @@ fn study(
         other => {
             return Err(invalid(
                 "reproduce",
-                format!("unknown study `{other}` (memory, premise, swan, wnw, audio)"),
+                format!("unknown study `{other}` (memory, premise, swan, frontier, wnw, audio)"),
             ));
         }
     }
@@ -260,7 +281,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     if studies.is_empty() {
         return Err(invalid(
             "reproduce --only",
-            format!("{:?} names no study (memory, premise, swan, wnw, audio)", args.only),
+            format!("{:?} names no study (memory, premise, swan, frontier, wnw, audio)", args.only),
         ));
     }
     let model = args.model.clone().unwrap_or_else(crate::paths::default_model);
@@ -274,7 +295,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     for name in &studies {
         ctx.tick(name);
         let t0 = ctx.elapsed();
-        study(name, &mut ctx, &mut report, &mut findings, &mut checks)?;
+        study(name, args.llama_cpp.as_deref(), &mut ctx, &mut report, &mut findings, &mut checks)?;
         times.push(((*name).to_owned(), ctx.elapsed() - t0));
         ctx.log(&format!("{name}: done in {:.0} s", ctx.elapsed() - t0));
     }
