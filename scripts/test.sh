@@ -11,6 +11,10 @@ step "cargo test";         cargo test --workspace
 # (The proptest strategies of kv-sparse, projection, attn-kernels and kv-tiered are enabled for
 # their own tests by a dev-dependency on themselves, so `cargo test` runs their property tests.)
 step "MSRV: declared, checked against the installed toolchain"; bash scripts/msrv.sh
+step "custom-runtime composes the lower crates without libtorch"
+if cargo tree -p custom-runtime -e normal,build --prefix none | grep -q '^torch-sys '; then
+  echo "custom-runtime depends on torch-sys" >&2; exit 1
+fi
 # ---- GPU path: committed PTX is fresh and passes ptxas; the `cuda`
 # feature builds, lints and tests against the extracted libcuda (GPU legs print SKIPPED here).
 step "PTX freshness + ptxas"; bash scripts/check_ptx.sh
