@@ -52,6 +52,8 @@ pub mod cuda;
 mod error;
 mod pool;
 pub mod reference;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod synth;
 mod validate;
 mod views;

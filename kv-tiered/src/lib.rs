@@ -61,6 +61,8 @@ pub mod rows;
 pub mod scores;
 pub mod sim;
 pub mod store;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 pub mod tier;
 pub mod topk;
 

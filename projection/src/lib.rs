@@ -51,6 +51,8 @@ pub mod moment;
 pub mod reference;
 pub mod rotate;
 pub mod set;
+#[cfg(feature = "proptest")]
+pub mod strategies;
 
 pub use ablation::{hadamard, random_orthogonal};
 pub use absorb::{absorb_output_weights, absorb_value_weights};

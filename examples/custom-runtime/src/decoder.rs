@@ -1,0 +1,140 @@
+//! The runtime loop: one decode step of the whole model, where the three lower crates meet
+//! (SWAN's decode step, method section and §4):
+//!
+//! 1. `projection` rotates the RoPE'd query and key by `P_QK` ([`ProjectionSet::rotate_qk_into`]);
+//!    values come out of `Ŵ_V = W_V·P_VO` already rotated.
+//! 2. `kv-sparse` appends `k̂, v̂` to each kv-head's [`HybridCache`]: the newest `b` rows stay
+//!    dense, older ones become top-k CSR rows.
+//! 3. `attn-kernels` runs one softmax over every kv-head's sparse history and dense buffer
+//!    ([`DecodeAttention::hybrid`]), GQA-aware, and the rotated output `ô` goes into `Ŵ_O`.
+
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention};
+use kv_sparse::hybrid::{HybridCache, HybridConfig};
+use kv_sparse::{SparseIndex, Value};
+
+use crate::error::{Error, Result};
+use crate::model::{Llama, linear, mlp, rms_norm, rope};
+
+/// Per-step buffers, allocated once.
+#[derive(Debug)]
+struct Scratch {
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    q_hat: Vec<f32>,
+    k_hat: Vec<f32>,
+    o_hat: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+}
+
+/// A decoding session over a [`Llama`]: one SWAN hybrid cache per (layer, kv-head), with
+/// `I` indices, `V` sparse values and a `D` dense buffer.
+#[derive(Debug)]
+pub struct Decoder<I, V, D> {
+    model: Llama,
+    attn_cfg: AttnConfig,
+    attention: CpuAttention,
+    caches: Vec<Vec<HybridCache<I, V, D>>>,
+    scratch: Scratch,
+    position: usize,
+}
+
+impl<I: SparseIndex, V: Value, D: Value> Decoder<I, V, D> {
+    /// A session whose caches all use `cache` (its `head_dim` must be the model's), with the
+    /// attention kernels on `threads` threads.
+    ///
+    /// # Errors
+    /// [`Error::Attention`] for the head layout or thread count; [`Error::Sparse`] for a cache
+    /// configuration that does not fit.
+    pub fn new(model: Llama, cache: HybridConfig, threads: usize) -> Result<Self> {
+        let c = &model.config;
+        let attn_cfg = c.attn()?;
+        let caches = (0..c.layers)
+            .map(|_| (0..c.kv_heads).map(|_| HybridCache::new(cache)).collect())
+            .collect::<kv_sparse::Result<Vec<Vec<_>>>>()?;
+        let (qd, kvd) = (c.q_heads * c.head_dim, c.kv_heads * c.head_dim);
+        let scratch = Scratch {
+            x: vec![0.0; c.hidden],
+            normed: vec![0.0; c.hidden],
+            q: vec![0.0; qd],
+            k: vec![0.0; kvd],
+            v: vec![0.0; kvd],
+            q_hat: vec![0.0; qd],
+            k_hat: vec![0.0; kvd],
+            o_hat: vec![0.0; qd],
+            proj: vec![0.0; c.hidden],
+            gate: vec![0.0; c.intermediate],
+            up: vec![0.0; c.intermediate],
+            logits: vec![0.0; c.vocab],
+        };
+        let attention = CpuAttention::new(threads)?;
+        Ok(Self { model, attn_cfg, attention, caches, scratch, position: 0 })
+    }
+
+    /// Tokens decoded so far (the position of the next one).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// The caches of one layer, one per kv-head.
+    pub fn layer_caches(&self, layer: usize) -> &[HybridCache<I, V, D>] {
+        &self.caches[layer]
+    }
+
+    /// Feeds `token` at the next position and returns the next-token logits.
+    ///
+    /// # Errors
+    /// [`Error::Token`] for an id outside the vocabulary; errors of the lower crates
+    /// (non-finite rows, kernel input checks).
+    pub fn step(&mut self, token: u32) -> Result<&[f32]> {
+        let c = &self.model.config;
+        let (h, vocab) = (c.hidden, c.vocab);
+        let row = (token as usize).checked_mul(h).filter(|_| (token as usize) < vocab);
+        let start = row.ok_or(Error::Token { token, vocab })?;
+        self.scratch.x.copy_from_slice(&self.model.embed[start..start + h]);
+        for layer in 0..c.layers {
+            self.attention_block(layer)?;
+            self.mlp_block(layer);
+        }
+        let s = &mut self.scratch;
+        rms_norm(&s.x, &self.model.norm, self.model.config.rms_eps, &mut s.normed);
+        linear(&self.model.lm_head, &s.normed, &mut s.logits);
+        self.position += 1;
+        Ok(&self.scratch.logits)
+    }
+
+    /// `x += Ŵ_O · attention(rotate(RoPE(W_Q x)), cache ∪ {rotate(RoPE(W_K x)), Ŵ_V x})`.
+    fn attention_block(&mut self, layer: usize) -> Result<()> {
+        let (m, s) = (&self.model, &mut self.scratch);
+        let (w, d) = (&m.layers[layer], m.config.head_dim);
+        rms_norm(&s.x, &w.attn_norm, m.config.rms_eps, &mut s.normed);
+        linear(&w.wq, &s.normed, &mut s.q);
+        linear(&w.wk, &s.normed, &mut s.k);
+        linear(&w.wv, &s.normed, &mut s.v); // v̂ = v·P_VO (absorbed)
+        rope(&mut s.q, d, self.position, m.config.rope_theta);
+        rope(&mut s.k, d, self.position, m.config.rope_theta);
+        m.set.rotate_qk_into(layer, 1, &s.q, &s.k, &mut s.q_hat, &mut s.k_hat)?;
+        let caches = &mut self.caches[layer];
+        for (head, cache) in caches.iter_mut().enumerate() {
+            cache.append(&s.k_hat[head * d..][..d], &s.v[head * d..][..d])?;
+        }
+        self.attention.hybrid(&self.attn_cfg, &s.q_hat, caches.as_slice(), &mut s.o_hat)?;
+        linear(&w.wo, &s.o_hat, &mut s.proj); // Ŵ_O = W_O with P_VOᵀ folded in
+        s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+        Ok(())
+    }
+
+    /// `x += MLP(RMSNorm(x))`.
+    fn mlp_block(&mut self, layer: usize) {
+        let (m, s) = (&self.model, &mut self.scratch);
+        let w = &m.layers[layer];
+        rms_norm(&s.x, &w.mlp_norm, m.config.rms_eps, &mut s.normed);
+        mlp(w, &s.normed, &mut s.gate, &mut s.up, &mut s.proj);
+        s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
+    }
+}
