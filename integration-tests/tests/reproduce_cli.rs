@@ -17,6 +17,7 @@ fn memory_study_writes_a_complete_report() {
         reduced: false,
         out: out.clone(),
         model: Some(model),
+        llama_cpp: None,
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -39,6 +40,7 @@ fn unknown_study_is_a_typed_error() {
         reduced: false,
         out: std::env::temp_dir().join("kvtide-reproduce-unused"),
         model: Some("/nonexistent/model.gguf".into()),
+        llama_cpp: None,
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());

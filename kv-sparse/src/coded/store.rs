@@ -601,7 +601,7 @@ mod tests {
     #[test]
     fn every_encoding_keeps_the_top_k() {
         for d in [8, 13, 64] {
-            for k in [0, 2, d / 2 & !1, d & !1] {
+            for k in [0, 2, (d / 2) & !1, d & !1] {
                 check_round_trip::<List<u8>, Elems<f32>>(d, k, 0.0);
                 check_round_trip::<Bitmask, Elems<f32>>(d, k, 0.0);
                 check_round_trip::<Bitmask, Elems<f16>>(d, k, 0.0);

@@ -391,8 +391,8 @@ impl Plan {
             swan,
             swan_eval: (1, 272, 16),
             wnw: wnw_runs(heads, n_anchor, &[0.8, 0.4, 0.2], (&[30, 90], &[0.1]), a3),
-            frontier: super::frontier::grid(head_dim, &[1, 2, 3, 4, 6], &[0, 128], false),
-            frontier_eval: (2, 1024, 512),
+            frontier: super::frontier::grid(head_dim, &[1, 2, 3, 4], &[128], false),
+            frontier_eval: (1, 1024, 512),
             ..quick
         }
     }
