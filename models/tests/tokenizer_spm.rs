@@ -320,3 +320,46 @@ fn corrupt_tokenizer_metadata_is_typed() {
     assert!(matches!(tok.encode("日"), Err(Error::Tokenizer { op: "encode", .. })));
     assert_eq!(tok.decode(&tok.encode("ab").unwrap()).unwrap(), "ab");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Random vocabularies (odd and repeated tokens, any type, scores with NaN and ∞,
+    /// unknown ids anywhere, with or without byte tokens) build or fail typed; what builds
+    /// encodes any text or fails typed, and decodes its own ids, without panicking.
+    #[test]
+    fn random_vocabularies_never_panic(
+        tokens in proptest::collection::vec("[ab ▁<>x0-9\n]{0,4}", 0..24),
+        types in proptest::collection::vec(-1i32..8, 0..24),
+        scores in proptest::collection::vec(prop_oneof![-10f32..10.0, Just(f32::NAN), Just(f32::INFINITY)], 0..24),
+        unk in 0u32..30,
+        arch in prop_oneof![Just("gemma3"), Just("llama")],
+        bytes in any::<bool>(),
+        text in "[ab ▁<>x\n\u{e9}\u{65e5}]{0,24}",
+    ) {
+        let mut tokens: Vec<String> = tokens;
+        if bytes {
+            tokens.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
+        }
+        let mut types = types;
+        let mut scores = scores;
+        if bytes {
+            types.resize(tokens.len(), 6);
+            scores.resize(tokens.len(), 0.0);
+        }
+        let refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+        let extra = vec![("tokenizer.ggml.unknown_token_id", MetaValue::U32(unk))];
+        match toy(arch, &refs, &scores, &types, extra) {
+            Err(Error::Tokenizer { op: "build", .. } | Error::Gguf(_)) => {}
+            Err(e) => prop_assert!(false, "unexpected build error {e}"),
+            Ok(tok) => match tok.encode(&text) {
+                Ok(ids) => {
+                    let decoded = tok.decode(&ids);
+                    prop_assert!(decoded.is_ok(), "{:?}", decoded);
+                    let _ = tok.tokens(&ids);
+                }
+                Err(e) => prop_assert!(matches!(e, Error::Tokenizer { op: "encode", .. }), "{e}"),
+            },
+        }
+    }
+}

@@ -1,7 +1,7 @@
 //! Text ↔ token ids behind one [`Tokenizer`] type. GGUF models carry their vocabulary in
 //! metadata and `tokenizer.ggml.model` picks the algorithm: `gpt2` is byte-level BPE
-//! ([`bpe`], built with the `tokenizers` crate as transformers builds it), `llama` is
-//! SentencePiece BPE with byte fallback ([`spm`], Gemma's and Llama 2's vocabularies).
+//! (`bpe`, built with the `tokenizers` crate as transformers builds it), `llama` is
+//! SentencePiece BPE with byte fallback (`spm`; checked against transformers on Gemma 3).
 //! Hugging Face directories use their `tokenizer.json`.
 
 mod bpe;

@@ -19,6 +19,10 @@
 //!    SentencePiece's BPE (as in llama.cpp's `llm_tokenizer_spm`), with the tie-breaks of
 //!    the merge list transformers derives from the vocabulary.
 //!
+//! Only Gemma 3's vocabulary is checked against a reference (transformers, every play and
+//! fuzzed strings); other `llama` vocabularies (Llama 2, Mistral) get the same algorithm
+//! with score order and llama.cpp's `add_space_prefix`, unverified against transformers.
+//!
 //! Gemma stores its whitespace-run tokens (`"  "` … 31 spaces) with real spaces; they are
 //! respelled as `▁` runs so step 4 can reach them, as transformers does, and are not matched
 //! in step 1. Decoding concatenates the pieces with `▁` read as a space and runs of `<0xNN>`
@@ -112,7 +116,7 @@ impl Spm {
     ///
     /// # Errors
     /// Missing or mistyped `tokens`/`scores`/`token_type` arrays or ids, arrays whose
-    /// lengths differ, non-finite scores, or an `unknown_token_id` outside the vocabulary.
+    /// lengths differ, NaN scores, or an `unknown_token_id` outside the vocabulary.
     pub(crate) fn from_gguf(file: &GgufFile) -> Result<Self> {
         let tokens = strings(file, "tokenizer.ggml.tokens")?;
         let n = tokens.len();
@@ -346,12 +350,12 @@ fn flush_bytes(bytes: &mut Vec<u8>, text: &mut String) {
 fn score_ranks(file: &GgufFile, n: usize) -> Result<Vec<u32>> {
     let key = "tokenizer.ggml.scores";
     let v = crate::load::gguf::meta(file, key)?;
-    let bad = || super::type_err(key, "an array of finite numbers", v);
+    let bad = || super::type_err(key, "an array of numbers (no NaN)", v);
     let scores: Vec<f64> = v
         .as_array()
         .ok_or_else(bad)?
         .iter()
-        .map(|s| s.as_f64().filter(|x| x.is_finite()).ok_or_else(bad))
+        .map(|s| s.as_f64().filter(|x| !x.is_nan()).ok_or_else(bad))
         .collect::<Result<_>>()?;
     if scores.len() != n {
         return Err(tok_err("build", format!("{} scores for {n} tokens", scores.len())));

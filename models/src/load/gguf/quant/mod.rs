@@ -1,8 +1,8 @@
 //! ggml tensor types and dequantisation to f32 at load time.
 //!
 //! Every ggml type id is known (so a file with, say, `IQ2_XS` tensors still parses and its
-//! extents are validated); F32, F16, BF16, the 32-element block types ([`legacy`]: Q4_0,
-//! Q4_1, Q5_0, Q5_1, Q8_0) and the K-quants ([`kquants`]: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+//! extents are validated); F32, F16, BF16, the 32-element block types (`legacy`: Q4_0,
+//! Q4_1, Q5_0, Q5_1, Q8_0) and the K-quants (`kquants`: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
 //! Q8_K) dequantise; the others give [`GgufError::UnsupportedTensorType`]. Block layouts are
 //! `#[repr(C)]` structs of bytes with compile-time size checks (against ggml's sizes and
 //! against this module's type table), cast from the mapped file with `bytemuck`. Results
