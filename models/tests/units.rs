@@ -278,6 +278,68 @@ mod quant {
         assert_eq!((out[32], out[63]), (-127.0, 128.0));
     }
 
+    /// Every supported type against PyPI `gguf`'s dequantisers on the committed random
+    /// blocks of `fixtures/gguf_quants` (`scripts/fixtures/gen_gguf_quants.py`). The
+    /// comparison is bit-exact: each value is the same f32 products and sums in the same
+    /// order as ggml's reference, so there is no rounding to tolerate.
+    #[test]
+    fn every_supported_type_matches_pypi_gguf_bit_for_bit() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/gguf_quants");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+        let mut seen = Vec::new();
+        for entry in manifest["types"].as_array().unwrap() {
+            let name = entry["type"].as_str().unwrap();
+            let ty = GgmlType::from_name(name).unwrap();
+            assert_eq!(u64::from(ty.id()), entry["id"].as_u64().unwrap(), "{name}");
+            let blocks = std::fs::read(dir.join(format!("{name}.blocks"))).unwrap();
+            let reference: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
+                .unwrap()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            assert_eq!(reference.len() as u64, entry["elements"].as_u64().unwrap(), "{name}");
+            let mut out = vec![f32::NAN; reference.len()];
+            dequantize(name, ty, &blocks, &mut out).unwrap();
+            for (i, (got, want)) in out.iter().zip(&reference).enumerate() {
+                assert!(
+                    got.to_bits() == want.to_bits(),
+                    "{name} element {i} (block {}): got {got:e}, gguf {want:e}",
+                    i as u64 / ty.block_size()
+                );
+            }
+            seen.push(ty);
+        }
+        seen.sort_by_key(|t| t.id());
+        assert_eq!(seen, GgmlType::SUPPORTED, "the fixtures cover exactly the supported types");
+    }
+
+    #[test]
+    fn truncated_blocks_and_unknown_types_are_typed() {
+        for ty in GgmlType::SUPPORTED {
+            let n = 2 * ty.block_size() as usize;
+            let bytes = vec![0u8; 2 * ty.block_bytes() as usize];
+            let mut out = vec![0f32; n];
+            dequantize("w", ty, &bytes, &mut out).unwrap();
+            assert!(out.iter().all(|&x| x == 0.0), "{ty}: zero blocks give zeros");
+            let e = dequantize("w", ty, &bytes[..bytes.len() - 1], &mut out).unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{ty}: {e}");
+            assert!(e.to_string().contains(ty.name()), "{ty}: {e}");
+        }
+        let names: Vec<&str> = GgmlType::SUPPORTED.iter().map(|t| t.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "F32", "F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                "Q5_K", "Q6_K", "Q8_K", "BF16"
+            ]
+        );
+        assert_eq!(GgmlType::from_name("Q4_K"), Some(GgmlType::Q4_K));
+        assert_eq!(GgmlType::from_name("Q4_X"), None);
+        assert_eq!(GgmlType::Q4_K.storage_bytes(512), Some(288));
+        assert_eq!(GgmlType::Q6_K.storage_bytes(255), None);
+    }
+
     #[test]
     fn floats_and_errors() {
         let mut out = [0f32; 2];
@@ -290,11 +352,13 @@ mod quant {
         assert_eq!(out, [0.5, 3.0]);
         let e = dequantize("f", GgmlType::F16, &[0; 3], &mut out).unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }));
-        let q5k = GgmlType::from_id(13).unwrap();
-        let e = dequantize("k", q5k, &[0; 176], &mut [0f32; 256]).unwrap_err();
+        let iq2 = GgmlType::from_id(16).unwrap();
+        let e = dequantize("k", iq2, &[0; 66], &mut [0f32; 256]).unwrap_err();
         assert!(
-            matches!(e, Error::Gguf(GgufError::UnsupportedTensorType { ref dtype, .. }) if dtype == "Q5_K")
+            matches!(e, Error::Gguf(GgufError::UnsupportedTensorType { ref dtype, ref tensor }) if dtype == "IQ2_XXS" && tensor == "k"),
+            "{e}"
         );
+        assert!(e.to_string().contains("IQ2_XXS"), "{e}");
         assert_eq!(GgmlType::from_id(4), None);
         assert_eq!(GgmlType::Q4_1.storage_bytes(33), None);
     }

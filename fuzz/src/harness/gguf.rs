@@ -130,13 +130,13 @@ fn quant_bytes(ty: GgmlType, blocks: usize) -> Vec<u8> {
         .collect()
 }
 
-/// One tensor of every supported type, plus an unsupported one (`Q6_K`).
+/// One tensor of several supported types, plus an unsupported one (`IQ2_XXS`).
 fn with_tensors(w: GgufWriter) -> GgufWriter {
     let f16: Vec<u8> =
         (0..16).flat_map(|i| half::f16::from_f32(i as f32 * 0.5).to_le_bytes()).collect();
     let bf16: Vec<u8> =
         (0..16).flat_map(|i| half::bf16::from_f32(i as f32 - 8.0).to_le_bytes()).collect();
-    let q6_k = GgmlType::from_id(14).expect("Q6_K");
+    let iq2 = GgmlType::from_id(16).expect("IQ2_XXS");
     w.tensor_f32(
         "token_embd.weight",
         &[17, 8],
@@ -147,7 +147,7 @@ fn with_tensors(w: GgufWriter) -> GgufWriter {
     .tensor("blk.0.attn_q.weight", &[2, 32], GgmlType::Q8_0, quant_bytes(GgmlType::Q8_0, 2))
     .tensor("blk.0.attn_k.weight", &[1, 64], GgmlType::Q4_0, quant_bytes(GgmlType::Q4_0, 2))
     .tensor("blk.0.attn_v.weight", &[2, 32], GgmlType::Q4_1, quant_bytes(GgmlType::Q4_1, 2))
-    .tensor("blk.0.ffn_up.weight", &[1, 256], q6_k, quant_bytes(q6_k, 1))
+    .tensor("blk.0.ffn_up.weight", &[1, 256], iq2, quant_bytes(iq2, 1))
 }
 
 /// Valid files: a toy Llama with tokenizer, template and every tensor type; metadata of

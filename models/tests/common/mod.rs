@@ -28,6 +28,18 @@ pub fn default_model() -> PathBuf {
     kvtide_cache().join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
+/// The Gemma 3 270M Q4_K_M GGUF of the cache directory (`scripts/setup.sh gemma`).
+pub fn gemma_model() -> PathBuf {
+    kvtide_cache().join("models/gemma-3-270m-q4_k_m.gguf")
+}
+
+/// FNV-1a 64 of `bytes` (the fixture generators hash token ids and tensors the same way).
+pub fn fnv1a64(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes
+        .into_iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// The Shakespeare plays of the cache directory.
 pub fn plays_dir() -> PathBuf {
     kvtide_cache().join("text/plays")

@@ -31,7 +31,7 @@ pub enum GgufError {
     },
     /// A tensor is stored in a type this loader cannot dequantise.
     #[error(
-        "GGUF tensor `{tensor}`: unsupported tensor type {dtype} (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+        "GGUF tensor `{tensor}`: unsupported tensor type {dtype} (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K)"
     )]
     UnsupportedTensorType {
         /// Tensor name.

@@ -164,7 +164,7 @@ impl GgufFile {
     ///
     /// # Errors
     /// [`Error::MissingTensor`] if absent, [`GgufError::UnsupportedTensorType`] for a type
-    /// other than F32/F16/BF16/Q8_0/Q4_0/Q4_1.
+    /// outside [`GgmlType::SUPPORTED`].
     pub fn dequantize(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
         let info = self
             .tensor_info(name)

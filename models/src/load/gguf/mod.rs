@@ -1,5 +1,6 @@
 //! GGUF, llama.cpp's model format: a hardened parser ([`GgufFile`]), de-quantisation of
-//! F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors at load ([`dequantize`]), the model view that maps
+//! float, 32-element block and K-quant tensors at load ([`dequantize`],
+//! [`GgmlType::SUPPORTED`]), the model view that maps
 //! GGUF names and metadata onto the Hugging Face ones ([`GgufSource`],
 //! [`config_from_gguf`]) and a small writer ([`GgufWriter`]) for tests and exports.
 
@@ -14,7 +15,10 @@ mod writer;
 pub use error::GgufError;
 pub use file::{GgufFile, TensorInfo};
 pub use model::{GgufSource, config_from_gguf};
-pub use quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, GgmlType, QK, dequantize};
+pub use quant::{
+    BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K,
+    BlockQ8_0, BlockQ8K, GgmlType, QK, QK_K, dequantize,
+};
 pub use value::MetaValue;
 pub use writer::GgufWriter;
 
