@@ -35,16 +35,18 @@
 //! }).unwrap();
 //! ```
 
+use kv_sparse::coded::{CodedStore, Elems, IndexCode, ValueCode};
 use kv_sparse::csr::{CsrStore, CsrView, max_rows_per_block};
 use kv_sparse::fp8::Fp8E4M3;
-use kv_sparse::hybrid::{HybridCache, HybridConfig, HybridView};
+use kv_sparse::hybrid::{CodedHybridCache, HybridCache, HybridConfig, HybridView};
+use kv_sparse::quant::{DenseCodec, QuantRows};
 use kv_sparse::{SparseIndex, Value};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
 use crate::config::AttnConfig;
 use crate::synth;
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, SparseKv, SparseSlab};
+use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, QuantKv, SparseKv, SparseSlab};
 
 /// Upper bounds of the cases a strategy draws (each drawn from `1..=bound`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -750,4 +752,209 @@ pub fn gathered_sparse_case<D: Value>(
             heads,
             seed,
         })
+}
+
+/// Dense rows of `keys`/`values` per kv-head as an f32 [`DenseCase`] (contiguous rings).
+fn dense_of(
+    cfg: AttnConfig,
+    q: &[f32],
+    keys: &[Vec<f32>],
+    values: &[Vec<f32>],
+    seed: u64,
+) -> DenseCase<f32> {
+    let d = cfg.head_dim();
+    let heads = keys
+        .iter()
+        .zip(values)
+        .map(|(k, v)| DenseHead {
+            keys: k.clone(),
+            values: v.clone(),
+            key_split: k.len() / d,
+            value_split: v.len() / d,
+        })
+        .collect();
+    DenseCase { cfg, q: q.to_vec(), heads, seed }
+}
+
+/// A decode step over SWAN hybrid caches of coded rows (`X` index code, `Y` value code,
+/// `D` buffer): [`crate::EncodedAttention::coded_hybrid`]'s inputs with the appended rows.
+#[derive(Clone, Debug)]
+pub struct CodedHybridCase<X, Y, D> {
+    /// Head layout and scale.
+    pub cfg: AttnConfig,
+    /// The query, `q_heads × head_dim`.
+    pub q: Vec<f32>,
+    /// One cache per kv-head.
+    pub caches: Vec<CodedHybridCache<X, Y, D>>,
+    /// The key rows appended to each cache, row-major `f32`.
+    pub keys: Vec<Vec<f32>>,
+    /// The value rows appended to each cache, row-major `f32`.
+    pub values: Vec<Vec<f32>>,
+    /// Seed of the row data.
+    pub seed: u64,
+}
+
+impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCase<X, Y, D> {
+    /// Largest `|value|` appended (a bound of what attention averages).
+    pub fn value_bound(&self) -> f32 {
+        self.values.iter().map(|v| dense_bound(v)).fold(0.0, f32::max)
+    }
+
+    /// The same step over the appended rows kept dense in `f32` (equal in the lossless
+    /// setting, [`lossless_coded_hybrid_case`]).
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::accuracy::{Kernel, output_error, tolerance};
+    /// use attn_kernels::strategies::{Limits, lossless_coded_hybrid_case};
+    /// use attn_kernels::{CpuAttention, DecodeAttention, EncodedAttention, Reference};
+    /// use kv_sparse::ValueFormat;
+    /// use kv_sparse::coded::Bitmask;
+    /// use proptest::test_runner::TestRunner;
+    /// // Bitmask rows keeping every component in f32: SWAN's attention is dense attention.
+    /// TestRunner::default().run(&lossless_coded_hybrid_case::<Bitmask>(Limits::default()), |case| {
+    ///     let (dense, n) = (case.dense(), case.cfg.q_len());
+    ///     let (mut want, mut fast) = (vec![0.0; n], vec![0.0; n]);
+    ///     Reference.dense(&dense.cfg, &dense.q, &dense.views(), &mut want).unwrap();
+    ///     CpuAttention::new(1).unwrap().coded_hybrid(&case.cfg, &case.q, &case.caches, &mut fast).unwrap();
+    ///     let tol = tolerance(Kernel::Hybrid, ValueFormat::F32).output;
+    ///     proptest::prop_assert!(output_error(&fast, &want, dense.value_bound()) <= tol);
+    ///     Ok(())
+    /// }).unwrap();
+    /// ```
+    pub fn dense(&self) -> DenseCase<f32> {
+        dense_of(self.cfg, &self.q, &self.keys, &self.values, self.seed)
+    }
+}
+
+fn coded_from<X: IndexCode, Y: ValueCode, D: Value>(
+    cfg: AttnConfig,
+    mut hc: HybridConfig,
+    rows: &[usize],
+    seed: u64,
+) -> CodedHybridCase<X, Y, D> {
+    let d = cfg.head_dim();
+    for k in [&mut hc.k_key, &mut hc.k_value] {
+        if Y::check_k("strategy", *k).is_err() {
+            *k -= 1; // 4-bit values: an even k
+        }
+    }
+    hc.rows_per_block = hc.rows_per_block.min(CodedStore::<X, Y>::max_rows_per_block(d)).max(1);
+    let keys: Vec<Vec<f32>> =
+        rows.iter().enumerate().map(|(h, &n)| synth::values(n * d, seed_of(seed, h, 0))).collect();
+    let values: Vec<Vec<f32>> =
+        rows.iter().enumerate().map(|(h, &n)| synth::values(n * d, seed_of(seed, h, 1))).collect();
+    let caches = keys
+        .iter()
+        .zip(&values)
+        .map(|(k, v)| {
+            let mut cache = CodedHybridCache::new(hc).expect("a valid coded configuration");
+            cache.extend(k, v).expect("finite rows inside every code's range");
+            cache
+        })
+        .collect();
+    CodedHybridCase { q: synth::values(cfg.q_len(), seed), cfg, caches, keys, values, seed }
+}
+
+/// Coded hybrid caches (`X` × `Y` rows, `D` buffer) drawn like [`hybrid_case`] (any buffer
+/// and `k`, made even for 4-bit values).
+pub fn coded_hybrid_case<X: IndexCode, Y: ValueCode, D: Value>(
+    limits: Limits,
+) -> impl Strategy<Value = CodedHybridCase<X, Y, D>> {
+    shape(limits, X::MAX_HEAD_DIM)
+        .prop_flat_map(|(cfg, rows, seed)| {
+            let hc = kv_sparse::strategies::hybrid_config(cfg.head_dim());
+            (Just(cfg), hc, Just(rows), Just(seed))
+        })
+        .prop_map(|(cfg, hc, rows, seed)| coded_from(cfg, hc, &rows, seed))
+}
+
+/// [`coded_hybrid_case`] in the lossless setting: `f32` values and buffer, `k = head_dim`.
+pub fn lossless_coded_hybrid_case<X: IndexCode>(
+    limits: Limits,
+) -> impl Strategy<Value = CodedHybridCase<X, Elems<f32>, f32>> {
+    shape(limits, X::MAX_HEAD_DIM)
+        .prop_flat_map(|(cfg, rows, seed)| {
+            let hc = kv_sparse::strategies::hybrid_config(cfg.head_dim());
+            (Just(cfg), hc, Just(rows), Just(seed))
+        })
+        .prop_map(|(cfg, mut hc, rows, seed)| {
+            (hc.k_key, hc.k_value) = (hc.head_dim, hc.head_dim);
+            coded_from(cfg, hc, &rows, seed)
+        })
+}
+
+/// A decode step over dense quantized rows ([`crate::EncodedAttention::quantized`]).
+#[derive(Clone, Debug)]
+pub struct QuantCase<C> {
+    /// Head layout and scale (`head_dim` a multiple of 32 for the blocked codecs).
+    pub cfg: AttnConfig,
+    /// The query.
+    pub q: Vec<f32>,
+    /// Per kv-head: key rows and value rows.
+    pub heads: Vec<(QuantRows<C>, QuantRows<C>)>,
+    /// The value rows appended, row-major `f32`.
+    pub values: Vec<Vec<f32>>,
+}
+
+impl<C: DenseCodec> QuantCase<C> {
+    /// One [`QuantKv`] per kv-head.
+    pub fn views(&self) -> Vec<QuantKv<'_, C>> {
+        self.heads.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect()
+    }
+
+    /// Largest `|value|` appended.
+    pub fn value_bound(&self) -> f32 {
+        self.values.iter().map(|v| dense_bound(v)).fold(0.0, f32::max)
+    }
+}
+
+/// Dense quantized rows encoded by `C`: a layout drawn like [`attn_config`] with
+/// `head_dim` a multiple of 32 up to `limits.head_dim` (at least 32).
+///
+/// # Examples
+/// ```
+/// use attn_kernels::accuracy::{Kernel, output_error, tolerance};
+/// use attn_kernels::strategies::{Limits, quant_case};
+/// use attn_kernels::{CpuAttention, EncodedAttention, Reference};
+/// use kv_sparse::quant::Int8Blocks;
+/// use proptest::test_runner::TestRunner;
+/// TestRunner::default().run(&quant_case::<Int8Blocks>(Limits::default()), |case| {
+///     let n = case.cfg.q_len();
+///     let (mut want, mut fast) = (vec![0.0; n], vec![0.0; n]);
+///     Reference.quantized(&case.cfg, &case.q, &case.views(), &mut want).unwrap();
+///     CpuAttention::new(2).unwrap().quantized(&case.cfg, &case.q, &case.views(), &mut fast).unwrap();
+///     let tol = tolerance(Kernel::Dense, kv_sparse::ValueFormat::F32).output;
+///     proptest::prop_assert!(output_error(&fast, &want, case.value_bound()) <= tol);
+///     Ok(())
+/// }).unwrap();
+/// ```
+pub fn quant_case<C: DenseCodec>(limits: Limits) -> impl Strategy<Value = QuantCase<C>> {
+    let blocks = (limits.head_dim / 32).max(1);
+    (shape(Limits { head_dim: 1, ..limits }, 1), 1..=blocks).prop_map(|((cfg, rows, seed), b)| {
+        let d = 32 * b;
+        let cfg = AttnConfig::new(cfg.q_heads(), cfg.kv_heads(), d)
+            .and_then(|c| c.with_scale(c.scale()))
+            .expect("a valid layout");
+        let mut values = Vec::new();
+        let heads = rows
+            .iter()
+            .enumerate()
+            .map(|(h, &n)| {
+                let (k, v) = (
+                    synth::values(n * d, seed_of(seed, h, 0)),
+                    synth::values(n * d, seed_of(seed, h, 1)),
+                );
+                let (mut kr, mut vr) = (
+                    QuantRows::new(d).expect("d % 32 == 0"),
+                    QuantRows::new(d).expect("d % 32 == 0"),
+                );
+                kr.push(&k).expect("finite rows");
+                vr.push(&v).expect("finite rows");
+                values.push(v);
+                (kr, vr)
+            })
+            .collect();
+        QuantCase { q: synth::values(cfg.q_len(), seed), cfg, heads, values }
+    })
 }

@@ -72,7 +72,9 @@ impl std::fmt::Display for DenseFormat {
 /// A dense row codec: a row of `head_dim` finite `f32` ↔ [`DenseCodec::row_bytes`] bytes.
 ///
 /// Sealed: implemented by [`Int8Blocks`], [`Int4Blocks`] and [`Fp8Rows`].
-pub trait DenseCodec: private::Sealed + Copy + Default + Send + Sync + 'static {
+pub trait DenseCodec:
+    private::Sealed + Copy + Default + Send + Sync + std::fmt::Debug + 'static
+{
     /// Runtime tag.
     const FORMAT: DenseFormat;
     /// Smallest magnitude whose scale would not be a finite f16.
