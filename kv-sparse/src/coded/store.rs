@@ -36,7 +36,7 @@ fn row_k<X: IndexCode, Y: ValueCode>(len: usize, head_dim: usize) -> Option<usiz
     Y::k_for(rest, X::ENTRY_BYTES).filter(|&k| k <= head_dim)
 }
 
-/// Owned store of coded rows (see the [module docs](self)).
+/// Owned store of coded rows (see the [module docs](super)).
 pub struct CodedStore<X, Y> {
     head_dim: usize,
     rows_per_block: usize,
