@@ -385,19 +385,7 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCase<I, V, D> {
     /// }).unwrap();
     /// ```
     pub fn dense(&self) -> DenseCase<f32> {
-        let d = self.cfg.head_dim();
-        let heads = self
-            .keys
-            .iter()
-            .zip(&self.values)
-            .map(|(k, v)| DenseHead {
-                keys: k.clone(),
-                values: v.clone(),
-                key_split: k.len() / d,
-                value_split: v.len() / d,
-            })
-            .collect();
-        DenseCase { cfg: self.cfg, q: self.q.clone(), heads, seed: self.seed }
+        dense_of(self.cfg, &self.q, &self.keys, &self.values, self.seed)
     }
 }
 

@@ -77,3 +77,28 @@ pub(crate) fn check_head_dim<I: SparseIndex>(
 pub fn index_bytes<I: SparseIndex>(indices: &[I]) -> &[u8] {
     bytemuck::cast_slice(indices)
 }
+
+/// Checks that `indices` are strictly ascending and below `head_dim` (the invariant of every
+/// sparse row, whatever its encoding).
+///
+/// # Errors
+/// [`crate::Error::InvalidSparseIndex`] naming the first offending position.
+pub(crate) fn check_ascending(
+    op: &'static str,
+    indices: impl IntoIterator<Item = usize>,
+    head_dim: usize,
+) -> crate::Result<()> {
+    let mut next_min = 0;
+    for (position, index) in indices.into_iter().enumerate() {
+        let reason = if index >= head_dim {
+            "not below head_dim"
+        } else if index < next_min {
+            "not strictly ascending"
+        } else {
+            next_min = index + 1;
+            continue;
+        };
+        return Err(crate::Error::InvalidSparseIndex { op, position, index, reason });
+    }
+    Ok(())
+}

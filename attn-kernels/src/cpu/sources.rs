@@ -136,7 +136,7 @@ where
         slot: &mut Slot,
     ) {
         let view: HybridView<'_, I, V, D> = self.heads[item.kv].hybrid_view();
-        let (d, split) = (job.cfg.head_dim(), view.sparse_len());
+        let split = view.sparse_len();
         let (start, end) = (item.rows.start, item.rows.end);
         if start < split {
             let pair = SparsePair {
@@ -149,16 +149,29 @@ where
             run_sparse::<I, _, _, W>(k, job, item, &pair, key_scale, range, sc, (slot, None));
         }
         if end > split {
-            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-            let row = |j: usize| {
-                (
-                    ring_row(view.buffer_keys, d, j - split),
-                    ring_row(view.buffer_values, d, j - split),
-                )
-            };
-            dense_segment::<D, W>(k, &row, start.max(split)..end, q, d, slot, None);
+            let (keys, values) = (view.buffer_keys, view.buffer_values);
+            buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
         }
     }
+}
+
+/// Streams the dense buffer rows of `item` (the rows from `split`, SWAN's buffer after the
+/// sparse history) through `slot`.
+#[allow(clippy::too_many_arguments)]
+fn buffer_segment<D: Value, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    keys: (&[D], &[D]),
+    values: (&[D], &[D]),
+    split: usize,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let d = job.cfg.head_dim();
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let row = |j: usize| (ring_row(keys, d, j - split), ring_row(values, d, j - split));
+    dense_segment::<D, W>(k, &row, item.rows.start.max(split)..item.rows.end, q, d, slot, None);
 }
 
 /// Resident rows of every kv-head.
@@ -356,7 +369,7 @@ where
         slot: &mut Slot,
     ) {
         let view: CodedHybridView<'_, X, Y, D> = self.heads[item.kv].coded_view();
-        let (d, split) = (job.cfg.head_dim(), view.sparse_len());
+        let split = view.sparse_len();
         let (start, end) = (item.rows.start, item.rows.end);
         if start < split {
             let (sk, sv) = view.value_scale;
@@ -367,14 +380,8 @@ where
             decoded_segment::<W>(k, job, item, start..end.min(split), sc, slot, decode);
         }
         if end > split {
-            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-            let row = |j: usize| {
-                (
-                    ring_row(view.buffer_keys, d, j - split),
-                    ring_row(view.buffer_values, d, j - split),
-                )
-            };
-            dense_segment::<D, W>(k, &row, start.max(split)..end, q, d, slot, None);
+            let (keys, values) = (view.buffer_keys, view.buffer_values);
+            buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
         }
     }
 }

@@ -167,21 +167,10 @@ impl<I: SparseIndex> IndexCode for List<I> {
     }
 
     fn check(op: &'static str, _: usize, part: &[u8], k: usize, head_dim: usize) -> Result<()> {
-        let mut next_min = 0;
-        for j in 0..k {
-            let at = j * I::BYTES;
-            let index = bytemuck::pod_read_unaligned::<I>(&part[at..at + I::BYTES]).to_usize();
-            let reason = if index >= head_dim {
-                "not below head_dim"
-            } else if index < next_min {
-                "not strictly ascending"
-            } else {
-                next_min = index + 1;
-                continue;
-            };
-            return Err(Error::InvalidSparseIndex { op, position: j, index, reason });
-        }
-        Ok(())
+        let indices = part[..k * I::BYTES]
+            .chunks_exact(I::BYTES)
+            .map(|b| bytemuck::pod_read_unaligned::<I>(b).to_usize());
+        crate::index::check_ascending(op, indices, head_dim)
     }
 }
 

@@ -8,7 +8,7 @@
 use std::marker::PhantomData;
 
 use super::{IndexCode, ValueCode};
-use crate::index::MAX_HEAD_DIM;
+use crate::index::{MAX_HEAD_DIM, check_ascending};
 use crate::memory::MemoryReport;
 use crate::topk::top_k_magnitude;
 use crate::value::check_finite;
@@ -178,18 +178,7 @@ impl<X: IndexCode, Y: ValueCode> CodedStore<X, Y> {
             let (expected, got) = (indices.len(), values.len());
             return Err(Error::LengthMismatch { op: OP, what: "values", expected, got });
         }
-        let mut next_min = 0;
-        for (position, &index) in indices.iter().enumerate() {
-            let reason = if index >= self.head_dim {
-                "not below head_dim"
-            } else if index < next_min {
-                "not strictly ascending"
-            } else {
-                next_min = index + 1;
-                continue;
-            };
-            return Err(Error::InvalidSparseIndex { op: OP, position, index, reason });
-        }
+        check_ascending(OP, indices.iter().copied(), self.head_dim)?;
         Y::check_k(OP, indices.len())?;
         let max = check_finite(OP, values)?;
         if !values.is_empty() {

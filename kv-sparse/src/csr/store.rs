@@ -5,7 +5,7 @@
 //! rows may keep different `k` (e.g. rows pushed with [`CsrStore::push_sparse`]).
 
 use super::{CsrView, SparseRow, check_rows_per_block, default_rows_per_block};
-use crate::index::check_head_dim;
+use crate::index::{check_ascending, check_head_dim};
 use crate::memory::MemoryReport;
 use crate::topk::top_k_magnitude;
 use crate::value::{check_finite, check_overflow};
@@ -175,19 +175,7 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
     }
 
     fn check_indices(&self, op: &'static str, indices: &[usize]) -> Result<()> {
-        let mut next_min = 0;
-        for (position, &index) in indices.iter().enumerate() {
-            let reason = if index >= self.head_dim {
-                "not below head_dim"
-            } else if index < next_min {
-                "not strictly ascending"
-            } else {
-                next_min = index + 1;
-                continue;
-            };
-            return Err(Error::InvalidSparseIndex { op, position, index, reason });
-        }
-        Ok(())
+        check_ascending(op, indices.iter().copied(), self.head_dim)
     }
 
     fn check_len(&self, op: &'static str, what: &'static str, got: usize) -> Result<()> {

@@ -574,7 +574,7 @@ pub fn section(s: &FrontierStudy, out: &mut Section) {
     );
 }
 
-/// The study's claims (the targets), measured.
+/// The study's claims (its quality-per-byte targets), measured.
 pub fn findings(s: &FrontierStudy) -> Vec<Finding> {
     let base = s.dense_f16().map_or(f64::NAN, |p| p.perplexity);
     let mut out = Vec::new();
