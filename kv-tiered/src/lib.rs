@@ -11,7 +11,8 @@
 //!   copies with events, move-only pages handed back on failure), [`HostTier`] (default, CPU),
 //!   [`tier::FaultyTier`] (fault injection), [`tier::contract`] (conformance check);
 //!   [`cuda::CudaTier`] (feature `cuda`) implements the same trait on GPU memory.
-//! * [`roles`], [`scores`], [`retention`], [`layout`]: calibration and geometry.
+//! * [`roles`], [`scores`], [`retention`], [`layout`]: calibration and geometry;
+//!   [`budget`]: the closed-loop search for the budget whose *measured* r_GPU hits a target.
 //! * [`rows`]: dense rows (lossless f32, or f16/bf16) and SWAN sparse fp8 rows.
 //! * [`policy`]: WnW and the baselines decide placement and recall.
 //! * [`TieredStore`]: owns the rows, runs a policy, gives attention kernels zero-copy per-head
@@ -49,6 +50,7 @@
 //! # Ok::<(), kv_tiered::Error>(())
 //! ```
 
+pub mod budget;
 pub mod cuda;
 pub mod error;
 pub mod layout;
@@ -70,7 +72,7 @@ pub use error::{Error, Result};
 pub use layout::AudioLayout;
 pub use metrics::{RunMetrics, StepMetrics};
 pub use policy::Policy;
-pub use retention::RetentionSchedule;
+pub use retention::{BudgetFit, RetentionSchedule};
 pub use roles::{HeadRoles, RankingSignal, Role, TriageConfig};
 pub use rows::{RowCodec, RowLayout};
 pub use store::{

@@ -53,6 +53,18 @@ pub fn normalized_importance(roles: &HeadRoles) -> Vec<f64> {
         .collect()
 }
 
+/// How close a solved schedule came to the r_GPU it was asked for
+/// ([`RetentionSchedule::solve_nearest`]).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct BudgetFit {
+    /// The r_GPU asked for.
+    pub target: f64,
+    /// The prefill r_GPU the schedule achieves.
+    pub achieved: f64,
+    /// `|achieved − target| ≤` [`DEFAULT_TOLERANCE`].
+    pub exact: bool,
+}
+
 /// Per-head audio retention on the device after prefill.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetentionSchedule {
@@ -141,27 +153,64 @@ impl RetentionSchedule {
                 "finite and ≥ 0",
             ));
         }
+        let (best, below, above) = Self::search(roles, layout, target);
+        if (best.r_gpu(layout) - target).abs() <= tolerance {
+            Ok(best)
+        } else {
+            Err(Error::TargetUnreachable { target, tolerance, below, above })
+        }
+    }
+
+    /// The schedule whose prefill r_GPU is closest to `target`, and how close it came.
+    ///
+    /// Unlike [`solve`](Self::solve) this never refuses a target in `(0, 1]`: a short prompt
+    /// (few segments, so coarse per-segment quotas) or an anchor share above the target
+    /// runs at the nearest feasible budget, and [`BudgetFit::exact`] says whether that is
+    /// within [`DEFAULT_TOLERANCE`] of what was asked.
+    ///
+    /// # Errors
+    /// [`Error::TargetOutOfRange`] unless `0 < target ≤ 1`.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_tiered::{AudioLayout, HeadRoles, RetentionSchedule, Role};
+    /// // One anchor of four heads: no schedule keeps less than a quarter of the audio.
+    /// let roles = HeadRoles::from_roles(1, 4, &[Role::Anchor, Role::Tidal, Role::Tidal, Role::Fixed])?;
+    /// let layout = AudioLayout::new(120, 10..110, 25, 50)?;
+    /// let (sched, fit) = RetentionSchedule::solve_nearest(&roles, &layout, 0.2)?;
+    /// assert!(!fit.exact);
+    /// assert_eq!(fit.achieved, 0.25);
+    /// assert_eq!(sched.r_gpu(&layout), fit.achieved);
+    /// # Ok::<(), kv_tiered::Error>(())
+    /// ```
+    pub fn solve_nearest(
+        roles: &HeadRoles,
+        layout: &AudioLayout,
+        target: f64,
+    ) -> Result<(Self, BudgetFit)> {
+        if !(target > 0.0 && target <= 1.0) {
+            return Err(Error::TargetOutOfRange { target });
+        }
+        let (best, _, _) = Self::search(roles, layout, target);
+        let achieved = best.r_gpu(layout);
+        let exact = (achieved - target).abs() <= DEFAULT_TOLERANCE;
+        Ok((best, BudgetFit { target, achieved, exact }))
+    }
+
+    /// Bisection on λ: the schedule closest to `target`, and the closest achievable r_GPU
+    /// below and above it.
+    fn search(roles: &HeadRoles, layout: &AudioLayout, target: f64) -> (Self, f64, f64) {
         let s = normalized_importance(roles);
         let eval = |lambda: f64| Self::build(&s, roles.roles(), lambda);
         let min_pos = s.iter().copied().filter(|&x| x > 0.0).fold(f64::INFINITY, f64::min);
         let mut hi = if min_pos.is_finite() { 1.0 / min_pos } else { 0.0 };
         let mut lo = 0.0;
         let (r_lo, r_hi) = (eval(lo).r_gpu(layout), eval(hi).r_gpu(layout));
-        let unreachable =
-            |below: f64, above: f64| Error::TargetUnreachable { target, tolerance, below, above };
         if target <= r_lo {
-            return if r_lo - target <= tolerance {
-                Ok(eval(lo))
-            } else {
-                Err(unreachable(0.0, r_lo))
-            };
+            return (eval(lo), 0.0, r_lo);
         }
         if target >= r_hi {
-            return if target - r_hi <= tolerance {
-                Ok(eval(hi))
-            } else {
-                Err(unreachable(r_hi, 1.0))
-            };
+            return (eval(hi), r_hi, 1.0);
         }
         // Invariant: r(lo) < target ≤ r(hi).
         for _ in 0..200 {
@@ -177,12 +226,7 @@ impl RetentionSchedule {
         }
         let (below, above) = (eval(lo), eval(hi));
         let (rb, ra) = (below.r_gpu(layout), above.r_gpu(layout));
-        let best = if target - rb < ra - target { below } else { above };
-        if (best.r_gpu(layout) - target).abs() <= tolerance {
-            Ok(best)
-        } else {
-            Err(unreachable(rb, ra))
-        }
+        (if target - rb < ra - target { below } else { above }, rb, ra)
     }
 
     /// λ (NaN for [`uniform`](Self::uniform) schedules).

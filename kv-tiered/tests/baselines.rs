@@ -68,6 +68,10 @@ fn every_policy_runs_in_one_harness_near_its_target() {
         Box::new(AdaKvPolicy::new(AdaKvConfig::snap_kv(target)).unwrap()),
         Box::new(AudioKvPolicy::new(AudioKvConfig::new(target, vs.clone())).unwrap()),
         Box::new(ArkValePolicy::new(ArkValeConfig::new(target)).unwrap()),
+        Box::new(
+            kv_tiered::policy::AffPoolPolicy::new(kv_tiered::policy::AffPoolConfig::new(target))
+                .unwrap(),
+        ),
         // 8 heads × 8-token segments: r_GPU moves in 1/64 steps, so a 0.5 pp tolerance is out
         // of reach here (the solver says so, typed); allow 2 pp.
         Box::new(
@@ -97,7 +101,7 @@ fn every_policy_runs_in_one_harness_near_its_target() {
             assert_eq!(run.prefill_r_gpu_cpu, want_cpu, "{name}");
         }
         match name.as_str() {
-            "full" | "adakv" | "snapkv" | "audiokv" => {
+            "full" | "adakv" | "snapkv" | "audiokv" | "affpool" => {
                 assert_eq!(run.recalls, 0, "{name} is static");
                 assert_eq!(
                     run.prefill_r_gpu, run.prefill_r_gpu_cpu,
@@ -236,4 +240,57 @@ fn anchor_signal_from_gathered_kernel_weights() {
             assert_eq!(a.residency().resident(h, u), b.residency().resident(h, u));
         }
     }
+}
+
+#[test]
+fn affpool_pools_similar_neighbours_into_their_mean_at_the_target_ratio() {
+    use kv_tiered::policy::{AffPoolConfig, AffPoolPolicy};
+    // 1 layer, 2 kv-heads, audio 8..72 (64 tokens) in runs of 4 near-identical keys.
+    let layout = AudioLayout::new(80, 8..72, 8, 16).unwrap();
+    let (d, t) = (4, 80);
+    let mut r = rng(11);
+    let mut keys = vec![0.0f32; 2 * t * d];
+    let values: Vec<f32> = (0..2 * t * d).map(|_| r.random_range(-1.0..1.0)).collect();
+    for h in 0..2 {
+        for p in 0..t {
+            let run = p / 4;
+            for j in 0..d {
+                let dir = if (run + j + h) % 3 == 0 { 1.0 } else { -0.5 };
+                keys[(h * t + p) * d + j] = dir * (1.0 + j as f32) + 1e-3 * (p % 4) as f32;
+            }
+        }
+    }
+    let kv = DensePromptKv::new(1, 2, t, d, keys.clone(), values.clone()).unwrap();
+    let m = Model {
+        layers: 1,
+        kv_heads: 2,
+        q_heads: 2,
+        head_dim: d,
+        layout,
+        kv: kv.clone(),
+        keys: keys.clone(),
+        values: values.clone(),
+        scores: Vec::new(),
+    };
+    let policy = AffPoolPolicy::new(AffPoolConfig { r_gpu: 0.25, max_run: 4 }).unwrap();
+    let (mut store, run) = harness(&m, &kv, Box::new(policy), 2, 12);
+    assert!((run.prefill_r_gpu - 0.25).abs() < 1e-12, "prefill r_GPU {}", run.prefill_r_gpu);
+    assert_eq!(run.prefill_r_gpu, run.prefill_r_gpu_cpu, "nothing on the host");
+    assert_eq!(run.recalls, 0);
+    let view = store.layer_view(0).unwrap();
+    let head = view.head(1).unwrap();
+    let (mut pos, mut k, mut v) = (Vec::new(), Vec::new(), Vec::new());
+    head.decode_into(&mut pos, &mut k, &mut v).unwrap();
+    // Text 0..8, 16 pooled audio rows at 8, 12, …, 68, text 72..80, then 2 decoded tokens.
+    let audio: Vec<u32> = pos.iter().copied().filter(|&p| (8..72).contains(&p)).collect();
+    assert_eq!(audio, (8..72).step_by(4).collect::<Vec<u32>>());
+    let i = pos.iter().position(|&p| p == 12).unwrap();
+    for j in 0..d {
+        let mean_k: f32 = (12..16).map(|p| keys[(t + p) * d + j]).sum::<f32>() / 4.0;
+        let mean_v: f32 = (12..16).map(|p| values[(t + p) * d + j]).sum::<f32>() / 4.0;
+        assert!((k[i * d + j] - mean_k).abs() < 1e-3, "key {j}");
+        assert!((v[i * d + j] - mean_v).abs() < 1e-3, "value {j}");
+    }
+    drop(view);
+    store.audit().unwrap();
 }

@@ -1,6 +1,6 @@
 //! Policies: *which* audio KV lives where, at prefill and at every decode step. WnW
 //! ([`WnwPolicy`], §2.2–2.3) and the baselines of §3.3 (Full cache, SnapKV/Ada-KV, AudioKV,
-//! ArkVale — all restricted to the audio region per the §3.3 audio-only constraint) implement
+//! ArkVale, and the token-merging AffPool of Table 1 — the KV-eviction ones restricted to the audio region per the §3.3 audio-only constraint) implement
 //! one trait, [`Policy`], so one harness ([`crate::TieredStore`]) runs and measures them all.
 //!
 //! The store owns the bytes and the tiers; a policy only decides:
@@ -14,10 +14,12 @@
 mod adakv;
 mod arkvale;
 mod audiokv;
+mod affpool;
 mod full;
 mod wnw;
 
 pub use adakv::{AdaKvConfig, AdaKvPolicy};
+pub use affpool::{AffPoolConfig, AffPoolPolicy};
 pub use arkvale::{ArkValeConfig, ArkValePolicy};
 pub use audiokv::{AudioKvConfig, AudioKvPolicy};
 pub use full::FullPolicy;
@@ -63,6 +65,11 @@ pub struct HeadPlan {
     /// Rows of this head must stay exact (dense) even when SWAN sparse rows are enabled
     /// (anchors: their attention is the recall signal).
     pub exact: bool,
+    /// Token merging (AffPool): empty, or one run length per `device` entry — `device[i]`
+    /// then stands for the `pooled[i]` consecutive audio positions starting at it, and the
+    /// store writes their mean key and mean value as that one row. Runs are disjoint from
+    /// each other and from `host`.
+    pub pooled: Vec<u32>,
 }
 
 /// Everything a policy may read at prefill.

@@ -25,6 +25,9 @@ struct Bufs {
     values: Vec<u8>,
     topk: Vec<usize>,
     positions: Vec<u32>,
+    /// Run length of each position (empty: every row is its own position).
+    runs: Vec<u32>,
+    mean: Vec<f32>,
 }
 
 impl Bufs {
@@ -38,12 +41,37 @@ impl Bufs {
     ) -> Result<()> {
         self.keys.clear();
         self.values.clear();
-        for &p in &self.positions {
-            let r = p as usize * head_dim..(p as usize + 1) * head_dim;
-            codecs.0.encode(&keys[r.clone()], &mut self.keys, &mut self.topk)?;
-            codecs.1.encode(&values[r], &mut self.values, &mut self.topk)?;
+        for (i, &p) in self.positions.iter().enumerate() {
+            let run = self.runs.get(i).map_or(1, |&n| n as usize);
+            let r = p as usize * head_dim..(p as usize + run) * head_dim;
+            if run == 1 {
+                codecs.0.encode(&keys[r.clone()], &mut self.keys, &mut self.topk)?;
+                codecs.1.encode(&values[r], &mut self.values, &mut self.topk)?;
+            } else {
+                for (src, codec, out) in
+                    [(keys, codecs.0, &mut self.keys), (values, codecs.1, &mut self.values)]
+                {
+                    mean_rows(&src[r.clone()], head_dim, &mut self.mean);
+                    codec.encode(&self.mean, out, &mut self.topk)?;
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The mean of the `head_dim`-wide rows of `rows`, into `out`.
+fn mean_rows(rows: &[f32], head_dim: usize, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(head_dim, 0.0);
+    let n = rows.len() / head_dim;
+    for row in rows.chunks_exact(head_dim) {
+        for (o, &x) in out.iter_mut().zip(row) {
+            *o += x;
+        }
+    }
+    for o in out.iter_mut() {
+        *o /= n as f32;
     }
 }
 
@@ -230,16 +258,24 @@ impl<'a, T: Tier> Builder<'a, T> {
         // Permanent rows, pool by pool, positions ascending.
         for pool in 0..c.rows.num_pools() {
             self.bufs.positions.clear();
+            self.bufs.runs.clear();
             if pool == 0 {
                 self.bufs.positions.extend(0..a0);
             }
             if pool == audio_pool {
+                if !plan.pooled.is_empty() {
+                    self.bufs.runs.resize(self.bufs.positions.len(), 1);
+                    self.bufs.runs.extend_from_slice(&plan.pooled);
+                }
                 self.bufs.positions.extend(plan.device.iter().map(|&i| a0 + i));
             }
             if pool == 0 {
                 self.bufs
                     .positions
                     .extend(c.layout.audio_span().end as u32..c.layout.seq_len() as u32);
+                if !self.bufs.runs.is_empty() {
+                    self.bufs.runs.resize(self.bufs.positions.len(), 1);
+                }
             }
             self.bufs.encode(c.rows.codecs(pool), keys, values, d)?;
             write_permanent(
@@ -500,6 +536,24 @@ fn check_plans(plans: &[HeadPlan], config: &StoreConfig, unit: usize) -> Result<
                 if std::mem::replace(&mut mark[i as usize], true) {
                     return Err(bad("device ∩ host", h));
                 }
+            }
+        }
+        if !p.pooled.is_empty() {
+            let fits = p.pooled.len() == p.device.len()
+                && p.device.iter().zip(&p.pooled).enumerate().all(|(i, (&d, &n))| {
+                    let end = d as usize + n as usize;
+                    n >= 1
+                        && end <= t
+                        && p.device.get(i + 1).is_none_or(|&next| end <= next as usize)
+                        && (d as usize + 1..end).all(|m| !mark[m])
+                });
+            if !fits {
+                return Err(param(
+                    OP,
+                    "pooled",
+                    format!("head {h}"),
+                    "one run ≥ 1 per device row, inside the audio, disjoint from the next row and from host",
+                ));
             }
         }
         let ir = &p.initially_resident;

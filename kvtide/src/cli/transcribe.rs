@@ -9,11 +9,14 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 use kv_sparse::ValueFormat;
+use kv_tiered::budget::{BudgetSearch, DEFAULT_MEASURED_TOLERANCE, SearchOutcome};
 use kv_tiered::policy::{EvictionLag, SegmentQuota};
+use kv_tiered::retention::DEFAULT_TOLERANCE;
 use serde::Serialize;
 
 use crate::error::{Result, invalid};
 use models::audio::tiered::AudioTiered;
+use models::calibrate::audio::default_triage;
 use models::audio::transcribe::{AudioPrompt, Transcription, greedy};
 use models::audio::{Audio, AudioLlm, Backbone, read_wav};
 use models::cache::tiered::{PolicyKind, RolesSource};
@@ -130,6 +133,11 @@ pub struct TranscribeArgs {
     /// Attention threads.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Closed-loop budget: up to this many calibration decodes of the same prompt to find
+    /// the policy budget whose *measured* mean r_GPU over decode is within 0.02 of
+    /// `--r-gpu` (0: the prefill budget is the target itself).
+    #[arg(long, default_value_t = 0)]
+    pub closed_loop: usize,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -193,6 +201,14 @@ pub struct TranscribeReport {
     pub cache: String,
     /// Target r_GPU (tiered caches).
     pub target_r_gpu: Option<f64>,
+    /// The policy budget the decode ran with (`--r-gpu` itself unless `--closed-loop` chose
+    /// another; tiered caches).
+    pub budget_knob: Option<f64>,
+    /// The closed-loop search, probe by probe (`--closed-loop`).
+    pub budget_search: Option<BudgetSearch>,
+    /// Set when the run could not meet the target exactly and ran at the nearest feasible
+    /// budget instead (also printed to stderr).
+    pub warning: Option<String>,
     /// Generated ids.
     pub ids: Vec<u32>,
     /// Decoded text (`None` without a tokenizer).
@@ -245,17 +261,96 @@ pub fn run(args: &TranscribeArgs) -> Result<TranscribeReport> {
         .transpose()?;
     let audio = read_inputs(&args.audio)?;
     let prompt = AudioPrompt::from_samples(&model, &audio.samples)?;
-    let mut cache: Box<dyn KvCache> = match args.cache {
-        AudioCache::Full => full_cache(&model, args.kv_format, args.threads)?,
-        AudioCache::Tiered => {
-            args.tiered()?.cache(&model, prompt.audio_span.clone(), args.threads)?
-        }
-    };
     let stop = model.config().eos_token_ids.clone();
-    let out = greedy(&model, &prompt, cache.as_mut(), args.max_new_tokens, &stop, &mut |_| Ok(()))?;
-    let text = tokenizer.as_ref().map(|t| t.decode(&out.generation.ids)).transpose()?;
+    let decode = |cache: &mut dyn KvCache| {
+        greedy(&model, &prompt, cache, args.max_new_tokens, &stop, &mut |_| Ok(()))
+    };
     let tiered = args.cache == AudioCache::Tiered;
-    Ok(report(args, &model, &prompt, cache.as_ref(), &out, text, tiered))
+    let (cache, out, search): (Box<dyn KvCache>, Transcription, Option<BudgetSearch>) =
+        match args.cache {
+            AudioCache::Full => {
+                let mut cache = full_cache(&model, args.kv_format, args.threads)?;
+                let out = decode(cache.as_mut())?;
+                (cache, out, None)
+            }
+            AudioCache::Tiered => {
+                let mut knobs = args.tiered()?;
+                // The triage follows the target, not the knob the search moves.
+                let heads = CacheShape::of(model.config())?;
+                let triage = default_triage(heads.layers * heads.kv_heads(), args.r_gpu);
+                knobs.n_voice = knobs.n_voice.or(Some(triage.n_voice));
+                knobs.n_anchor = knobs.n_anchor.or(Some(triage.n_anchor));
+                let build = |r_gpu: f64| {
+                    AudioTiered { r_gpu, ..knobs.clone() }.cache(
+                        &model,
+                        prompt.audio_span.clone(),
+                        args.threads,
+                    )
+                };
+                if args.closed_loop > 0 && !args.lossless {
+                    let mut search = BudgetSearch::new(
+                        args.r_gpu,
+                        DEFAULT_MEASURED_TOLERANCE,
+                        args.closed_loop,
+                    )?;
+                    let mut best: Option<(f64, Box<dyn KvCache>, Transcription)> = None;
+                    while let Some(knob) = search.proposal() {
+                        let mut cache = build(knob)?;
+                        let out = decode(cache.as_mut())?;
+                        let measured = stat(&cache.stats(), "mean_r_gpu").unwrap_or(1.0);
+                        search.observe(measured.clamp(0.0, 1.0))?;
+                        let gap = (measured - args.r_gpu).abs();
+                        if best.as_ref().is_none_or(|b| gap < b.0) {
+                            best = Some((gap, cache, out));
+                        }
+                    }
+                    let (_, cache, out) =
+                        best.ok_or_else(|| invalid("--closed-loop", "no calibration decode ran"))?;
+                    (cache, out, Some(search))
+                } else {
+                    let mut cache = build(args.r_gpu)?;
+                    let out = decode(cache.as_mut())?;
+                    (cache, out, None)
+                }
+            }
+        };
+    let text = tokenizer.as_ref().map(|t| t.decode(&out.generation.ids)).transpose()?;
+    let mut report = report(args, &model, &prompt, cache.as_ref(), &out, text, tiered);
+    report.warning = budget_warning(args, &report, search.as_ref());
+    report.budget_knob =
+        tiered.then(|| search.as_ref().map_or(args.r_gpu, |s| s.best().knob));
+    report.budget_search = search;
+    if let Some(w) = &report.warning {
+        eprintln!("warning: {w}");
+    }
+    Ok(report)
+}
+
+/// The warning for a run that could not meet its r_GPU target exactly: the closed loop did
+/// not converge, or (open loop) the prefill budget differs from the target because the
+/// prompt is too short for its per-segment quotas or the anchors alone exceed it.
+fn budget_warning(
+    args: &TranscribeArgs,
+    r: &TranscribeReport,
+    search: Option<&BudgetSearch>,
+) -> Option<String> {
+    let target = r.target_r_gpu.filter(|_| !args.lossless)?;
+    match search {
+        Some(s) if s.outcome() != SearchOutcome::Converged => Some(format!(
+            "target r_GPU {target} not met within {DEFAULT_MEASURED_TOLERANCE} after {} calibration decodes ({:?}); ran at the nearest feasible budget: knob {:.4}, measured mean r_GPU {:.4} ({} audio tokens)",
+            s.probes().len(),
+            s.outcome(),
+            s.best().knob,
+            r.r_gpu_mean,
+            r.audio_tokens
+        )),
+        Some(_) => None,
+        None if (r.r_gpu_prefill - target).abs() > DEFAULT_TOLERANCE => Some(format!(
+            "target r_GPU {target} is not reachable at prefill for this prompt ({} audio tokens: per-segment quotas too coarse or the anchor heads alone exceed it); ran at the nearest feasible prefill budget {:.4} (measured mean over decode {:.4})",
+            r.audio_tokens, r.r_gpu_prefill, r.r_gpu_mean
+        )),
+        None => None,
+    }
 }
 
 fn full_cache(model: &AudioLlm, format: KvFormat, threads: usize) -> Result<Box<dyn KvCache>> {
@@ -292,6 +387,9 @@ fn report(
         prompt_tokens: prompt.ids.len(),
         cache: cache.label(),
         target_r_gpu: tiered.then_some(if args.lossless { 1.0 } else { args.r_gpu }),
+        budget_knob: None,
+        budget_search: None,
+        warning: None,
         ids: out.generation.ids.clone(),
         text,
         stop: match out.generation.stop {
@@ -353,5 +451,12 @@ pub fn print(report: &TranscribeReport, json: bool) -> Result<()> {
         report.kv_bytes_resident,
         report.kv_bytes_offloaded
     );
+    if let (Some(knob), Some(s)) = (report.budget_knob, &report.budget_search) {
+        println!(
+            "closed-loop budget: knob {knob:.4} after {} calibration decodes ({:?})",
+            s.probes().len(),
+            s.outcome()
+        );
+    }
     Ok(())
 }

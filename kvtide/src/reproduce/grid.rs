@@ -107,6 +107,8 @@ pub enum Method {
     Wnw,
     /// WnW with SWAN sparse fp8 rows for non-anchor span rows.
     WnwSwan,
+    /// AffPool: adjacent similar span tokens pooled into one row at prefill (Table 1).
+    AffPool,
 }
 
 impl Method {
@@ -119,6 +121,7 @@ impl Method {
             Self::ArkVale => "ArkVale",
             Self::Wnw => "WnW",
             Self::WnwSwan => "WnW + SWAN rows",
+            Self::AffPool => "AffPool (token merging)",
         }
     }
 
@@ -131,6 +134,7 @@ impl Method {
             Self::ArkVale => "arkvale",
             Self::Wnw => "wnw",
             Self::WnwSwan => "wnw_swan",
+            Self::AffPool => "affpool",
         }
     }
 }
@@ -146,6 +150,52 @@ pub enum Signal {
     Hs,
 }
 
+/// WnW hyper-parameters a run may move off the paper's defaults (ablation A2 and the
+/// Appendix C sweeps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct WnwKnobs {
+    /// Global top-k prefill quota instead of per-segment (A2).
+    pub global_quota: bool,
+    /// Chunks selected per step (3).
+    pub top: usize,
+    /// Eviction lag δ (3; `None`: ∞).
+    pub delta: Option<u32>,
+    /// Segment (stride) length in tokens (25).
+    pub segment: usize,
+    /// Chunk length in tokens (50).
+    pub chunk: usize,
+}
+
+impl Default for WnwKnobs {
+    fn default() -> Self {
+        Self { global_quota: false, top: 3, delta: Some(3), segment: 25, chunk: 50 }
+    }
+}
+
+impl WnwKnobs {
+    /// The spec keys of the knobs that differ from the defaults (`,key=value…`).
+    pub fn spec_suffix(&self) -> String {
+        let d = Self::default();
+        let mut out = String::new();
+        if self.global_quota {
+            out.push_str(",quota=global");
+        }
+        if self.top != d.top {
+            out.push_str(&format!(",top={}", self.top));
+        }
+        if self.delta != d.delta {
+            match self.delta {
+                Some(x) => out.push_str(&format!(",delta={x}")),
+                None => out.push_str(",delta=inf"),
+            }
+        }
+        if (self.segment, self.chunk) != (d.segment, d.chunk) {
+            out.push_str(&format!(",segment={},chunk={}", self.segment, self.chunk));
+        }
+        out
+    }
+}
+
 /// One WnW-study configuration.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WnwRun {
@@ -159,6 +209,8 @@ pub struct WnwRun {
     pub n_voice: usize,
     /// Ranking signal (WnW).
     pub signal: Signal,
+    /// Hyper-parameters off the defaults.
+    pub knobs: WnwKnobs,
 }
 
 /// How big a run is.
@@ -210,6 +262,9 @@ pub struct Plan {
     pub n_anchor: usize,
     /// WnW-study configurations.
     pub wnw: Vec<WnwRun>,
+    /// Calibration decodes per configuration for the closed-loop budget (0: the policy's
+    /// knob is the target itself, open loop).
+    pub closed_loop: usize,
     /// Premise measurements: variant, passage length, plays.
     pub premise: Vec<(Variant, usize, Vec<&'static str>)>,
     /// Audio: new tokens per run, r_GPU targets.
@@ -330,17 +385,24 @@ fn wnw_runs(
         r_gpu: 1.0,
         n_voice: 0,
         signal: Signal::VsHs,
+        knobs: WnwKnobs::default(),
     }];
     for &r in targets {
-        for method in
-            [Method::AdaKv, Method::AudioKv, Method::ArkVale, Method::Wnw, Method::WnwSwan]
-        {
+        for method in [
+            Method::AdaKv,
+            Method::AudioKv,
+            Method::ArkVale,
+            Method::AffPool,
+            Method::Wnw,
+            Method::WnwSwan,
+        ] {
             runs.push(WnwRun {
                 study: "main",
                 method,
                 r_gpu: r,
                 n_voice: nv(paper_n_voice(r)),
                 signal: Signal::VsHs,
+                knobs: WnwKnobs::default(),
             });
         }
     }
@@ -352,6 +414,7 @@ fn wnw_runs(
                 r_gpu: r,
                 n_voice: nv(p),
                 signal: Signal::VsHs,
+                knobs: WnwKnobs::default(),
             });
         }
     }
@@ -362,7 +425,40 @@ fn wnw_runs(
             r_gpu: a3_r,
             n_voice: nv(30),
             signal,
+            knobs: WnwKnobs::default(),
         });
+    }
+    // A2: the same budget by a global top-k instead of per-segment quotas (the per-segment
+    // runs are the main comparison's).
+    for &r in targets.iter().filter(|&&r| (r - 0.2).abs() < 1e-9 || (r - 0.4).abs() < 1e-9) {
+        runs.push(WnwRun {
+            study: "a2",
+            method: Method::Wnw,
+            r_gpu: r,
+            n_voice: nv(paper_n_voice(r)),
+            signal: Signal::VsHs,
+            knobs: WnwKnobs { global_quota: true, ..WnwKnobs::default() },
+        });
+    }
+    // Appendix C sensitivity at r_GPU 0.2: δ, top chunks, chunk / stride lengths (the
+    // defaults are the main comparison's WnW run).
+    let d = WnwKnobs::default();
+    let sweep = [Some(1), Some(5), None]
+        .map(|delta| WnwKnobs { delta, ..d })
+        .into_iter()
+        .chain([1, 5].map(|top| WnwKnobs { top, ..d }))
+        .chain([(12, 24), (50, 100)].map(|(segment, chunk)| WnwKnobs { segment, chunk, ..d }));
+    if targets.iter().any(|&r| (r - 0.2).abs() < 1e-9) {
+        for knobs in sweep {
+            runs.push(WnwRun {
+                study: "sweep",
+                method: Method::Wnw,
+                r_gpu: 0.2,
+                n_voice: nv(paper_n_voice(0.2)),
+                signal: Signal::VsHs,
+                knobs,
+            });
+        }
     }
     runs
 }
@@ -391,6 +487,7 @@ impl Plan {
             swan,
             swan_eval: (1, 272, 16),
             wnw: wnw_runs(heads, n_anchor, &[0.8, 0.4, 0.2], (&[30, 90], &[0.1]), a3),
+            closed_loop: 5,
             frontier: super::frontier::grid(head_dim, &[1, 2, 3, 4], &[128], false),
             frontier_eval: (1, 1024, 512),
             ..quick
@@ -421,6 +518,7 @@ impl Plan {
                 wnw_calibration: (120, vec!["coriolanus"], 2),
                 n_anchor,
                 wnw: wnw_runs(heads, n_anchor, &[0.2], (&[30, 90], &[0.1]), 0.1),
+                closed_loop: 4,
                 premise: vec![(Variant::Chat, 500, vec!["hamlet"])],
                 audio: (12, vec![0.4]),
                 frontier: super::frontier::grid(head_dim, &[2, 4], &[64], false),
@@ -458,6 +556,7 @@ impl Plan {
                 (&[10, 30, 50, 70, 90], &[0.1, 0.2]),
                 0.1,
             ),
+            closed_loop: 6,
             premise: [Variant::Bare, Variant::Chat]
                 .into_iter()
                 .flat_map(|v| [500, 1500].map(|n| (v, n, vec!["hamlet", "macbeth", "the-tempest"])))
@@ -503,8 +602,14 @@ mod tests {
         assert_eq!(p.unique_swan().len(), 3 + 21 + 5 + 2);
         assert_eq!(p.swan_eval.0 * (p.swan_eval.1 - p.swan_eval.2), 8928);
         let wnw_main = p.wnw.iter().filter(|r| r.study == "main").count();
-        assert_eq!(wnw_main, 1 + 4 * 5);
+        assert_eq!(wnw_main, 1 + 4 * 6);
         assert_eq!(p.wnw.iter().filter(|r| r.study == "a1").count(), 10);
+        // A2 at r_GPU 0.2 and 0.4; δ ∈ {1, 5, ∞}, top ∈ {1, 5}, two chunk sizes besides the
+        // defaults.
+        assert_eq!(p.wnw.iter().filter(|r| r.study == "a2").count(), 2);
+        assert!(p.wnw.iter().filter(|r| r.study == "a2").all(|r| r.knobs.global_quota));
+        assert_eq!(p.wnw.iter().filter(|r| r.study == "sweep").count(), 7);
+        assert!(p.closed_loop > 0);
         assert!(p.wnw.iter().all(|r| r.method == Method::Full || r.n_voice > p.n_anchor));
     }
 

@@ -6,9 +6,38 @@ use super::grid::{Method, Signal};
 use super::plot::Plot;
 use super::report::{Section, Table, num, pct};
 use super::wnw_study::{WnwResult, WnwStudy};
+use kv_tiered::budget::SearchOutcome;
 
-const COMPARED: [Method; 5] =
-    [Method::AdaKv, Method::AudioKv, Method::ArkVale, Method::Wnw, Method::WnwSwan];
+const COMPARED: [Method; 6] = [
+    Method::AdaKv,
+    Method::AudioKv,
+    Method::ArkVale,
+    Method::AffPool,
+    Method::Wnw,
+    Method::WnwSwan,
+];
+
+/// Accepted distance of a measured r_GPU from its target.
+const BUDGET_TOLERANCE: f64 = 0.02;
+
+/// How the budget of a run was set, for the tables.
+fn fit(r: &WnwResult) -> String {
+    match &r.budget {
+        None if r.run.method == Method::Full => "—".into(),
+        None => "open loop".into(),
+        Some(b) => {
+            let how = match b.outcome() {
+                SearchOutcome::Converged => "converged",
+                SearchOutcome::FloorAboveTarget => "floor above target",
+                SearchOutcome::CeilingBelowTarget => "ceiling below target",
+                SearchOutcome::Exhausted => "closest of the probes",
+                SearchOutcome::Running => "running",
+                _ => "other",
+            };
+            format!("{how} ({} probes)", b.probes().len())
+        }
+    }
+}
 
 fn targets(s: &WnwStudy) -> Vec<f64> {
     let mut t: Vec<f64> = s
@@ -60,7 +89,7 @@ fn main_table(s: &WnwStudy) -> Table {
         t.row(row);
     }
     t.note(format!(
-        "{} passages of {} tokens (`{}`, chat-wrapped, ids[1000..] of each play), second copy teacher-forced through the decode path: {} scored tokens per cell. Roles calibrated on disjoint passages; WnW voice heads scaled from the paper's Voxtral counts; segments 25 / chunks 50 tokens, top-3 chunks, δ = 3.",
+        "{} passages of {} tokens (`{}`, chat-wrapped, ids[1000..] of each play), second copy teacher-forced through the decode path: {} scored tokens per cell. Roles calibrated on disjoint passages; WnW voice heads scaled from the paper's Voxtral counts; segments 25 / chunks 50 tokens, top-3 chunks, δ = 3. Budgets are closed loop unless the runs table says otherwise: each method's knob was searched on a disjoint calibration passage so that its *measured* mean r_GPU over decode hits the target; the runs table gives the knob and the r_GPU each run measured.",
         s.plays.len(),
         s.passage,
         s.plays.join("`, `"),
@@ -77,8 +106,11 @@ fn runs_table(s: &WnwStudy) -> Table {
             "study",
             "method",
             "target r_GPU",
+            "knob",
+            "budget",
             "n_voice",
             "signal",
+            "knobs",
             "measured r_GPU",
             "r_GPU+CPU",
             "top-1",
@@ -94,12 +126,15 @@ fn runs_table(s: &WnwStudy) -> Table {
             r.run.study.to_owned(),
             r.run.method.name().to_owned(),
             num(r.run.r_gpu, 2),
+            num(r.knob, 4),
+            fit(r),
             if matches!(r.run.method, Method::Wnw | Method::WnwSwan) {
                 r.run.n_voice.to_string()
             } else {
                 "—".into()
             },
             format!("{:?}", r.run.signal),
+            knobs_label(&r.run.knobs),
             pct(r.r_gpu, 1),
             pct(r.r_gpu_cpu, 1),
             pct(r.top1, 2),
@@ -111,6 +146,171 @@ fn runs_table(s: &WnwStudy) -> Table {
         ]);
     }
     t
+}
+
+fn knobs_label(k: &super::grid::WnwKnobs) -> String {
+    let s = k.spec_suffix();
+    if s.is_empty() { "defaults".into() } else { s.trim_start_matches(',').replace(',', ", ") }
+}
+
+fn a2_table(s: &WnwStudy) -> Table {
+    let mut t = Table::new(
+        "wnw_a2",
+        "A2: per-segment vs global prefill quota (WnW Table 3 A2 analogue)",
+        &["quota", "target r_GPU", "measured r_GPU", "r_GPU+CPU", "top-1", "ppl", "recall B/step"],
+    );
+    let mut rs: Vec<f64> =
+        s.results.iter().filter(|r| r.run.study == "a2").map(|r| r.run.r_gpu).collect();
+    rs.sort_by(|a, b| b.total_cmp(a));
+    for r in rs {
+        let global = s.results.iter().find(|x| x.run.study == "a2" && x.run.r_gpu == r);
+        for (label, x) in
+            [("per segment (WnW)", s.find("main", Method::Wnw, r)), ("global top-k", global)]
+        {
+            if let Some(x) = x {
+                t.row(vec![
+                    label.into(),
+                    num(r, 2),
+                    pct(x.r_gpu, 1),
+                    pct(x.r_gpu_cpu, 1),
+                    pct(x.top1, 2),
+                    num(x.perplexity, 3),
+                    num(x.bytes_per_step, 0),
+                ]);
+            }
+        }
+    }
+    t.note("Same roles, λ search and decode path; only how prefill spends each head's budget differs: ⌊retention·n_s⌋ positions of every segment, or the same count by one top-k over the whole span (segments may be emptied).");
+    t
+}
+
+fn affpool_table(s: &WnwStudy) -> Table {
+    let mut t = Table::new(
+        "wnw_affpool",
+        "Token merging vs KV recall (WnW Table 1 analogue): AffPool against WnW and the Full cache",
+        &["method", "category", "target r_GPU", "measured r_GPU", "top-1", "ppl"],
+    );
+    if let Some(f) = s.find("main", Method::Full, 1.0) {
+        t.row(vec![
+            "Full cache".into(),
+            "—".into(),
+            "1.00".into(),
+            pct(f.r_gpu, 1),
+            pct(f.top1, 2),
+            num(f.perplexity, 3),
+        ]);
+    }
+    let ts = targets(s);
+    if let Some(w) = ts.last().and_then(|&lo| s.find("main", Method::Wnw, lo)) {
+        t.row(vec![
+            "WnW".into(),
+            "KV recall".into(),
+            num(w.run.r_gpu, 2),
+            pct(w.r_gpu, 1),
+            pct(w.top1, 2),
+            num(w.perplexity, 3),
+        ]);
+    }
+    for &r in ts.iter().rev() {
+        if let Some(x) = s.find("main", Method::AffPool, r) {
+            t.row(vec![
+                "AffPool".into(),
+                "token merging".into(),
+                num(r, 2),
+                pct(x.r_gpu, 1),
+                pct(x.top1, 2),
+                num(x.perplexity, 3),
+            ]);
+        }
+    }
+    t.note("AffPool here is a KV-level stand-in: each (layer, kv-head) pools runs of adjacent span tokens whose key cosine affinity to the run's mean key reaches one calibrated threshold τ (runs ≤ 8 tokens) into one row holding the mean key and mean value. The paper pools hidden states inside the first 27 layers before KV is built, so its merging errors also propagate layer to layer; that part is not reproduced.");
+    t
+}
+
+/// The Appendix C sweep rows: the parameter, its value, and the run (defaults from the main
+/// comparison's WnW run at r_GPU 0.2).
+fn sweep_rows(s: &WnwStudy) -> Vec<(&'static str, String, f64, &WnwResult)> {
+    let mut out = Vec::new();
+    let Some(main) = s.find("main", Method::Wnw, 0.2) else { return out };
+    let sweep: Vec<&WnwResult> = s.results.iter().filter(|r| r.run.study == "sweep").collect();
+    let d = super::grid::WnwKnobs::default();
+    let lag = |x: Option<u32>| x.map_or(f64::INFINITY, f64::from);
+    let mut deltas: Vec<&WnwResult> =
+        sweep.iter().copied().filter(|r| r.run.knobs.delta != d.delta).collect();
+    deltas.push(main);
+    deltas.sort_by(|a, b| lag(a.run.knobs.delta).total_cmp(&lag(b.run.knobs.delta)));
+    for r in deltas {
+        let v = r.run.knobs.delta.map_or("∞".into(), |x| x.to_string());
+        out.push(("δ (eviction lag, steps)", v, lag(r.run.knobs.delta), r));
+    }
+    let mut tops: Vec<&WnwResult> =
+        sweep.iter().copied().filter(|r| r.run.knobs.top != d.top).collect();
+    tops.push(main);
+    tops.sort_by_key(|r| r.run.knobs.top);
+    for r in tops {
+        out.push(("top chunks", r.run.knobs.top.to_string(), r.run.knobs.top as f64, r));
+    }
+    let mut chunks: Vec<&WnwResult> =
+        sweep.iter().copied().filter(|r| r.run.knobs.chunk != d.chunk).collect();
+    chunks.push(main);
+    chunks.sort_by_key(|r| r.run.knobs.chunk);
+    for r in chunks {
+        let k = r.run.knobs;
+        out.push(("W_c / W_s (chunk / stride tokens)", format!("{} / {}", k.chunk, k.segment), k.chunk as f64, r));
+    }
+    out
+}
+
+fn sweep_table(s: &WnwStudy) -> Table {
+    let mut t = Table::new(
+        "wnw_sweeps",
+        "Sensitivity at target r_GPU 0.2 (WnW Appendix C analogue)",
+        &[
+            "parameter",
+            "value",
+            "top-1",
+            "ppl",
+            "measured r_GPU",
+            "r_GPU+CPU",
+            "recall B/step",
+        ],
+    );
+    for (param, value, _, r) in sweep_rows(s) {
+        t.row(vec![
+            param.into(),
+            value,
+            pct(r.top1, 2),
+            num(r.perplexity, 3),
+            pct(r.r_gpu, 1),
+            pct(r.r_gpu_cpu, 1),
+            num(r.bytes_per_step, 0),
+        ]);
+    }
+    t.note("Each row is one WnW run with a single hyper-parameter moved off the defaults (δ = 3, top-3 chunks, chunks of 50 tokens at a stride of 25; the default row is the main comparison's run), every run with its own closed-loop budget. δ = 0 is not a separate row: a segment is released on the first decode step it is not selected already at δ = 1, and releasing a segment that is still selected would only re-fetch it.");
+    t
+}
+
+fn sweep_plot(s: &WnwStudy) -> Plot {
+    let mut p = Plot::new(
+        "wnw_sweeps",
+        "WnW sensitivity at r_GPU 0.2: second-copy top-1 vs each parameter (rank of its value)",
+        "value index (ascending: δ 1, 3, 5, ∞; top 1, 3, 5; chunk 24, 50, 100 tokens)",
+        "second-copy top-1 accuracy",
+    );
+    let rows = sweep_rows(s);
+    for param in ["δ (eviction lag, steps)", "top chunks", "W_c / W_s (chunk / stride tokens)"] {
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.0 == param)
+            .enumerate()
+            .map(|(i, r)| (i as f64, r.3.top1))
+            .collect();
+        p = p.series(param, pts);
+    }
+    if let Some(full) = s.find("main", Method::Full, 1.0) {
+        p = p.reference("Full cache", full.top1);
+    }
+    p
 }
 
 fn a1_table(s: &WnwStudy) -> Table {
@@ -221,7 +421,7 @@ fn accuracy_plot(s: &WnwStudy, stem: &str, y_label: &str, f: fn(&WnwResult) -> f
 
 fn kv_plots(s: &WnwStudy) -> Vec<Plot> {
     let full = s.kv_over_time.iter().find(|k| k.method == Method::Full);
-    [Method::Wnw, Method::AdaKv, Method::AudioKv, Method::ArkVale, Method::WnwSwan]
+    [Method::Wnw, Method::AdaKv, Method::AudioKv, Method::ArkVale, Method::AffPool, Method::WnwSwan]
         .into_iter()
         .map(|m| {
             let mut p = Plot::new(
@@ -259,7 +459,11 @@ pub fn section(s: &WnwStudy, sec: &mut Section) {
     sec.plot(accuracy_plot(s, "wnw_ppl_vs_rgpu", "second-copy perplexity", |r| r.perplexity));
     sec.table(runs_table(s));
     sec.table(a1_table(s));
+    sec.table(a2_table(s));
     sec.table(a3_table(s));
+    sec.table(affpool_table(s));
+    sec.table(sweep_table(s));
+    sec.plot(sweep_plot(s));
     sec.table(runtime_table(s));
     for p in kv_plots(s) {
         sec.plot(p);
@@ -331,12 +535,34 @@ pub fn findings(s: &WnwStudy) -> Vec<Finding> {
         v > a && v > k,
         format!("ArkVale {} vs Ada-KV {}, AudioKV {}", pct(v, 1), pct(a, 1), pct(k, 1)),
     ));
-    if let Some(x) = s.find("main", Method::Wnw, lo) {
+    let budgeted: Vec<&WnwResult> = s
+        .results
+        .iter()
+        .filter(|r| r.run.study == "main" && r.run.method != Method::Full && r.run.r_gpu >= 0.2 - 1e-9)
+        .collect();
+    if let Some(worst) = budgeted
+        .iter()
+        .max_by(|a, b| (a.r_gpu - a.run.r_gpu).abs().total_cmp(&(b.r_gpu - b.run.r_gpu).abs()))
+    {
+        let off: Vec<String> = budgeted
+            .iter()
+            .filter(|r| (r.r_gpu - r.run.r_gpu).abs() > BUDGET_TOLERANCE)
+            .map(|r| format!("{} at {}: {} ({})", r.run.method.name(), r.run.r_gpu, pct(r.r_gpu, 1), fit(r)))
+            .collect();
         out.push(Finding::new(
-            "wnw-meets-budget",
-            &format!("WnW's measured r_GPU stays within 5 points of its target {lo}"),
-            x.r_gpu <= lo + 0.05,
-            format!("measured r_GPU {}", pct(x.r_gpu, 1)),
+            "measured-budget-on-target",
+            "Every method's measured r_GPU is within ±2 points of its target (0.2–0.8)",
+            off.is_empty(),
+            if off.is_empty() {
+                format!(
+                    "largest deviation {} points ({} at {})",
+                    num(100.0 * (worst.r_gpu - worst.run.r_gpu).abs(), 1),
+                    worst.run.method.name(),
+                    worst.run.r_gpu
+                )
+            } else {
+                format!("off target: {}", off.join("; "))
+            },
         ));
     }
     out.extend(ablation_findings(s));

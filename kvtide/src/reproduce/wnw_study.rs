@@ -14,6 +14,7 @@
 use std::path::PathBuf;
 
 use kv_tiered::RankingSignal;
+use kv_tiered::budget::{BudgetSearch, SearchOutcome};
 use serde::Serialize;
 
 use super::Context;
@@ -32,6 +33,11 @@ use models::cache::spec::CacheSpec;
 pub struct WnwResult {
     /// The configuration.
     pub run: WnwRun,
+    /// The policy's budget knob the evaluation ran with (the spec's `r_gpu`): the target
+    /// itself open loop, or what the closed-loop search chose.
+    pub knob: f64,
+    /// The closed-loop search on the calibration passage (`None`: open loop or Full).
+    pub budget: Option<BudgetSearch>,
     /// Cache spec of the first passage (paths elided).
     pub spec: String,
     /// Scored tokens.
@@ -134,16 +140,23 @@ fn roles_file(
     Ok(path)
 }
 
-/// The cache spec of `run` for a task (`roles`: its roles file; `proj`: the SWAN basis).
-fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str) -> String {
+/// The cache spec of `run` for a task (`roles`: its roles file; `proj`: the SWAN basis),
+/// with the policy's budget knob `r`.
+fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str, r: f64) -> String {
     let span = task.span();
-    let base = format!("span={}..{},format=f16,threads={}", span.start, span.end, ctx.plan.threads);
-    let r = run.r_gpu;
+    let base = format!(
+        "span={}..{},format=f16,threads={}{}",
+        span.start,
+        span.end,
+        ctx.plan.threads,
+        run.knobs.spec_suffix()
+    );
     match run.method {
         Method::Full => format!("tiered:{base},policy=full"),
         Method::AdaKv => format!("tiered:{base},policy=adakv,r_gpu={r}"),
         Method::AudioKv => format!("tiered:{base},policy=audiokv,r_gpu={r},roles={roles}"),
         Method::ArkVale => format!("tiered:{base},policy=arkvale,r_gpu={r}"),
+        Method::AffPool => format!("tiered:{base},policy=affpool,r_gpu={r}"),
         Method::Wnw => format!("tiered:{base},policy=wnw,r_gpu={r},roles={roles}"),
         Method::WnwSwan => {
             let k = ctx.model.config().head_dim / 2;
@@ -187,13 +200,21 @@ fn decode_all(
         .collect()
 }
 
-fn summarize(run: &WnwRun, spec: String, traces: &[Trace], seconds: f64) -> WnwResult {
+fn summarize(
+    run: &WnwRun,
+    budget: Option<BudgetSearch>,
+    spec: String,
+    traces: &[Trace],
+    seconds: f64,
+) -> WnwResult {
     let n: usize = traces.iter().map(|t| t.nll.len()).sum();
     let steps: usize = traces.iter().map(|t| t.steps).sum();
     let p = traces.len().max(1) as f64;
     let mean = |f: &dyn Fn(&Trace) -> f64| traces.iter().map(f).sum::<f64>() / p;
     WnwResult {
         run: run.clone(),
+        knob: budget.as_ref().map_or(run.r_gpu, |b| b.best().knob),
+        budget,
         spec,
         tokens: n,
         top1: traces.iter().map(Trace::hits).sum::<usize>() as f64 / n as f64,
@@ -246,27 +267,41 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
         };
         roles.push(roles_file(ctx, &scores, nv, run.signal)?.display().to_string());
     }
+    let budgets = closed_loop(ctx, &runs, &roles, &proj, &cal_plays)?;
+    let knobs: Vec<f64> = budgets
+        .iter()
+        .zip(&runs)
+        .map(|(b, r)| b.as_ref().map_or(r.r_gpu, |b| b.best().knob))
+        .collect();
+    let knob = |i: usize| knobs[i];
     // Every configuration over one passage at a time, batched per model variant.
     let mut per_run: Vec<Vec<Trace>> = vec![Vec::with_capacity(tasks.len()); runs.len()];
     for (j, task) in tasks.iter().enumerate() {
-        let specs: Vec<String> =
-            runs.iter().zip(&roles).map(|(run, r)| spec(ctx, run, task, r, &proj)).collect();
+        let specs: Vec<String> = runs
+            .iter()
+            .zip(&roles)
+            .enumerate()
+            .map(|(i, (run, r))| spec(ctx, run, task, r, &proj, knob(i)))
+            .collect();
         for (i, t) in decode_all(ctx, &specs, task, j == 0)?.into_iter().enumerate() {
             per_run[i].push(t);
         }
     }
-    for (i, (run, traces)) in runs.iter().zip(per_run).enumerate() {
+    for (i, ((run, traces), budget)) in runs.iter().zip(per_run).zip(budgets).enumerate() {
         let seconds = traces.iter().map(|t| t.prefill_s + t.decode_s).sum();
-        let shown = spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>");
-        let result = summarize(run, shown, &traces, seconds);
+        let shown =
+            spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>", knob(i));
+        let result = summarize(run, budget, shown, &traces, seconds);
         ctx.log(&format!(
-            "wnw [{}/{}] {} {} r={} nv={}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token ({:.2} in the cache; batch of {})",
+            "wnw [{}/{}] {} {} r={} (knob {:.4}) nv={}{}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token ({:.2} in the cache; batch of {})",
             i + 1,
             runs.len(),
             run.study,
             run.method.name(),
             run.r_gpu,
+            result.knob,
             run.n_voice,
+            run.knobs.spec_suffix(),
             result.top1,
             result.perplexity,
             result.r_gpu,
@@ -299,6 +334,66 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
         full_vs_dense,
         kv_over_time,
     })
+}
+
+/// Tolerance of the closed-loop search on the calibration passage: tighter than the ±2 pp
+/// the evaluation is held to, leaving room for the passage-to-passage spread.
+const CALIBRATION_TOLERANCE: f64 = 0.01;
+
+/// The closed-loop budget (§3.4: λ chosen so the *measured* r_GPU matches the target): for
+/// every configuration with a budget, a [`BudgetSearch`] over decodes of a calibration
+/// passage (the first calibration play, disjoint from the evaluation plays, at the
+/// evaluation length); all searches still running decode together each round. `None` for
+/// Full and when the plan runs open loop.
+fn closed_loop(
+    ctx: &mut Context,
+    runs: &[WnwRun],
+    roles: &[String],
+    proj: &str,
+    cal_plays: &[&'static str],
+) -> Result<Vec<Option<BudgetSearch>>> {
+    let probes = ctx.plan.closed_loop;
+    let mut searches: Vec<Option<BudgetSearch>> = runs
+        .iter()
+        .map(|r| {
+            (probes > 0 && r.method != Method::Full)
+                .then(|| BudgetSearch::new(r.r_gpu, CALIBRATION_TOLERANCE, probes))
+                .transpose()
+        })
+        .collect::<std::result::Result<_, _>>()?;
+    let Some(play) = cal_plays.first() else { return Ok(searches) };
+    if searches.iter().all(Option::is_none) {
+        return Ok(searches);
+    }
+    let task = ctx.corpus.copy_task(play, ctx.plan.wnw_passage, Variant::Chat)?;
+    for round in 1..=probes {
+        let live: Vec<(usize, f64)> = searches
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().and_then(BudgetSearch::proposal).map(|k| (i, k)))
+            .collect();
+        if live.is_empty() {
+            break;
+        }
+        let specs: Vec<String> =
+            live.iter().map(|&(i, k)| spec(ctx, &runs[i], &task, &roles[i], proj, k)).collect();
+        let traces = decode_all(ctx, &specs, &task, false)?;
+        for (&(i, _), t) in live.iter().zip(&traces) {
+            if let Some(s) = searches[i].as_mut() {
+                s.observe(t.stat("mean_r_gpu").unwrap_or(1.0).clamp(0.0, 1.0))?;
+            }
+        }
+        let done = searches
+            .iter()
+            .flatten()
+            .filter(|s| s.outcome() != SearchOutcome::Running)
+            .count();
+        ctx.log(&format!(
+            "wnw: closed-loop budget round {round}: {} configurations probed on `{play}`, {done} settled",
+            live.len()
+        ));
+    }
+    Ok(searches)
 }
 
 /// WnW lossless (f32) vs dense f32, and the tiered Full policy vs dense f16.

@@ -261,6 +261,7 @@ impl<D: Value> KvCache for TieredCache<D> {
         let run = store.run_metrics();
         vec![
             ("r_gpu", store.r_gpu()),
+            ("target_r_gpu", self.spec.r_gpu),
             ("prefill_r_gpu", run.prefill_r_gpu),
             ("r_gpu_cpu", store.r_gpu_cpu()),
             ("mean_r_gpu", run.mean_r_gpu()),

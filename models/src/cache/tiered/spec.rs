@@ -3,8 +3,9 @@
 //!
 //! Keys (all optional but `span`): `span=A..B` (or `A..` = to the end of the prompt), the
 //! marked span WnW manages (the paper's audio; text positions stay resident);
-//! `policy=wnw|full|snapkv|adakv|audiokv|arkvale`; `r_gpu` (target on-device retention of the
-//! span, default 0.2); `n_voice`, `n_anchor` (default 37.5 % of heads, 5); `top` (chunks
+//! `policy=wnw|full|snapkv|adakv|audiokv|arkvale|affpool`; `r_gpu` (target on-device retention of
+//! the span, default 0.2; WnW runs at the nearest feasible prefill budget where a short span's
+//! quotas or the anchors' share make the exact target unreachable); `n_voice`, `n_anchor` (default 37.5 % of heads, 5); `top` (chunks
 //! selected per step, 3); `delta` (eviction lag, 3, or `inf`); `quota=segment|global`;
 //! `segment`/`chunk` (tokens, 25/50 — Voxtral's 2 s/4 s at 12.5 tok/s); `window` (SnapKV-style
 //! observation window, 32); `roles=auto|PATH` (auto: triage by the span's share of each head's
@@ -18,10 +19,10 @@ use std::path::PathBuf;
 
 use kv_sparse::ValueFormat;
 use kv_tiered::policy::{
-    AdaKvConfig, AdaKvPolicy, ArkValeConfig, ArkValePolicy, AudioKvConfig, AudioKvPolicy,
+    AdaKvConfig, AdaKvPolicy, AffPoolConfig, AffPoolPolicy, ArkValeConfig, ArkValePolicy, AudioKvConfig, AudioKvPolicy,
     EvictionLag, FullPolicy, PrefillSignal, SegmentQuota, WnwConfig, WnwPolicy,
 };
-use kv_tiered::{AudioLayout, HeadRoles, Policy, TriageConfig};
+use kv_tiered::{AudioLayout, HeadRoles, Policy, RetentionSchedule, TriageConfig};
 
 use crate::cache::spec::{Params, spec_err};
 use crate::error::{Error, Result};
@@ -41,6 +42,8 @@ pub enum PolicyKind {
     AudioKv,
     /// ArkVale: page recall by query-box bounds.
     ArkVale,
+    /// AffPool: adjacent similar audio tokens pooled into one row at prefill.
+    AffPool,
 }
 
 /// Where head roles come from.
@@ -108,6 +111,7 @@ fn parse_policy(p: &mut Params<'_>) -> Result<PolicyKind> {
         "adakv" => PolicyKind::AdaKv,
         "audiokv" => PolicyKind::AudioKv,
         "arkvale" => PolicyKind::ArkVale,
+        "affpool" => PolicyKind::AffPool,
         other => return Err(spec_err(p.spec(), format!("unknown policy `{other}`"))),
     })
 }
@@ -201,7 +205,7 @@ impl TieredSpec {
     pub fn prefill_signal(&self) -> PrefillSignal {
         match self.policy {
             PolicyKind::Wnw => PrefillSignal::TextToAudio,
-            PolicyKind::Full => PrefillSignal::None,
+            PolicyKind::Full | PolicyKind::AffPool => PrefillSignal::None,
             _ => PrefillSignal::LastTokens(self.window),
         }
     }
@@ -240,7 +244,9 @@ impl TieredSpec {
     /// The policy for this spec, given the layout and per-head voice scores.
     ///
     /// # Errors
-    /// [`Error::Tiered`] for parameters the policy rejects (e.g. an unreachable target).
+    /// [`Error::Tiered`] for parameters the policy rejects. An r_GPU target WnW cannot reach
+    /// exactly is not an error: it runs at the nearest feasible budget, and the cache's
+    /// `prefill_r_gpu` and `target_r_gpu` statistics show both.
     pub fn policy(
         &self,
         layout: AudioLayout,
@@ -257,13 +263,11 @@ impl TieredSpec {
                     lag: self.lag,
                     quota: self.quota,
                 };
-                Box::new(WnwPolicy::for_target(
-                    self.roles(layers, kv_heads, voice)?,
-                    layout,
-                    r,
-                    cfg,
-                )?)
+                let roles = self.roles(layers, kv_heads, voice)?;
+                let (schedule, _fit) = RetentionSchedule::solve_nearest(&roles, &layout, r)?;
+                Box::new(WnwPolicy::new(roles, schedule, layout, cfg)?)
             }
+            PolicyKind::AffPool => Box::new(AffPoolPolicy::new(AffPoolConfig::new(r))?),
             PolicyKind::SnapKv => Box::new(AdaKvPolicy::new(AdaKvConfig {
                 window: self.window,
                 ..AdaKvConfig::snap_kv(r)
