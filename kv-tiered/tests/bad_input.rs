@@ -211,3 +211,66 @@ fn decode_api_misuse() {
     let audit = store.audit().unwrap();
     assert!(audit.violations.is_empty(), "{:?}", audit.violations);
 }
+
+/// A policy that returns fixed prefill plans (to feed the store malformed ones).
+struct Scripted(Vec<kv_tiered::policy::HeadPlan>);
+
+impl kv_tiered::Policy for Scripted {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+    fn prefill_signal(&self) -> kv_tiered::policy::PrefillSignal {
+        kv_tiered::policy::PrefillSignal::None
+    }
+    fn step_signal(&self) -> kv_tiered::policy::StepSignal {
+        kv_tiered::policy::StepSignal::None
+    }
+    fn unit_len(&self, layout: &AudioLayout) -> usize {
+        layout.segment_len()
+    }
+    fn is_anchor(&self, _head: usize) -> bool {
+        false
+    }
+    fn plan_prefill(
+        &mut self,
+        _ctx: &kv_tiered::policy::PrefillContext<'_>,
+    ) -> kv_tiered::Result<Vec<kv_tiered::policy::HeadPlan>> {
+        Ok(self.0.clone())
+    }
+    fn plan_step(
+        &mut self,
+        _obs: &kv_tiered::policy::StepObservation<'_>,
+        _r: &kv_tiered::policy::Residency,
+        _plan: &mut kv_tiered::policy::StepPlan,
+    ) {
+    }
+}
+
+/// Pooled (token-merged) runs that overlap, leave the audio, are empty, do not match the
+/// device rows or swallow a host row are refused with a typed error naming `pooled`.
+#[test]
+fn malformed_pooled_runs_are_typed_errors() {
+    use kv_tiered::policy::HeadPlan;
+    let m = Model::random(21, 1, 2, 1, 4, layout());
+    let ok = HeadPlan { device: vec![0, 4], pooled: vec![4, 2], ..HeadPlan::default() };
+    let bad = [
+        HeadPlan { device: vec![0, 2], pooled: vec![3, 1], ..HeadPlan::default() }, // overlap
+        HeadPlan { device: vec![18], pooled: vec![3], ..HeadPlan::default() },      // past the end
+        HeadPlan { device: vec![0], pooled: vec![0], ..HeadPlan::default() },       // empty run
+        HeadPlan { device: vec![0, 4], pooled: vec![2], ..HeadPlan::default() },    // count
+        HeadPlan { device: vec![0], pooled: vec![3], host: vec![1], ..HeadPlan::default() },
+    ];
+    let store = |plans: Vec<HeadPlan>| {
+        TieredStore::prefill_host(m.config(2), Box::new(Scripted(plans)), &m.kv, &[])
+    };
+    let s = store(vec![ok.clone(), ok.clone()]).unwrap();
+    assert!((s.run_metrics().prefill_r_gpu - 2.0 / 20.0).abs() < 1e-12);
+    for b in bad {
+        match store(vec![ok.clone(), b.clone()]) {
+            Err(Error::Param { name: "pooled", .. }) => {}
+            Err(e) if b.host.is_empty() => panic!("{b:?}: {e}"),
+            Err(Error::Param { .. }) => {}
+            other => panic!("{b:?}: {:?}", other.map(|_| ())),
+        }
+    }
+}

@@ -90,7 +90,14 @@ impl AffPoolPolicy {
 
 /// Greedy left-to-right runs of `keys` (`t × d`) at threshold `tau`: `(start, len)` pairs
 /// appended to `out`.
-fn runs(keys: &[f32], d: usize, tau: f32, max_run: usize, mean: &mut Vec<f32>, out: &mut Vec<(u32, u32)>) {
+fn runs(
+    keys: &[f32],
+    d: usize,
+    tau: f32,
+    max_run: usize,
+    mean: &mut Vec<f32>,
+    out: &mut Vec<(u32, u32)>,
+) {
     let t = keys.len() / d;
     let mut start = 0;
     while start < t {

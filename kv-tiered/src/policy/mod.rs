@@ -12,9 +12,9 @@
 //!   segments, ArkVale pages) to recall or release, written into a [`StepPlan`].
 
 mod adakv;
+mod affpool;
 mod arkvale;
 mod audiokv;
-mod affpool;
 mod full;
 mod wnw;
 
