@@ -172,6 +172,37 @@ impl SimModel {
             &self.scores,
         )
     }
+
+    /// A bounded tier geometry for this model's stores with `rows`: every head's prompt and
+    /// decode rows plus every recallable unit fit on the device, every unit on the host
+    /// (bounded tiers such as [`crate::cuda::CudaTier`] need the numbers up front).
+    ///
+    /// # Errors
+    /// As [`SimConfig::store_config`].
+    pub fn bounded_tier_config(&self, rows: RowLayout) -> Result<crate::tier::TierConfig> {
+        let c = &self.config;
+        let layout = c.layout()?;
+        let store = c.store_config(rows)?;
+        let unit = layout.segment_len();
+        let per_head = (layout.seq_len() + c.steps).div_ceil(unit) + layout.num_segments() + 2;
+        let mut tier = store.tier_config(&crate::policy::FullPolicy);
+        tier.device_pages_per_layer = Some(c.kv_heads * per_head);
+        tier.host_pages = Some(c.layers * c.kv_heads * (layout.num_segments() + 1));
+        Ok(tier)
+    }
+
+    /// A store on `tier` running `policy` over this model's prompt.
+    ///
+    /// # Errors
+    /// As [`TieredStore::prefill`].
+    pub fn store_on<T: crate::Tier>(
+        &self,
+        rows: RowLayout,
+        tier: std::sync::Arc<T>,
+        policy: Box<dyn crate::Policy>,
+    ) -> Result<TieredStore<T>> {
+        TieredStore::prefill(self.config.store_config(rows)?, tier, policy, &self.kv, &self.scores)
+    }
 }
 
 /// The anchor signal of step `step`: a bump of width ~2 s centred on a frontier that sweeps

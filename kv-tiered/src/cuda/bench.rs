@@ -177,3 +177,88 @@ pub fn recall_overlap(cfg: &RecallConfig) -> Result<RecallReport, String> {
         overlapped_s,
     })
 }
+
+/// What the store-level leg measured: a WnW decode through a [`crate::TieredStore`] on the
+/// CUDA tier (recalls issued on the copy stream, each layer's view waiting only for its own
+/// recalls), against the same store with every head at retention 1 (nothing to recall).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreStepReport {
+    /// Recall bytes per step (mean over the WnW run).
+    pub bytes_per_step: f64,
+    /// Measured mean r_GPU of the WnW run.
+    pub mean_r_gpu: f64,
+    /// Seconds per step (append + layer views + end of step) with WnW's recalls.
+    pub wnw_step_s: f64,
+    /// Seconds per step with nothing to recall.
+    pub no_recall_step_s: f64,
+}
+
+impl StoreStepReport {
+    /// Step time recall adds (`wnw − no recall`; negative values are noise).
+    pub fn added_s(&self) -> f64 {
+        self.wnw_step_s - self.no_recall_step_s
+    }
+
+    /// One JSON object.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"bytes_per_step\":{:.0},\"mean_r_gpu\":{:.4},\"wnw_step_us\":{:.1},\"no_recall_step_us\":{:.1},\"added_step_us\":{:.1},\"note\":\"store-side time only (no attention kernels in this loop); recall hidden behind attention is the recall leg\"}}",
+            self.bytes_per_step,
+            self.mean_r_gpu,
+            self.wnw_step_s * 1e6,
+            self.no_recall_step_s * 1e6,
+            self.added_s() * 1e6
+        )
+    }
+}
+
+/// Runs `sim`'s WnW decode through a store on the CUDA tier and the same decode with every
+/// head at retention 1, `sim.config.steps` steps each.
+///
+/// # Errors
+/// A message when there is no GPU (or no `cuda` feature) or a store call fails.
+pub fn store_steps(sim: &crate::sim::SimModel) -> Result<StoreStepReport, String> {
+    use crate::policy::{WnwConfig, WnwPolicy};
+    use crate::sim::{SplitMix, frontier_signal};
+    use crate::{RetentionSchedule, RowLayout};
+    let cfg = sim.config;
+    let rows = RowLayout { head_dim: cfg.head_dim, dense: ValueFormat::F16, sparse: None };
+    let layout = cfg.layout().map_err(|e| e.to_string())?;
+    let tier_cfg = sim.bounded_tier_config(rows).map_err(|e| e.to_string())?;
+    let wnw =
+        WnwPolicy::for_target(sim.roles.clone(), layout, cfg.target_r_gpu, WnwConfig::default())
+            .map_err(|e| e.to_string())?;
+    let all = RetentionSchedule::uniform(&sim.roles, 1.0).map_err(|e| e.to_string())?;
+    let keep = WnwPolicy::new(sim.roles.clone(), all, layout, WnwConfig::default())
+        .map_err(|e| e.to_string())?;
+    let mut out = [0.0f64; 2];
+    let mut figures = (0.0, 0.0);
+    for (i, policy) in [Box::new(wnw), Box::new(keep)].into_iter().enumerate() {
+        let tier = std::sync::Arc::new(CudaTier::new(tier_cfg.clone()).map_err(|e| e.to_string())?);
+        let mut store = sim.store_on(rows, tier, policy).map_err(|e| e.to_string())?;
+        let (mut rng, d) = (SplitMix::new(5), cfg.head_dim);
+        let row: Vec<f32> = (0..cfg.kv_heads * d).map(|_| rng.unit() - 0.5).collect();
+        let mut weights = vec![0.0f32; cfg.audio_len];
+        let t = Instant::now();
+        for step in 0..cfg.steps {
+            for layer in 0..cfg.layers {
+                store.append(layer, &row, &row).map_err(|e| e.to_string())?;
+                drop(store.layer_view(layer).map_err(|e| e.to_string())?);
+            }
+            frontier_signal(&mut rng, step, cfg.steps, &mut weights);
+            store.add_audio_weights(&weights).map_err(|e| e.to_string())?;
+            store.end_step().map_err(|e| e.to_string())?;
+        }
+        out[i] = t.elapsed().as_secs_f64() / cfg.steps.max(1) as f64;
+        if i == 0 {
+            let run = store.run_metrics();
+            figures = (run.mean_bytes_per_step(), run.mean_r_gpu());
+        }
+    }
+    Ok(StoreStepReport {
+        bytes_per_step: figures.0,
+        mean_r_gpu: figures.1,
+        wnw_step_s: out[0],
+        no_recall_step_s: out[1],
+    })
+}
