@@ -19,8 +19,9 @@ use std::path::PathBuf;
 
 use kv_sparse::ValueFormat;
 use kv_tiered::policy::{
-    AdaKvConfig, AdaKvPolicy, AffPoolConfig, AffPoolPolicy, ArkValeConfig, ArkValePolicy, AudioKvConfig, AudioKvPolicy,
-    EvictionLag, FullPolicy, PrefillSignal, SegmentQuota, WnwConfig, WnwPolicy,
+    AdaKvConfig, AdaKvPolicy, AffPoolConfig, AffPoolPolicy, ArkValeConfig, ArkValePolicy,
+    AudioKvConfig, AudioKvPolicy, EvictionLag, FullPolicy, PrefillSignal, SegmentQuota, WnwConfig,
+    WnwPolicy,
 };
 use kv_tiered::{AudioLayout, HeadRoles, Policy, RetentionSchedule, TriageConfig};
 
