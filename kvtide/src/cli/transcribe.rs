@@ -16,11 +16,11 @@ use serde::Serialize;
 
 use crate::error::{Result, invalid};
 use models::audio::tiered::AudioTiered;
-use models::calibrate::audio::default_triage;
 use models::audio::transcribe::{AudioPrompt, Transcription, greedy};
 use models::audio::{Audio, AudioLlm, Backbone, read_wav};
 use models::cache::tiered::{PolicyKind, RolesSource};
 use models::cache::{CacheShape, DenseCache, KvCache};
+use models::calibrate::audio::default_triage;
 use models::load::tokenizer::Tokenizer;
 use models::session::generate::StopReason;
 
@@ -48,6 +48,8 @@ pub enum AudioPolicy {
     Audiokv,
     /// ArkVale: page recall by query-box bounds.
     Arkvale,
+    /// AffPool: adjacent similar audio tokens pooled into one row at prefill.
+    Affpool,
 }
 
 impl From<AudioPolicy> for PolicyKind {
@@ -59,6 +61,7 @@ impl From<AudioPolicy> for PolicyKind {
             AudioPolicy::Adakv => Self::AdaKv,
             AudioPolicy::Audiokv => Self::AudioKv,
             AudioPolicy::Arkvale => Self::ArkVale,
+            AudioPolicy::Affpool => Self::AffPool,
         }
     }
 }
@@ -266,59 +269,56 @@ pub fn run(args: &TranscribeArgs) -> Result<TranscribeReport> {
         greedy(&model, &prompt, cache, args.max_new_tokens, &stop, &mut |_| Ok(()))
     };
     let tiered = args.cache == AudioCache::Tiered;
-    let (cache, out, search): (Box<dyn KvCache>, Transcription, Option<BudgetSearch>) =
-        match args.cache {
-            AudioCache::Full => {
-                let mut cache = full_cache(&model, args.kv_format, args.threads)?;
+    let (cache, out, search): (Box<dyn KvCache>, Transcription, Option<BudgetSearch>) = match args
+        .cache
+    {
+        AudioCache::Full => {
+            let mut cache = full_cache(&model, args.kv_format, args.threads)?;
+            let out = decode(cache.as_mut())?;
+            (cache, out, None)
+        }
+        AudioCache::Tiered => {
+            let mut knobs = args.tiered()?;
+            // The triage follows the target, not the knob the search moves.
+            let heads = CacheShape::of(model.config())?;
+            let triage = default_triage(heads.layers * heads.kv_heads(), args.r_gpu);
+            knobs.n_voice = knobs.n_voice.or(Some(triage.n_voice));
+            knobs.n_anchor = knobs.n_anchor.or(Some(triage.n_anchor));
+            let build = |r_gpu: f64| {
+                AudioTiered { r_gpu, ..knobs.clone() }.cache(
+                    &model,
+                    prompt.audio_span.clone(),
+                    args.threads,
+                )
+            };
+            if args.closed_loop > 0 && !args.lossless {
+                let mut search =
+                    BudgetSearch::new(args.r_gpu, DEFAULT_MEASURED_TOLERANCE, args.closed_loop)?;
+                let mut best: Option<(f64, Box<dyn KvCache>, Transcription)> = None;
+                while let Some(knob) = search.proposal() {
+                    let mut cache = build(knob)?;
+                    let out = decode(cache.as_mut())?;
+                    let measured = stat(&cache.stats(), "mean_r_gpu").unwrap_or(1.0);
+                    search.observe(measured.clamp(0.0, 1.0))?;
+                    let gap = (measured - args.r_gpu).abs();
+                    if best.as_ref().is_none_or(|b| gap < b.0) {
+                        best = Some((gap, cache, out));
+                    }
+                }
+                let (_, cache, out) =
+                    best.ok_or_else(|| invalid("--closed-loop", "no calibration decode ran"))?;
+                (cache, out, Some(search))
+            } else {
+                let mut cache = build(args.r_gpu)?;
                 let out = decode(cache.as_mut())?;
                 (cache, out, None)
             }
-            AudioCache::Tiered => {
-                let mut knobs = args.tiered()?;
-                // The triage follows the target, not the knob the search moves.
-                let heads = CacheShape::of(model.config())?;
-                let triage = default_triage(heads.layers * heads.kv_heads(), args.r_gpu);
-                knobs.n_voice = knobs.n_voice.or(Some(triage.n_voice));
-                knobs.n_anchor = knobs.n_anchor.or(Some(triage.n_anchor));
-                let build = |r_gpu: f64| {
-                    AudioTiered { r_gpu, ..knobs.clone() }.cache(
-                        &model,
-                        prompt.audio_span.clone(),
-                        args.threads,
-                    )
-                };
-                if args.closed_loop > 0 && !args.lossless {
-                    let mut search = BudgetSearch::new(
-                        args.r_gpu,
-                        DEFAULT_MEASURED_TOLERANCE,
-                        args.closed_loop,
-                    )?;
-                    let mut best: Option<(f64, Box<dyn KvCache>, Transcription)> = None;
-                    while let Some(knob) = search.proposal() {
-                        let mut cache = build(knob)?;
-                        let out = decode(cache.as_mut())?;
-                        let measured = stat(&cache.stats(), "mean_r_gpu").unwrap_or(1.0);
-                        search.observe(measured.clamp(0.0, 1.0))?;
-                        let gap = (measured - args.r_gpu).abs();
-                        if best.as_ref().is_none_or(|b| gap < b.0) {
-                            best = Some((gap, cache, out));
-                        }
-                    }
-                    let (_, cache, out) =
-                        best.ok_or_else(|| invalid("--closed-loop", "no calibration decode ran"))?;
-                    (cache, out, Some(search))
-                } else {
-                    let mut cache = build(args.r_gpu)?;
-                    let out = decode(cache.as_mut())?;
-                    (cache, out, None)
-                }
-            }
-        };
+        }
+    };
     let text = tokenizer.as_ref().map(|t| t.decode(&out.generation.ids)).transpose()?;
     let mut report = report(args, &model, &prompt, cache.as_ref(), &out, text, tiered);
     report.warning = budget_warning(args, &report, search.as_ref());
-    report.budget_knob =
-        tiered.then(|| search.as_ref().map_or(args.r_gpu, |s| s.best().knob));
+    report.budget_knob = tiered.then(|| search.as_ref().map_or(args.r_gpu, |s| s.best().knob));
     report.budget_search = search;
     if let Some(w) = &report.warning {
         eprintln!("warning: {w}");
