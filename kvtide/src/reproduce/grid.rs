@@ -513,7 +513,7 @@ impl Plan {
                 swan_calibration: (1, 512),
                 swan_eval: (1, 192, 16),
                 swan,
-                wnw_passage: 200,
+                wnw_passage: 500,
                 wnw_plays: vec!["hamlet"],
                 wnw_calibration: (120, vec!["coriolanus"], 2),
                 n_anchor,

@@ -227,6 +227,7 @@ fn study(
                 report.section("Audio: Voxtral-style pipeline end to end on LibriVox clips"),
             );
             checks.push(audio_study::check(&s));
+            findings.extend(audio_study::findings(&s));
             report.record("audio", &s)?;
         }
         other => {

@@ -256,7 +256,12 @@ fn sweep_rows(s: &WnwStudy) -> Vec<(&'static str, String, f64, &WnwResult)> {
     chunks.sort_by_key(|r| r.run.knobs.chunk);
     for r in chunks {
         let k = r.run.knobs;
-        out.push(("W_c / W_s (chunk / stride tokens)", format!("{} / {}", k.chunk, k.segment), k.chunk as f64, r));
+        out.push((
+            "W_c / W_s (chunk / stride tokens)",
+            format!("{} / {}", k.chunk, k.segment),
+            k.chunk as f64,
+            r,
+        ));
     }
     out
 }
@@ -265,15 +270,7 @@ fn sweep_table(s: &WnwStudy) -> Table {
     let mut t = Table::new(
         "wnw_sweeps",
         "Sensitivity at target r_GPU 0.2 (WnW Appendix C analogue)",
-        &[
-            "parameter",
-            "value",
-            "top-1",
-            "ppl",
-            "measured r_GPU",
-            "r_GPU+CPU",
-            "recall B/step",
-        ],
+        &["parameter", "value", "top-1", "ppl", "measured r_GPU", "r_GPU+CPU", "recall B/step"],
     );
     for (param, value, _, r) in sweep_rows(s) {
         t.row(vec![
@@ -538,7 +535,9 @@ pub fn findings(s: &WnwStudy) -> Vec<Finding> {
     let budgeted: Vec<&WnwResult> = s
         .results
         .iter()
-        .filter(|r| r.run.study == "main" && r.run.method != Method::Full && r.run.r_gpu >= 0.2 - 1e-9)
+        .filter(|r| {
+            r.run.study == "main" && r.run.method != Method::Full && r.run.r_gpu >= 0.2 - 1e-9
+        })
         .collect();
     if let Some(worst) = budgeted
         .iter()
@@ -547,7 +546,15 @@ pub fn findings(s: &WnwStudy) -> Vec<Finding> {
         let off: Vec<String> = budgeted
             .iter()
             .filter(|r| (r.r_gpu - r.run.r_gpu).abs() > BUDGET_TOLERANCE)
-            .map(|r| format!("{} at {}: {} ({})", r.run.method.name(), r.run.r_gpu, pct(r.r_gpu, 1), fit(r)))
+            .map(|r| {
+                format!(
+                    "{} at {}: {} ({})",
+                    r.run.method.name(),
+                    r.run.r_gpu,
+                    pct(r.r_gpu, 1),
+                    fit(r)
+                )
+            })
             .collect();
         out.push(Finding::new(
             "measured-budget-on-target",
@@ -604,21 +611,59 @@ fn ablation_findings(s: &WnwStudy) -> Vec<Finding> {
         both > vs && both > hs,
         format!("VS×HS {}, VS {}, HS {}", pct(both, 1), pct(vs, 1), pct(hs, 1)),
     ));
-    let rt: Vec<f64> = a1
+    let at_max: Vec<&&WnwResult> = a1
         .iter()
         .filter(|r| Some(r.run.r_gpu) == a1.iter().map(|x| x.run.r_gpu).reduce(f64::max))
-        .map(|r| r.ms_per_token)
         .collect();
-    if rt.len() > 1 {
-        let (lo, hi) = (
-            rt.iter().copied().fold(f64::INFINITY, f64::min),
-            rt.iter().copied().fold(0.0, f64::max),
-        );
+    if at_max.len() > 1 {
+        let span = |f: fn(&WnwResult) -> f64| {
+            let v: Vec<f64> = at_max.iter().map(|r| f(r)).collect();
+            (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(0.0, f64::max))
+        };
+        let (lo, hi) = span(|r| r.ms_per_token);
+        let (clo, chi) = span(|r| r.cache_ms_per_token);
         out.push(Finding::new(
             "recall-overhead-small",
-            "Recall adds little decode time across tidal-head counts (ms/token spread < 10 %)",
+            "Recall adds little decode time across tidal-head counts (ms/token spread < 10 %; measured on CPU, where a recall is a host-to-host copy, not a PCIe transfer)",
             hi / lo - 1.0 < 0.10,
-            format!("{} – {} ms/token", num(lo, 1), num(hi, 1)),
+            format!(
+                "{} – {} ms/token end to end, {} – {} ms/token inside the cache alone",
+                num(lo, 1),
+                num(hi, 1),
+                num(clo, 2),
+                num(chi, 2)
+            ),
+        ));
+    }
+    let ts = targets(s);
+    if let Some(&lo) = ts.last() {
+        let (w, a) = (top1(s, Method::Wnw, lo), top1(s, Method::AffPool, lo));
+        if a.is_finite() {
+            out.push(Finding::new(
+                "affpool-collapses",
+                &format!("Table 1: token merging (AffPool) collapses at r_GPU = {lo} while WnW does not (≥ 10 points below WnW)"),
+                w - a >= 0.10,
+                format!("AffPool {} vs WnW {}", pct(a, 1), pct(w, 1)),
+            ));
+        }
+    }
+    let a2: Vec<(f64, f64, f64)> = s
+        .results
+        .iter()
+        .filter(|r| r.run.study == "a2")
+        .filter_map(|g| {
+            s.find("main", Method::Wnw, g.run.r_gpu).map(|p| (g.run.r_gpu, p.top1, g.top1))
+        })
+        .collect();
+    if !a2.is_empty() {
+        out.push(Finding::new(
+            "a2-per-segment-quota",
+            "A2: per-segment prefill quotas do at least as well as one global top-k at the same budget",
+            a2.iter().all(|&(_, p, g)| p >= g),
+            a2.iter()
+                .map(|&(r, p, g)| format!("r_GPU {r}: per segment {} vs global {}", pct(p, 1), pct(g, 1)))
+                .collect::<Vec<_>>()
+                .join("; "),
         ));
     }
     out

@@ -289,8 +289,7 @@ pub fn run(ctx: &mut Context) -> Result<WnwStudy> {
     }
     for (i, ((run, traces), budget)) in runs.iter().zip(per_run).zip(budgets).enumerate() {
         let seconds = traces.iter().map(|t| t.prefill_s + t.decode_s).sum();
-        let shown =
-            spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>", knob(i));
+        let shown = spec(ctx, run, &tasks[0], "<roles.json>", "<calibrated.safetensors>", knob(i));
         let result = summarize(run, budget, shown, &traces, seconds);
         ctx.log(&format!(
             "wnw [{}/{}] {} {} r={} (knob {:.4}) nv={}{}: top-1 {:.3}, ppl {:.3}, r_GPU {:.3}, {:.0} B/step, {:.1} ms/token ({:.2} in the cache; batch of {})",
@@ -383,11 +382,8 @@ fn closed_loop(
                 s.observe(t.stat("mean_r_gpu").unwrap_or(1.0).clamp(0.0, 1.0))?;
             }
         }
-        let done = searches
-            .iter()
-            .flatten()
-            .filter(|s| s.outcome() != SearchOutcome::Running)
-            .count();
+        let done =
+            searches.iter().flatten().filter(|s| s.outcome() != SearchOutcome::Running).count();
         ctx.log(&format!(
             "wnw: closed-loop budget round {round}: {} configurations probed on `{play}`, {done} settled",
             live.len()
