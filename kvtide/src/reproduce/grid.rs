@@ -112,6 +112,17 @@ pub enum Method {
 }
 
 impl Method {
+    /// The methods the main comparison runs at every target besides the Full cache, in
+    /// table order.
+    pub const COMPARED: [Method; 6] = [
+        Method::AdaKv,
+        Method::AudioKv,
+        Method::ArkVale,
+        Method::AffPool,
+        Method::Wnw,
+        Method::WnwSwan,
+    ];
+
     /// Display name.
     pub fn name(self) -> &'static str {
         match self {
@@ -388,14 +399,7 @@ fn wnw_runs(
         knobs: WnwKnobs::default(),
     }];
     for &r in targets {
-        for method in [
-            Method::AdaKv,
-            Method::AudioKv,
-            Method::ArkVale,
-            Method::AffPool,
-            Method::Wnw,
-            Method::WnwSwan,
-        ] {
+        for method in Method::COMPARED {
             runs.push(WnwRun {
                 study: "main",
                 method,

@@ -8,14 +8,7 @@ use super::report::{Section, Table, num, pct};
 use super::wnw_study::{WnwResult, WnwStudy};
 use kv_tiered::budget::SearchOutcome;
 
-const COMPARED: [Method; 6] = [
-    Method::AdaKv,
-    Method::AudioKv,
-    Method::ArkVale,
-    Method::AffPool,
-    Method::Wnw,
-    Method::WnwSwan,
-];
+const COMPARED: [Method; 6] = Method::COMPARED;
 
 /// Accepted distance of a measured r_GPU from its target.
 const BUDGET_TOLERANCE: f64 = 0.02;
