@@ -15,7 +15,11 @@
 //!   weights requested, as a tiered store's decode step does);
 //! * `gathered_sparse` — the gathered kernel over a tiered store holding the newest `b` rows
 //!   dense (f16) and the rest as SWAN sparse rows in `kv-tiered`'s slab format (`k` `u8`
-//!   indices + `k` fp8 codes per row), weights requested.
+//!   indices + `k` fp8 codes per row), weights requested;
+//! * `dense_int8`, `dense_int4`, `dense_fp8` — dense quantized K/V as stored (`q8_0` and
+//!   `q4_0` blocks, fp8 with a per-token scale), the formats engines ship today;
+//! * `bitmask` — SWAN's hybrid cache with coded rows: a `d_h`-bit mask of the kept dims and
+//!   fp8 or int8 values (one f16 scale per row), `b` dense f16 rows.
 //!
 //! Each kernel's effective bandwidth is the cache bytes one step reads divided by its time,
 //! also given as a fraction of the measured copy and read bandwidth on the same threads.
@@ -26,13 +30,16 @@
 use std::time::Instant;
 
 use attn_kernels::{
-    AttnConfig, CpuAttention, DecodeAttention, DenseKv, GatheredKv, GatheredSparseAttention,
-    GatheredSparseKv, SparseSlab, synth,
+    AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, GatheredKv,
+    GatheredSparseAttention, GatheredSparseKv, QuantKv, SparseSlab, synth,
 };
 use half::f16;
 use kv_sparse::Value;
+use kv_sparse::coded::{Bitmask, CodedStore, Elems, IndexCode, Int8Values, ValueCode};
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::HybridCache;
+use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
 use serde::Serialize;
 
 use crate::bandwidth;
@@ -284,6 +291,138 @@ impl HybridSet {
     }
 }
 
+/// The dense cache quantized per kv-head, one variant per format (the kernels are generic).
+enum QuantSet {
+    Int8(Vec<(QuantRows<Int8Blocks>, QuantRows<Int8Blocks>)>),
+    Int4(Vec<(QuantRows<Int4Blocks>, QuantRows<Int4Blocks>)>),
+    Fp8(Vec<(QuantRows<Fp8Rows>, QuantRows<Fp8Rows>)>),
+}
+
+type QuantHeads<C> = Vec<(QuantRows<C>, QuantRows<C>)>;
+
+impl QuantSet {
+    /// `keys`/`values`: `kv_heads × L × d`, head-major; one pair of row sets per head.
+    fn build<C: DenseCodec>(
+        keys: &[f32],
+        values: &[f32],
+        len: usize,
+        d: usize,
+        wrap: fn(QuantHeads<C>) -> Self,
+    ) -> Result<Self> {
+        let sparse = |e: kv_sparse::Error| invalid("bench-attn", e.to_string());
+        let rows = |x: &[f32]| -> Result<QuantRows<C>> {
+            let mut r = QuantRows::<C>::new(d).map_err(sparse)?;
+            r.reserve(len);
+            r.push(x).map_err(sparse)?;
+            Ok(r)
+        };
+        let head = (len * d).max(1);
+        let heads = keys
+            .chunks(head)
+            .zip(values.chunks(head))
+            .map(|(k, v)| Ok((rows(k)?, rows(v)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(wrap(heads))
+    }
+
+    fn bytes(&self) -> usize {
+        fn sum<C: DenseCodec>(h: &QuantHeads<C>) -> usize {
+            h.iter().map(|(k, v)| k.memory().held_bytes() + v.memory().held_bytes()).sum()
+        }
+        match self {
+            Self::Int8(h) => sum(h),
+            Self::Int4(h) => sum(h),
+            Self::Fp8(h) => sum(h),
+        }
+    }
+
+    fn decode(
+        &self,
+        attn: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        fn run<C: DenseCodec>(
+            attn: &mut CpuAttention,
+            cfg: &AttnConfig,
+            q: &[f32],
+            h: &QuantHeads<C>,
+            out: &mut [f32],
+        ) -> Result<()> {
+            let kv: Vec<QuantKv<'_, C>> =
+                h.iter().map(|(k, v)| QuantKv { keys: k.view(), values: v.view() }).collect();
+            attn.quantized(cfg, q, &kv, out).map_err(kernel_err)
+        }
+        match self {
+            Self::Int8(h) => run(attn, cfg, q, h, out),
+            Self::Int4(h) => run(attn, cfg, q, h, out),
+            Self::Fp8(h) => run(attn, cfg, q, h, out),
+        }
+    }
+}
+
+/// SWAN hybrid caches with bitmask rows per kv-head, fp8 or int8 values.
+enum BitmaskSet {
+    Fp8(Vec<CodedHybridCache<Bitmask, Elems<Fp8E4M3>, f16>>),
+    Int8(Vec<CodedHybridCache<Bitmask, Int8Values, f16>>),
+}
+
+impl BitmaskSet {
+    fn build<Y: ValueCode>(
+        o: &BenchAttnOptions,
+        d: usize,
+        len: usize,
+        k: usize,
+        wrap: fn(Vec<CodedHybridCache<Bitmask, Y, f16>>) -> Self,
+    ) -> Result<Self> {
+        let sparse = |e: kv_sparse::Error| invalid("bench-attn", e.to_string());
+        let heads = (0..o.kv_heads as u64)
+            .map(|h| {
+                let cfg = HybridConfig::new(d, o.buffer, k).for_store::<CodedStore<Bitmask, Y>>();
+                let mut c = CodedHybridCache::<Bitmask, Y, f16>::new(cfg).map_err(sparse)?;
+                let seed = o.seed + h;
+                c.extend(
+                    &synth::values(len * d, seed),
+                    &synth::values(len * d, seed ^ 0x9e37_79b9_7f4a_7c15),
+                )
+                .map_err(sparse)?;
+                Ok(c)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(wrap(heads))
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Fp8(c) => c.iter().map(|c| c.memory().held_bytes()).sum(),
+            Self::Int8(c) => c.iter().map(|c| c.memory().held_bytes()).sum(),
+        }
+    }
+
+    fn decode(
+        &self,
+        attn: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        fn run<X: IndexCode, Y: ValueCode>(
+            attn: &mut CpuAttention,
+            cfg: &AttnConfig,
+            q: &[f32],
+            c: &[CodedHybridCache<X, Y, f16>],
+            out: &mut [f32],
+        ) -> Result<()> {
+            attn.coded_hybrid(cfg, q, c, out).map_err(kernel_err)
+        }
+        match self {
+            Self::Fp8(c) => run(attn, cfg, q, c, out),
+            Self::Int8(c) => run(attn, cfg, q, c, out),
+        }
+    }
+}
+
 /// libtorch copies of the dense cache: q `[kv, g, d]`, K and V `[kv, L, d]`.
 struct TorchKv {
     q: Tensor,
@@ -379,6 +518,8 @@ struct Inputs {
     /// Dense rows `b` of the hybrid and tiered caches.
     buffer: usize,
     gathered_sparse: Vec<GatheredSparseSet>,
+    quant: Vec<(&'static str, QuantSet)>,
+    bitmask: Vec<(usize, &'static str, BitmaskSet)>,
 }
 
 impl Inputs {
@@ -412,9 +553,33 @@ impl Inputs {
             }
             gathered_sparse.push(GatheredSparseSet::build(opts, d, len, k)?);
         }
+        let quant = vec![
+            ("dense_int8", QuantSet::build::<Int8Blocks>(&kf, &vf, len, d, QuantSet::Int8)?),
+            ("dense_int4", QuantSet::build::<Int4Blocks>(&kf, &vf, len, d, QuantSet::Int4)?),
+            ("dense_fp8", QuantSet::build::<Fp8Rows>(&kf, &vf, len, d, QuantSet::Fp8)?),
+        ];
+        let mut bitmask = Vec::new();
+        for k in opts.ks(d) {
+            let fp8 = BitmaskSet::build::<Elems<Fp8E4M3>>(opts, d, len, k, BitmaskSet::Fp8)?;
+            bitmask.push((k, "fp8", fp8));
+            let int8 = BitmaskSet::build::<Int8Values>(opts, d, len, k, BitmaskSet::Int8)?;
+            bitmask.push((k, "int8", int8));
+        }
         let positions = (0..len as u32).collect();
         let buffer = opts.buffer;
-        Ok(Self { cfg, len, q, dense, torch, hybrids, positions, buffer, gathered_sparse })
+        Ok(Self {
+            cfg,
+            len,
+            q,
+            dense,
+            torch,
+            hybrids,
+            positions,
+            buffer,
+            gathered_sparse,
+            quant,
+            bitmask,
+        })
     }
 
     /// Rows a tiered store keeps sparse (all but the newest `b`).
@@ -451,7 +616,12 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         x.dense.iter().map(|(k, v)| GatheredKv::new(d, &x.positions, k, v)).collect();
     let mut out = vec![0.0f32; x.cfg.q_len()];
     let mut weights = vec![0.0f32; x.len * x.cfg.kv_heads()];
-    let n = 2 + x.torch.len() + x.hybrids.len() + x.gathered_sparse.len();
+    let n = 2
+        + x.torch.len()
+        + x.hybrids.len()
+        + x.gathered_sparse.len()
+        + x.quant.len()
+        + x.bitmask.len();
     let mut best = vec![f64::INFINITY; n];
     let scale = f64::from(x.cfg.scale());
     for _ in 0..opts.rounds {
@@ -478,6 +648,16 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         for g in &x.gathered_sparse {
             record(time_best(opts.min_sample_secs, || {
                 g.decode(&mut e.attn, x, &mut out, &mut weights)
+            })?);
+        }
+        for (_, qs) in &x.quant {
+            record(time_best(opts.min_sample_secs, || {
+                qs.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+            })?);
+        }
+        for (_, _, b) in &x.bitmask {
+            record(time_best(opts.min_sample_secs, || {
+                b.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
             })?);
         }
     }
@@ -568,6 +748,33 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) ->
         })
         .collect();
     p["gathered_sparse"] = json!(sparse);
+    let mut off = off + 1 + x.gathered_sparse.len();
+    let mut int8_secs = f64::NAN;
+    for (name, qs) in &x.quant {
+        let secs = best[off];
+        let mut f = figures(e, secs, qs.bytes());
+        f["speedup_vs_dense_f16"] = json!(dense / secs);
+        if *name == "dense_int8" {
+            int8_secs = secs;
+        }
+        p[*name] = f;
+        off += 1;
+    }
+    let bitmask: Vec<Json> = x
+        .bitmask
+        .iter()
+        .enumerate()
+        .map(|(i, (k, values, b))| {
+            let secs = best[off + i];
+            let mut f = figures(e, secs, b.bytes());
+            f["values"] = json!(values);
+            f["k"] = json!(k);
+            f["speedup_vs_dense_f16"] = json!(dense / secs);
+            f["speedup_vs_dense_int8"] = json!(int8_secs / secs);
+            f
+        })
+        .collect();
+    p["bitmask"] = json!(bitmask);
     p
 }
 
@@ -595,11 +802,110 @@ fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json) -> Json {
                 })
         })
         .collect();
+    let ratio = |name, target, f: &dyn Fn(&Json, u64) -> Option<f64>| {
+        ratio_target(points, max_len, name, target, f)
+    };
+    let half_k = |p: &Json, d: u64, values: &str, key: &str| {
+        p["bitmask"]
+            .as_array()?
+            .iter()
+            .find(|b| b["values"] == json!(values) && b["k"].as_u64() == Some(d / 2))?[key]
+            .as_f64()
+    };
     json!({
         "hybrid_fp8_half_k_longest": headline,
         "bandwidth_at_16k_or_more": bandwidth_target(points),
+        "read_bandwidth_at_16k_or_more": read_bandwidth_target(points),
+        "bitmask_fp8_half_k_vs_dense_f16": ratio(
+            "bitmask fp8, k = d/2, vs dense f16", 2.0,
+            &|p, d| half_k(p, d, "fp8", "speedup_vs_dense_f16"),
+        ),
+        "bitmask_int8_half_k_vs_dense_f16": ratio(
+            "bitmask int8, k = d/2, vs dense f16", 2.0,
+            &|p, d| half_k(p, d, "int8", "speedup_vs_dense_f16"),
+        ),
+        "bitmask_half_k_vs_dense_int8": ratio(
+            "the faster of bitmask fp8 / int8, k = d/2, vs dense int8", 1.2,
+            &|p, d| {
+                let (a, b) = (
+                    half_k(p, d, "fp8", "speedup_vs_dense_int8"),
+                    half_k(p, d, "int8", "speedup_vs_dense_int8"),
+                );
+                a.into_iter().chain(b).reduce(f64::max)
+            },
+        ),
+        "dense_int8_vs_dense_f16": ratio(
+            "dense int8 (q8_0 blocks) vs dense f16", 1.6,
+            &|p, _| p["dense_int8"]["speedup_vs_dense_f16"].as_f64(),
+        ),
         "crossover_within_2x": crossover_target(crossover),
     })
+}
+
+/// A speed-up target at the longest `L`: every (threads, d) point must reach `target`; the
+/// measured value is the smallest.
+fn ratio_target(
+    points: &[Json],
+    max_len: usize,
+    what: &str,
+    target: f64,
+    f: &dyn Fn(&Json, u64) -> Option<f64>,
+) -> Json {
+    let per: Vec<Json> = points
+        .iter()
+        .filter(|p| p["len"] == json!(max_len))
+        .map(|p| {
+            let d = p["head_dim"].as_u64().unwrap_or(0);
+            json!({"threads": p["threads"], "head_dim": d, "measured": f(p, d)})
+        })
+        .collect();
+    let measured: Vec<f64> = per.iter().filter_map(|x| x["measured"].as_f64()).collect();
+    let min = measured.iter().copied().reduce(f64::min);
+    json!({
+        "what": what,
+        "len": max_len,
+        "target": target,
+        "measured": min,
+        "points": per,
+        "met": min.map(|m| m >= target && measured.len() == per.len()),
+    })
+}
+
+/// The smallest fraction of the read bandwidth (same threads, same run) any kernel reaches
+/// on its stored bytes at L ≥ 16k (target ≥ 0.6).
+fn read_bandwidth_target(points: &[Json]) -> Json {
+    let mut worst: Option<(f64, String)> = None;
+    for p in points.iter().filter(|p| p["len"].as_u64().is_some_and(|l| l >= 16384)) {
+        let tag = format!("t{} d{} L{}", p["threads"], p["head_dim"], p["len"]);
+        let mut kernels: Vec<(String, Json)> =
+            ["dense_f16", "gathered_f16", "dense_int8", "dense_int4", "dense_fp8"]
+                .iter()
+                .filter(|n| !p[**n].is_null())
+                .map(|n| ((*n).to_string(), p[*n].clone()))
+                .collect();
+        for part in ["hybrid", "gathered_sparse", "bitmask"] {
+            for h in p[part].as_array().into_iter().flatten() {
+                kernels.push((
+                    format!("{part}_{}_k{}", h["values"].as_str().unwrap_or("?"), h["k"]),
+                    h.clone(),
+                ));
+            }
+        }
+        for (name, f) in kernels {
+            let frac = f["frac_read_bw"].as_f64().unwrap_or(0.0);
+            if worst.as_ref().is_none_or(|(w, _)| frac < *w) {
+                worst = Some((frac, format!("{name} {tag}")));
+            }
+        }
+    }
+    match worst {
+        Some((frac, at)) => {
+            json!({"measured": frac, "at": at, "target": 0.6, "met": frac >= 0.6})
+        }
+        None => {
+            json!({"measured": null, "note": "no length ≥ 16k in the grid", "target": 0.6, "met": null})
+        }
+    }
 }
 
 /// The smallest fraction of copy bandwidth any kernel reaches at L ≥ 16k (target ≥ 0.5).
@@ -810,5 +1116,31 @@ mod tests {
         assert!(p["gathered_sparse"][0]["gb_per_s"].as_f64().unwrap() > 0.0);
         assert_eq!(r["crossover"][0]["formula_len"], json!(128.0 + 64.0 * 64.0 / 32.0));
         assert!(r["targets"]["hybrid_fp8_half_k_longest"][0]["met"].is_boolean());
+        // The encoded formats, bytes counted as stored: q8_0 is 34 B per 32 elements.
+        let (kv, d) = (2, 64);
+        assert_eq!(p["dense_int8"]["bytes"], json!(2 * kv * 300 * d / 32 * 34));
+        assert_eq!(p["dense_int4"]["bytes"], json!(2 * kv * 300 * d / 32 * 18));
+        assert!(p["dense_fp8"]["ms"].as_f64().unwrap() > 0.0);
+        let bitmask = p["bitmask"].as_array().unwrap();
+        assert_eq!(bitmask.len(), 2);
+        assert!(
+            bitmask
+                .iter()
+                .all(|b| b["k"] == json!(32) && b["speedup_vs_dense_int8"].as_f64().unwrap() > 0.0)
+        );
+        for name in [
+            "read_bandwidth_at_16k_or_more",
+            "bitmask_fp8_half_k_vs_dense_f16",
+            "bitmask_int8_half_k_vs_dense_f16",
+            "bitmask_half_k_vs_dense_int8",
+            "dense_int8_vs_dense_f16",
+            "crossover_within_2x",
+        ] {
+            let t = &r["targets"][name];
+            assert!(t.get("met").is_some(), "{name}: {t}");
+        }
+        let t = &r["targets"]["dense_int8_vs_dense_f16"];
+        assert_eq!(t["target"], json!(1.6));
+        assert!(t["measured"].as_f64().unwrap() > 0.0 && t["met"].is_boolean());
     }
 }
