@@ -221,9 +221,9 @@ pub enum Error {
         got: [u8; 8],
     },
     /// The file was written by an incompatible format version.
-    #[error("open: unsupported file format version {got}, expected {expected}")]
+    #[error("open: unsupported file format version {got}, this build reads 1..={expected}")]
     VersionMismatch {
-        /// Version this build reads.
+        /// Newest version this build reads.
         expected: u32,
         /// Version found in the file.
         got: u32,
@@ -245,6 +245,16 @@ pub enum Error {
         expected: u32,
         /// Computed checksum.
         got: u32,
+    },
+    /// A file names a layout, index, value or row format this build does not know.
+    #[error("{op}: unknown {what} code {code}")]
+    UnknownCode {
+        /// Operation that failed.
+        op: &'static str,
+        /// Which code (`layout`, `coded index kind`, …).
+        what: &'static str,
+        /// The code found.
+        code: u32,
     },
     /// The file is structurally invalid (inconsistent counts, offsets or contents).
     #[error("open: corrupt cache file: {reason}")]

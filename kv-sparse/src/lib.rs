@@ -16,7 +16,7 @@
 //! | [`ring`] | dense ring buffer of recent rows | hybrid cache |
 //! | [`hybrid`] | [`hybrid::HybridCache`], [`hybrid::MultiHeadCache`], kernel views | Algorithm 1 |
 //! | [`memory`] | exact byte accounting, `3k+2` / `2k+2` / `2·d_h`, break-even length | memory, App. A.2 |
-//! | [`persist`] | on-disk format, [`persist::MappedCache`] (memmap2, validated, zero-copy) | hybrid cache (persisted) |
+//! | [`persist`] | on-disk format v2, [`persist::MappedCache`] (memmap2, validated, zero-copy), [`persist::CacheImage`]: CSR and coded hybrid caches, dense and quantized rows | hybrid cache (persisted) |
 //! | `strategies` | proptest strategies for rows and caches (feature `proptest`) | lossless property (App. A.1) |
 //!
 //! Element types are type parameters — `I`: [`SparseIndex`] (`u8` for `head_dim ≤ 256`,

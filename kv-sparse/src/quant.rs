@@ -69,6 +69,30 @@ impl std::fmt::Display for DenseFormat {
     }
 }
 
+impl DenseFormat {
+    /// Bytes of one encoded row of `head_dim` elements ([`DenseCodec::row_bytes`] of the
+    /// format's codec).
+    pub fn row_bytes(self, head_dim: usize) -> usize {
+        match self {
+            DenseFormat::Int8 => Int8Blocks::row_bytes(head_dim),
+            DenseFormat::Int4 => Int4Blocks::row_bytes(head_dim),
+            DenseFormat::Fp8 => Fp8Rows::row_bytes(head_dim),
+        }
+    }
+
+    /// [`DenseCodec::check_head_dim`] of the format's codec.
+    ///
+    /// # Errors
+    /// As [`DenseCodec::check_head_dim`].
+    pub fn check_head_dim(self, op: &'static str, head_dim: usize) -> Result<()> {
+        match self {
+            DenseFormat::Int8 => Int8Blocks::check_head_dim(op, head_dim),
+            DenseFormat::Int4 => Int4Blocks::check_head_dim(op, head_dim),
+            DenseFormat::Fp8 => Fp8Rows::check_head_dim(op, head_dim),
+        }
+    }
+}
+
 /// A dense row codec: a row of `head_dim` finite `f32` ↔ [`DenseCodec::row_bytes`] bytes.
 ///
 /// Sealed: implemented by [`Int8Blocks`], [`Int4Blocks`] and [`Fp8Rows`].
@@ -427,6 +451,16 @@ impl<C: DenseCodec> QuantRows<C> {
         }
     }
 
+    /// An owned copy of a view's rows (e.g. of a mapped file, to keep appending).
+    pub fn from_view(view: QuantView<'_, C>) -> Self {
+        Self {
+            head_dim: view.head_dim,
+            row_bytes: C::row_bytes(view.head_dim),
+            bytes: view.bytes.to_vec(),
+            codec: std::marker::PhantomData,
+        }
+    }
+
     /// Rows held.
     pub fn len(&self) -> usize {
         self.bytes.len() / self.row_bytes
@@ -529,6 +563,11 @@ impl<'a, C: DenseCodec> QuantView<'a, C> {
             C::check_row(OP, r, row)?;
         }
         Ok(Self { head_dim, bytes, codec: std::marker::PhantomData })
+    }
+
+    /// A view of bytes [`QuantView::from_bytes`] has already accepted (nothing is checked).
+    pub(crate) fn from_bytes_unchecked(head_dim: usize, bytes: &'a [u8]) -> Self {
+        Self { head_dim, bytes, codec: std::marker::PhantomData }
     }
 
     /// Elements per row.

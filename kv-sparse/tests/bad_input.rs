@@ -262,3 +262,27 @@ fn multi_head_routes_rows_to_heads() {
     m.view(0, 1).unwrap().value_into(0, &mut vals).unwrap();
     assert_eq!(vals, [7.0, 8.0]);
 }
+
+/// A head keeping no key components (k = 0) with a tiny per-head scale: a large buffered
+/// key divided by the scale overflows f32, which must not stop its eviction (nothing of
+/// it is kept). The fuzzer found the reloaded form of this state
+/// (`fuzz/regressions/persist/coded-k0-scaled-eviction`).
+#[test]
+fn a_head_keeping_nothing_evicts_rows_that_would_overflow_once_scaled() {
+    use kv_sparse::coded::{Bitmask, CodedStore, Elems};
+    use kv_sparse::hybrid::CodedHybridCache;
+    let cfg =
+        HybridConfig { k_key: 0, fp8_scale: Some((1e-30, 1.0)), ..HybridConfig::new(8, 1, 4) };
+    let big = [1e10f32; 8];
+    let mut csr = HybridCache::<u8, f32, f32>::new(cfg).unwrap();
+    let coded_cfg = cfg.for_store::<CodedStore<Bitmask, Elems<f32>>>();
+    let mut coded = CodedHybridCache::<Bitmask, Elems<f32>, f32>::new(coded_cfg).unwrap();
+    for _ in 0..3 {
+        csr.append(&big, &[0.5; 8]).unwrap();
+        coded.append(&big, &[0.5; 8]).unwrap();
+    }
+    assert_eq!((csr.sparse_len(), coded.sparse_len()), (2, 2));
+    let mut k = [1.0f32; 8];
+    coded.view().key_into(0, &mut k).unwrap();
+    assert_eq!(k, [0.0; 8], "no key component is kept");
+}

@@ -118,6 +118,27 @@ pub enum Error {
     /// The tiered store rejected an operation.
     #[error("kv-tiered: {0}")]
     Tiered(#[from] kv_tiered::Error),
+    /// A persisted cache was computed by another model or projection, or holds another
+    /// cache format, than the run reopening it.
+    #[error("{op}: the cache file's {what} is `{got}`, this run's is `{expected}`")]
+    CacheMismatch {
+        /// The operation (`load cache`).
+        op: &'static str,
+        /// Which identity differs: `model`, `projection` or `format`.
+        what: &'static str,
+        /// This run's identity.
+        expected: String,
+        /// The file's identity.
+        got: String,
+    },
+    /// A cache does not support saving or loading its state.
+    #[error("{op}: the {cache} cache cannot be persisted")]
+    NotPersistable {
+        /// The operation (`save cache`, `load cache`).
+        op: &'static str,
+        /// The cache's label.
+        cache: String,
+    },
     /// A cache specification string could not be parsed.
     #[error("cache spec `{spec}`: {reason}")]
     CacheSpec {

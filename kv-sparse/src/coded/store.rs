@@ -138,6 +138,29 @@ impl<X: IndexCode, Y: ValueCode> CodedStore<X, Y> {
         })
     }
 
+    /// An owned copy of a view's rows (e.g. a view of a mapped file, to keep appending to a
+    /// persisted prefix). The three arrays are copied as they are.
+    pub fn from_view(view: CodedView<'_, X, Y>) -> Self {
+        let (mut entries, mut nonempty) = (0, 0);
+        for row in view.rows() {
+            let k = row.k();
+            entries += k;
+            nonempty += usize::from(k > 0);
+        }
+        Self {
+            head_dim: view.head_dim,
+            rows_per_block: view.rows_per_block,
+            block_bases: view.block_bases.to_vec(),
+            offsets: view.offsets.to_vec(),
+            bytes: view.bytes.to_vec(),
+            entries,
+            nonempty,
+            scratch: Vec::with_capacity(view.head_dim),
+            gathered: Vec::with_capacity(view.head_dim),
+            codes: PhantomData,
+        }
+    }
+
     /// Prunes `x` to its `k` largest magnitudes (ties → lower index) and appends the row.
     ///
     /// # Errors
@@ -405,6 +428,17 @@ impl<'a, X: IndexCode, Y: ValueCode> CodedView<'a, X, Y> {
             Y::check(OP, r, value_part, k)?;
         }
         Ok(view)
+    }
+
+    /// A view of parts [`CodedView::from_parts`] has already accepted (nothing is checked).
+    pub(crate) fn from_parts_unchecked(
+        head_dim: usize,
+        rows_per_block: usize,
+        block_bases: &'a [u64],
+        offsets: &'a [u16],
+        bytes: &'a [u8],
+    ) -> Self {
+        Self { head_dim, rows_per_block, block_bases, offsets, bytes, codes: PhantomData }
     }
 
     fn row_bytes(&self, i: usize) -> &'a [u8] {

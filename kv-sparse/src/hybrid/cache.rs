@@ -108,6 +108,26 @@ impl<S: RowStore, D: Value> Hybrid<S, D> {
         }
     }
 
+    /// A cache over copied histories whose buffer takes the given rows in token order.
+    fn rebuilt(
+        cfg: HybridConfig,
+        keys: S,
+        values: S,
+        buffer_keys: (&[D], &[D]),
+        buffer_values: (&[D], &[D]),
+        buffer_len: usize,
+    ) -> Self {
+        // Allocate the buffer for the rows the view holds, not its capacity: `cfg` may come
+        // from an untrusted file claiming a huge buffer (memory follows the rows held).
+        let mut cache = Self::from_stores(cfg, keys, values, buffer_len);
+        let d = cfg.head_dim;
+        for (k, v) in buffer_rows(buffer_keys, d).zip(buffer_rows(buffer_values, d)) {
+            cache.buffer.keys.push_raw(k);
+            cache.buffer.values.push_raw(v);
+        }
+        cache
+    }
+
     /// Appends one token's key and value rows. When the buffer is full its oldest row is
     /// pruned into the sparse history (with `b = 0` the new row is pruned directly).
     ///
@@ -267,40 +287,13 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
     /// scales, key/value row counts, buffer capacity); any [`HybridConfig::validate`] error.
     pub fn from_view(cfg: HybridConfig, view: HybridView<'_, I, V, D>) -> Result<Self> {
         const OP: &str = "HybridCache::from_view";
-        cfg.validate_store::<CsrStore<I, V>, D>()?;
         view.check_shape(OP)?;
-        let checks = [
-            ("head_dim", cfg.head_dim, view.head_dim),
-            ("key rows_per_block", cfg.rows_per_block, view.sparse_keys.rows_per_block()),
-            ("value rows_per_block", cfg.rows_per_block, view.sparse_values.rows_per_block()),
-        ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(Error::ShapeMismatch { op: OP, what, expected, got });
-            }
-        }
-        if view.buffer_len() > cfg.buffer {
-            let (expected, got) = (cfg.buffer, view.buffer_len());
-            return Err(Error::ShapeMismatch { op: OP, what: "buffer rows", expected, got });
-        }
-        if view.value_scale != cfg.scales() {
-            return Err(Error::ScaleMismatch {
-                op: OP,
-                expected: cfg.scales(),
-                got: view.value_scale,
-            });
-        }
-        let (keys, values) = (view.sparse_keys, view.sparse_values);
-        // Allocate the buffer for the rows the view holds, not its capacity: `cfg` may come
-        // from an untrusted file claiming a huge buffer (memory follows the rows held).
-        let (k, v) = (CsrStore::from_view(keys), CsrStore::from_view(values));
-        let mut cache = Self::from_stores(cfg, k, v, view.buffer_len());
-        let d = cfg.head_dim;
-        for (k, v) in buffer_rows(view.buffer_keys, d).zip(buffer_rows(view.buffer_values, d)) {
-            cache.buffer.keys.push_raw(k);
-            cache.buffer.values.push_raw(v);
-        }
-        Ok(cache)
+        let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+        let shape = (view.head_dim, rpb, view.buffer_len(), view.value_scale);
+        check_rebuild::<CsrStore<I, V>, D>(OP, &cfg, shape)?;
+        let (k, v) =
+            (CsrStore::from_view(view.sparse_keys), CsrStore::from_view(view.sparse_values));
+        Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
     }
 
     /// The sparse key store.
@@ -327,6 +320,22 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
 }
 
 impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
+    /// Rebuilds an owned cache from a coded view with config `cfg` (see
+    /// [`HybridCache::from_view`]: rows copied, buffer storage sized to the rows held).
+    ///
+    /// # Errors
+    /// As [`HybridCache::from_view`].
+    pub fn from_view(cfg: HybridConfig, view: CodedHybridView<'_, X, Y, D>) -> Result<Self> {
+        const OP: &str = "CodedHybridCache::from_view";
+        view.check_shape(OP)?;
+        let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+        let shape = (view.head_dim, rpb, view.buffer_len(), view.value_scale);
+        check_rebuild::<CodedStore<X, Y>, D>(OP, &cfg, shape)?;
+        let k = CodedStore::from_view(view.sparse_keys);
+        let v = CodedStore::from_view(view.sparse_values);
+        Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
+    }
+
     /// The sparse key store.
     pub fn sparse_keys(&self) -> &CodedStore<X, Y> {
         &self.sparse.keys
@@ -348,4 +357,32 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
             value_scale: self.cfg.scales(),
         }
     }
+}
+
+/// Checks a view's (head_dim, rows per block of keys and values, buffer rows, scales)
+/// against the config a cache is rebuilt with.
+fn check_rebuild<S: RowStore, D: Value>(
+    op: &'static str,
+    cfg: &HybridConfig,
+    (head_dim, rows_per_block, buffer_len, scales): (usize, [usize; 2], usize, (f32, f32)),
+) -> Result<()> {
+    cfg.validate_store::<S, D>()?;
+    let checks = [
+        ("head_dim", cfg.head_dim, head_dim),
+        ("key rows_per_block", cfg.rows_per_block, rows_per_block[0]),
+        ("value rows_per_block", cfg.rows_per_block, rows_per_block[1]),
+    ];
+    for (what, expected, got) in checks {
+        if expected != got {
+            return Err(Error::ShapeMismatch { op, what, expected, got });
+        }
+    }
+    if buffer_len > cfg.buffer {
+        let (expected, got) = (cfg.buffer, buffer_len);
+        return Err(Error::ShapeMismatch { op, what: "buffer rows", expected, got });
+    }
+    if scales != cfg.scales() {
+        return Err(Error::ScaleMismatch { op, expected: cfg.scales(), got: scales });
+    }
+    Ok(())
 }

@@ -61,6 +61,8 @@ impl<S: RowStore> SparseHistory<S> {
 }
 
 /// Pushes `row / scale` (or `row` itself when the scale is 1) pruned to `k` entries.
+/// With `k = 0` nothing is kept and the row is pushed unscaled: a finite row divided by a
+/// small scale may overflow to ∞, which the store would refuse although it keeps nothing.
 fn push_scaled<S: RowStore>(
     store: &mut S,
     row: &[f32],
@@ -68,7 +70,7 @@ fn push_scaled<S: RowStore>(
     scale: f32,
     scaled: &mut Vec<f32>,
 ) -> Result<()> {
-    if scale == 1.0 {
+    if scale == 1.0 || k == 0 {
         return store.push_dense(row, k);
     }
     scaled.clear();

@@ -26,3 +26,5 @@ pub use config::{HybridConfig, NonFinitePolicy};
 pub use multi::{CodedMultiHeadCache, MultiHead, MultiHeadCache};
 pub use store::RowStore;
 pub use view::{CodedHybridView, HybridView};
+
+pub(crate) use input::check_limits;

@@ -192,6 +192,26 @@ impl<X, Y, D> std::fmt::Debug for CodedHybridView<'_, X, Y, D> {
 }
 
 impl<'a, X: IndexCode, Y: ValueCode, D: Value> CodedHybridView<'a, X, Y, D> {
+    /// Checks that the parts agree with each other (as [`HybridView`]'s shape check).
+    pub(crate) fn check_shape(&self, op: &'static str) -> Result<()> {
+        let d = self.head_dim;
+        let bufs = [self.buffer_keys, self.buffer_values];
+        let checks = [
+            ("sparse key head_dim", d, self.sparse_keys.head_dim()),
+            ("sparse value head_dim", d, self.sparse_values.head_dim()),
+            ("sparse value rows", self.sparse_len(), self.sparse_values.num_rows()),
+            ("buffer value rows", self.buffer_len(), rows_of(self.buffer_values, d)),
+            ("buffer key elements", self.buffer_len() * d, bufs[0].0.len() + bufs[0].1.len()),
+            ("buffer value elements", self.buffer_len() * d, bufs[1].0.len() + bufs[1].1.len()),
+        ];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(Error::ShapeMismatch { op, what, expected, got });
+            }
+        }
+        Ok(())
+    }
+
     /// Tokens in the view.
     pub fn len(&self) -> usize {
         self.sparse_len() + self.buffer_len()

@@ -2,18 +2,25 @@
 //! per (layer, kv-head). Both are `#[repr(C)]` plain old data with compile-time size
 //! checks, read and written as little-endian bytes via `bytemuck`.
 //!
-//! They persist the state of SWAN's hybrid cache (method section, Algorithm 1): the
-//! CSR history's counts and the dense buffer's fill, plus each head's configuration.
+//! They persist the state of SWAN's hybrid cache (method section, Algorithm 1) — the
+//! sparse history's counts and the dense buffer's fill, plus each head's configuration —
+//! and, since version 2, the row counts of dense and dense-quantized caches, the
+//! [`CacheLayout`] naming which of these a file holds, and the lengths of two opaque
+//! blocks the caller fills (identity and state).
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::hybrid::{HybridConfig, NonFinitePolicy};
+use crate::coded::{IndexKind, ValueKind};
+use crate::hybrid::{HybridConfig, NonFinitePolicy, RowStore};
+use crate::quant::DenseFormat;
 use crate::{Error, Result, ValueFormat};
 
 /// File magic: the first eight bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"KVSPARSE";
-/// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this build writes.
+pub const VERSION: u32 = 2;
+/// The oldest format version this build still reads (version 1: CSR hybrid caches only).
+pub const OLDEST_VERSION: u32 = 1;
 /// Byte order marker, written natively: reads back differently on a foreign-endian host.
 pub(crate) const ENDIAN_MARK: u32 = 0x0102_0304;
 /// Every section starts at a multiple of this many bytes.
@@ -23,7 +30,10 @@ pub(crate) const HEADER_BYTES: usize = 128;
 /// Size of [`HeadEntry`].
 pub(crate) const ENTRY_BYTES: usize = 64;
 
-/// The 128-byte file header.
+const OP: &str = "MappedCache::open";
+
+/// The 128-byte file header. Version 1 wrote `layout`, `identity_bytes` and
+/// `extra_bytes` as zero (reserved), which reads as a CSR file without blocks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub(crate) struct FileHeader {
@@ -32,21 +42,25 @@ pub(crate) struct FileHeader {
     pub header_bytes: u32,
     pub endian: u32,
     pub head_dim: u32,
-    pub index_bytes: u32,
-    pub value_format: u32,
-    pub dense_format: u32,
+    pub index_code: u32,
+    pub value_code: u32,
+    pub dense_code: u32,
     pub num_layers: u32,
     pub kv_heads: u32,
     pub entry_bytes: u32,
     pub section_align: u32,
-    pub reserved0: u32,
+    pub layout: u32,
     pub file_bytes: u64,
     pub payload_crc32: u32,
     pub header_crc32: u32,
-    pub reserved: [u64; 7],
+    pub identity_bytes: u64,
+    pub extra_bytes: u64,
+    pub reserved: [u64; 5],
 }
 
-/// One 64-byte directory entry: a head's configuration and counts.
+/// One 64-byte directory entry: a head's configuration and counts. For coded rows
+/// `key_nnz`/`value_nnz` count bytes; for dense and quantized rows only `buffer_rows` (the
+/// rows held) is set and every other field is zero.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub(crate) struct HeadEntry {
@@ -66,15 +80,182 @@ pub(crate) struct HeadEntry {
 const _: () = assert!(std::mem::size_of::<FileHeader>() == HEADER_BYTES);
 const _: () = assert!(std::mem::size_of::<HeadEntry>() == ENTRY_BYTES);
 
-/// Element formats and shape shared by every head of a file.
+/// What a cache file holds per (layer, kv-head), with its element formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheLayout {
+    /// A CSR hybrid cache ([`crate::hybrid::HybridCache`]): `u8`/`u16` index lists,
+    /// sparse values of `value`, dense buffer of `dense`. The only layout of version 1.
+    Csr {
+        /// Bytes per stored index (1 or 2).
+        index_bytes: usize,
+        /// Sparse value format.
+        value: ValueFormat,
+        /// Dense buffer format.
+        dense: ValueFormat,
+    },
+    /// A coded hybrid cache ([`crate::hybrid::CodedHybridCache`]).
+    Coded {
+        /// Index code of the rows.
+        index: IndexKind,
+        /// Value code of the rows (per-row scales included in the rows).
+        value: ValueKind,
+        /// Dense buffer format.
+        dense: ValueFormat,
+    },
+    /// Dense key and value rows of one float format (a full cache).
+    Dense {
+        /// Element format.
+        format: ValueFormat,
+    },
+    /// Dense quantized key and value rows ([`crate::quant::QuantRows`]).
+    Quant {
+        /// Row codec.
+        format: DenseFormat,
+    },
+}
+
+impl std::fmt::Display for CacheLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CacheLayout::Csr { index_bytes, value, dense } => {
+                write!(f, "csr u{} {value} buffer {dense}", index_bytes * 8)
+            }
+            CacheLayout::Coded { index, value, dense } => {
+                write!(f, "coded {index} {value} buffer {dense}")
+            }
+            CacheLayout::Dense { format } => write!(f, "dense {format}"),
+            CacheLayout::Quant { format } => write!(f, "quantized {format}"),
+        }
+    }
+}
+
+const LAYOUT_CSR: u32 = 0;
+const LAYOUT_CODED: u32 = 1;
+const LAYOUT_DENSE: u32 = 2;
+const LAYOUT_QUANT: u32 = 3;
+
+fn index_kind_code(kind: IndexKind) -> u32 {
+    match kind {
+        IndexKind::ListU8 => 1,
+        IndexKind::ListU16 => 2,
+        IndexKind::Bitmask => 3,
+    }
+}
+
+fn value_kind_code(kind: ValueKind) -> u32 {
+    match kind {
+        ValueKind::Elems(f) => f.code(),
+        ValueKind::Int8 => 16,
+        ValueKind::Int4 => 17,
+    }
+}
+
+fn quant_code(format: DenseFormat) -> u32 {
+    match format {
+        DenseFormat::Int8 => 0,
+        DenseFormat::Int4 => 1,
+        DenseFormat::Fp8 => 2,
+    }
+}
+
+fn unknown(what: &'static str, code: u32) -> Error {
+    Error::UnknownCode { op: OP, what, code }
+}
+
+fn value_format(what: &'static str, code: u32) -> Result<ValueFormat> {
+    ValueFormat::from_code(code).ok_or_else(|| unknown(what, code))
+}
+
+impl CacheLayout {
+    /// `(layout, index, value, dense)` codes of the header.
+    fn codes(&self) -> [u32; 4] {
+        match *self {
+            CacheLayout::Csr { index_bytes, value, dense } => {
+                [LAYOUT_CSR, index_bytes as u32, value.code(), dense.code()]
+            }
+            CacheLayout::Coded { index, value, dense } => {
+                [LAYOUT_CODED, index_kind_code(index), value_kind_code(value), dense.code()]
+            }
+            CacheLayout::Dense { format } => [LAYOUT_DENSE, 0, 0, format.code()],
+            CacheLayout::Quant { format } => [LAYOUT_QUANT, 0, 0, quant_code(format)],
+        }
+    }
+
+    fn from_codes([layout, index, value, dense]: [u32; 4]) -> Result<Self> {
+        let unused = |what: &'static str, code: u32| match code {
+            0 => Ok(()),
+            c => Err(unknown(what, c)),
+        };
+        Ok(match layout {
+            LAYOUT_CSR => CacheLayout::Csr {
+                index_bytes: match index {
+                    1 | 2 => index as usize,
+                    other => return Err(unknown("CSR index width", other)),
+                },
+                value: value_format("sparse value format", value)?,
+                dense: value_format("dense buffer format", dense)?,
+            },
+            LAYOUT_CODED => CacheLayout::Coded {
+                index: match index {
+                    1 => IndexKind::ListU8,
+                    2 => IndexKind::ListU16,
+                    3 => IndexKind::Bitmask,
+                    other => return Err(unknown("coded index kind", other)),
+                },
+                value: match value {
+                    16 => ValueKind::Int8,
+                    17 => ValueKind::Int4,
+                    v => ValueKind::Elems(value_format("coded value kind", v)?),
+                },
+                dense: value_format("dense buffer format", dense)?,
+            },
+            LAYOUT_DENSE => {
+                unused("dense index code", index)?;
+                unused("dense value code", value)?;
+                CacheLayout::Dense { format: value_format("dense row format", dense)? }
+            }
+            LAYOUT_QUANT => {
+                unused("quantized index code", index)?;
+                unused("quantized value code", value)?;
+                CacheLayout::Quant {
+                    format: match dense {
+                        0 => DenseFormat::Int8,
+                        1 => DenseFormat::Int4,
+                        2 => DenseFormat::Fp8,
+                        other => return Err(unknown("quantized row format", other)),
+                    },
+                }
+            }
+            other => return Err(unknown("layout", other)),
+        })
+    }
+
+    /// Largest head_dim the layout can hold.
+    fn max_head_dim(&self) -> usize {
+        match self {
+            CacheLayout::Csr { index_bytes: 1, .. }
+            | CacheLayout::Coded { index: IndexKind::ListU8, .. } => 256,
+            _ => crate::MAX_HEAD_DIM,
+        }
+    }
+
+    /// Whether heads hold a hybrid cache (a config and a sparse history).
+    pub(crate) fn is_hybrid(&self) -> bool {
+        matches!(self, CacheLayout::Csr { .. } | CacheLayout::Coded { .. })
+    }
+}
+
+/// Element formats, shape and block sizes shared by every head of a file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FileFormat {
+    pub version: u32,
     pub head_dim: usize,
-    pub index_bytes: usize,
-    pub value: ValueFormat,
-    pub dense: ValueFormat,
+    pub layout: CacheLayout,
     pub num_layers: usize,
     pub kv_heads: usize,
+    pub identity_bytes: u64,
+    pub extra_bytes: u64,
 }
 
 impl FileHeader {
@@ -86,31 +267,34 @@ impl FileHeader {
     }
 
     pub(crate) fn new(format: &FileFormat, file_bytes: u64, payload_crc32: u32) -> Self {
+        let [layout, index_code, value_code, dense_code] = format.layout.codes();
         let mut h = Self {
             magic: MAGIC,
             version: VERSION,
             header_bytes: HEADER_BYTES as u32,
             endian: ENDIAN_MARK,
             head_dim: format.head_dim as u32,
-            index_bytes: format.index_bytes as u32,
-            value_format: format.value.code(),
-            dense_format: format.dense.code(),
+            index_code,
+            value_code,
+            dense_code,
             num_layers: format.num_layers as u32,
             kv_heads: format.kv_heads as u32,
             entry_bytes: ENTRY_BYTES as u32,
             section_align: SECTION_ALIGN as u32,
-            reserved0: 0,
+            layout,
             file_bytes,
             payload_crc32,
             header_crc32: 0,
-            reserved: [0; 7],
+            identity_bytes: format.identity_bytes,
+            extra_bytes: format.extra_bytes,
+            reserved: [0; 5],
         };
         h.header_crc32 = h.crc();
         h
     }
 
     /// Reads and checks the header (magic, version, byte order, checksum, constants,
-    /// formats, head_dim) from the first bytes of a file of `file_len` bytes.
+    /// layout and formats, head_dim) from the first bytes of a file.
     pub(crate) fn parse(bytes: &[u8]) -> Result<(Self, FileFormat)> {
         let Some(raw) = bytes.get(..HEADER_BYTES) else {
             return Err(Error::Truncated {
@@ -122,7 +306,7 @@ impl FileHeader {
         if h.magic != MAGIC {
             return Err(Error::BadMagic { got: h.magic });
         }
-        if h.version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&h.version) {
             return Err(Error::VersionMismatch { expected: VERSION, got: h.version });
         }
         if h.endian != ENDIAN_MARK {
@@ -153,18 +337,28 @@ impl FileHeader {
     }
 
     fn format(&self) -> Result<FileFormat> {
-        let code = |what: &str, c: u32| {
-            ValueFormat::from_code(c)
-                .ok_or_else(|| corrupt(format!("unknown {what} format code {c}")))
+        // Version 1 had one layout and no blocks; its reserved words are not read.
+        let (layout_code, blocks) = if self.version == 1 {
+            (LAYOUT_CSR, (0, 0))
+        } else {
+            if self.reserved != [0; 5] {
+                return Err(corrupt("reserved header words are not zero".into()));
+            }
+            (self.layout, (self.identity_bytes, self.extra_bytes))
         };
-        let index_bytes = match self.index_bytes {
-            1 | 2 => self.index_bytes as usize,
-            other => return Err(corrupt(format!("index width {other} bytes (expected 1 or 2)"))),
-        };
-        let max_dim = if index_bytes == 1 { 256 } else { crate::MAX_HEAD_DIM };
+        let layout = CacheLayout::from_codes([
+            layout_code,
+            self.index_code,
+            self.value_code,
+            self.dense_code,
+        ])?;
+        let max_dim = layout.max_head_dim();
         let head_dim = self.head_dim as usize;
         if head_dim == 0 || head_dim > max_dim {
             return Err(corrupt(format!("head_dim {head_dim} out of range 1..={max_dim}")));
+        }
+        if let CacheLayout::Quant { format } = layout {
+            format.check_head_dim(OP, head_dim).map_err(|e| corrupt(e.to_string()))?;
         }
         if self.num_layers == 0 || self.kv_heads == 0 {
             return Err(corrupt(format!(
@@ -173,18 +367,20 @@ impl FileHeader {
             )));
         }
         Ok(FileFormat {
+            version: self.version,
             head_dim,
-            index_bytes,
-            value: code("value", self.value_format)?,
-            dense: code("dense", self.dense_format)?,
+            layout,
             num_layers: self.num_layers as usize,
             kv_heads: self.kv_heads as usize,
+            identity_bytes: blocks.0,
+            extra_bytes: blocks.1,
         })
     }
 }
 
 impl HeadEntry {
-    pub(crate) fn new(
+    /// The entry of a hybrid head (CSR or coded rows; `nnz` counts entries or bytes).
+    pub(crate) fn hybrid(
         cfg: &HybridConfig,
         sparse_rows: usize,
         nnz: (usize, usize),
@@ -206,11 +402,31 @@ impl HeadEntry {
         }
     }
 
-    /// The head's configuration, validated for the file's formats.
-    pub(crate) fn config(&self, format: &FileFormat) -> Result<HybridConfig> {
+    /// The entry of a dense or quantized head holding `rows` rows.
+    pub(crate) fn rows(rows: usize) -> Self {
+        Self { buffer_rows: rows as u64, ..Self::zeroed() }
+    }
+
+    /// Checks that a dense or quantized head's entry sets nothing but its row count.
+    pub(crate) fn check_rows_only(&self) -> Result<()> {
+        let mut rest = *self;
+        rest.buffer_rows = 0;
+        if bytemuck::bytes_of(&rest).iter().any(|&b| b != 0) {
+            return Err(corrupt("a dense head's entry sets fields besides its row count".into()));
+        }
+        Ok(())
+    }
+
+    /// The head's hybrid configuration, validated for the file's formats with the row
+    /// store `S` the layout names.
+    pub(crate) fn config<S: RowStore>(&self, format: &FileFormat) -> Result<HybridConfig> {
         let non_finite = NonFinitePolicy::from_code(self.non_finite).ok_or_else(|| {
             corrupt(format!("unknown non-finite policy code {}", self.non_finite))
         })?;
+        let dense = match format.layout {
+            CacheLayout::Csr { dense, .. } | CacheLayout::Coded { dense, .. } => dense,
+            other => return Err(corrupt(format!("{other} heads have no hybrid config"))),
+        };
         let scales = (self.key_scale, self.value_scale);
         let cfg = HybridConfig {
             head_dim: format.head_dim,
@@ -222,11 +438,7 @@ impl HeadEntry {
             rows_per_block: self.rows_per_block as usize,
             fp8_scale: if scales == (1.0, 1.0) { None } else { Some(scales) },
         };
-        let validated = match format.index_bytes {
-            1 => cfg.validate_formats::<crate::csr::CsrStore<u8, f32>>(format.dense),
-            _ => cfg.validate_formats::<crate::csr::CsrStore<u16, f32>>(format.dense),
-        };
-        validated.map_err(|e| corrupt(format!("head config: {e}")))?;
+        cfg.validate_formats::<S>(dense).map_err(|e| corrupt(format!("head config: {e}")))?;
         if self.buffer_rows > self.buffer_capacity {
             return Err(corrupt(format!(
                 "{} buffer rows exceed capacity {}",

@@ -4,41 +4,73 @@
 //! "fits the file" check, never an out-of-bounds slice.
 //!
 //! Per head, in order (each section starting at a multiple of [`SECTION_ALIGN`]):
-//! key CSR (block bases u64, row offsets u16, indices, values), value CSR (same four),
-//! buffer keys, buffer values (dense rows in token order). SWAN's CSR rows ("Memory
-//! footprint") and dense buffer (Algorithm 1) map one-to-one onto these sections.
+//! * CSR hybrid: key CSR (block bases u64, row offsets u16, indices, values), value CSR
+//!   (same four), buffer keys, buffer values (dense rows in token order) — SWAN's CSR
+//!   rows ("Memory footprint") and dense buffer (Algorithm 1) one-to-one;
+//! * coded hybrid: key rows (block bases u64, row offsets u16, row bytes), value rows
+//!   (same three), buffer keys, buffer values;
+//! * dense or quantized rows: key rows, value rows.
+//!
+//! Before the heads, after the directory: the identity block and the extra block.
 
 use std::ops::Range;
 
-use super::header::{FileFormat, HeadEntry, SECTION_ALIGN, corrupt};
+use super::header::{CacheLayout, FileFormat, HeadEntry, SECTION_ALIGN, corrupt};
 use crate::Result;
 
-/// Byte ranges of one CSR store's four arrays.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct CsrSections {
+/// Byte ranges of one side's sparse rows. CSR rows use all four; coded rows keep their
+/// bytes in `values` and leave `indices` empty; dense heads leave all four empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RowSections {
     pub bases: Range<usize>,
     pub offsets: Range<usize>,
     pub indices: Range<usize>,
     pub values: Range<usize>,
 }
 
-/// Byte ranges of one head's sections.
+/// Byte ranges of one head's sections (`dense_*`: the hybrid buffer, or all rows of a
+/// dense / quantized head).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct HeadLayout {
-    pub keys: CsrSections,
-    pub values: CsrSections,
-    pub buffer_keys: Range<usize>,
-    pub buffer_values: Range<usize>,
+    pub keys: RowSections,
+    pub values: RowSections,
+    pub dense_keys: Range<usize>,
+    pub dense_values: Range<usize>,
+}
+
+impl HeadLayout {
+    /// The sections of `layout` in file order (what a writer emits, one part each).
+    pub(crate) fn ordered(&self, layout: &CacheLayout) -> Vec<Range<usize>> {
+        let mut out = Vec::with_capacity(10);
+        for s in [&self.keys, &self.values] {
+            match layout {
+                CacheLayout::Csr { .. } => {
+                    out.extend([&s.bases, &s.offsets, &s.indices, &s.values].map(Clone::clone))
+                }
+                CacheLayout::Coded { .. } => {
+                    out.extend([&s.bases, &s.offsets, &s.values].map(Clone::clone))
+                }
+                _ => {}
+            }
+        }
+        out.extend([self.dense_keys.clone(), self.dense_values.clone()]);
+        out
+    }
 }
 
 /// A cursor that places aligned sections and refuses to pass `limit`.
-struct Placer {
-    cursor: u64,
-    limit: u64,
+pub(crate) struct Placer {
+    pub cursor: u64,
+    pub limit: u64,
 }
 
 impl Placer {
-    fn place(&mut self, what: &str, count: u64, elem_bytes: u64) -> Result<Range<usize>> {
+    pub(crate) fn place(
+        &mut self,
+        what: &str,
+        count: u64,
+        elem_bytes: u64,
+    ) -> Result<Range<usize>> {
         let start = self.cursor.div_ceil(SECTION_ALIGN).checked_mul(SECTION_ALIGN);
         let end = count.checked_mul(elem_bytes).and_then(|len| start?.checked_add(len));
         match (start, end) {
@@ -54,20 +86,29 @@ impl Placer {
         }
     }
 
-    fn csr(
-        &mut self,
-        rows: u64,
-        nnz: u64,
-        rows_per_block: u64,
-        format: &FileFormat,
-    ) -> Result<CsrSections> {
-        let blocks = rows.div_ceil(rows_per_block.max(1));
-        Ok(CsrSections {
+    fn csr(&mut self, rows: u64, nnz: u64, rpb: u64, format: &FileFormat) -> Result<RowSections> {
+        let CacheLayout::Csr { index_bytes, value, .. } = format.layout else {
+            unreachable!("csr sections are placed for CSR files only");
+        };
+        let blocks = rows.div_ceil(rpb.max(1));
+        Ok(RowSections {
             bases: self.place("block bases", blocks, 8)?,
             offsets: self.place("row offsets", rows, 2)?,
-            indices: self.place("indices", nnz, format.index_bytes as u64)?,
-            values: self.place("values", nnz, format.value.bytes() as u64)?,
+            indices: self.place("indices", nnz, index_bytes as u64)?,
+            values: self.place("values", nnz, value.bytes() as u64)?,
         })
+    }
+
+    fn coded(&mut self, rows: u64, bytes: u64, rpb: u64) -> Result<RowSections> {
+        let blocks = rows.div_ceil(rpb.max(1));
+        let bases = self.place("block bases", blocks, 8)?;
+        let offsets = self.place("row offsets", rows, 2)?;
+        let values = self.place("row bytes", bytes, 1)?;
+        Ok(RowSections { bases, offsets, indices: values.start..values.start, values })
+    }
+
+    fn rows(&mut self, what: [&str; 2], rows: u64, row_bytes: u64) -> Result<[Range<usize>; 2]> {
+        Ok([self.place(what[0], rows, row_bytes)?, self.place(what[1], rows, row_bytes)?])
     }
 }
 
@@ -80,14 +121,39 @@ pub(crate) fn place_head(
     limit: u64,
 ) -> Result<(HeadLayout, u64)> {
     let mut p = Placer { cursor: start, limit };
+    let d = format.head_dim as u64;
+    let dense_row = |rows: u64, elem: usize| {
+        rows.checked_mul(d)
+            .map(|n| (n, elem as u64))
+            .ok_or_else(|| corrupt(format!("{rows} dense rows overflow")))
+    };
     let rpb = u64::from(entry.rows_per_block);
-    let keys = p.csr(entry.sparse_rows, entry.key_nnz, rpb, format)?;
-    let values = p.csr(entry.sparse_rows, entry.value_nnz, rpb, format)?;
-    let dense = entry.buffer_rows.checked_mul(format.head_dim as u64);
-    let dense =
-        dense.ok_or_else(|| corrupt(format!("{} buffer rows overflow", entry.buffer_rows)))?;
-    let dense_bytes = format.dense.bytes() as u64;
-    let buffer_keys = p.place("buffer keys", dense, dense_bytes)?;
-    let buffer_values = p.place("buffer values", dense, dense_bytes)?;
-    Ok((HeadLayout { keys, values, buffer_keys, buffer_values }, p.cursor))
+    let (keys, values, dense) = match format.layout {
+        CacheLayout::Csr { dense, .. } => {
+            let keys = p.csr(entry.sparse_rows, entry.key_nnz, rpb, format)?;
+            let values = p.csr(entry.sparse_rows, entry.value_nnz, rpb, format)?;
+            (keys, values, dense_row(entry.buffer_rows, dense.bytes())?)
+        }
+        CacheLayout::Coded { dense, .. } => {
+            let keys = p.coded(entry.sparse_rows, entry.key_nnz, rpb)?;
+            let values = p.coded(entry.sparse_rows, entry.value_nnz, rpb)?;
+            (keys, values, dense_row(entry.buffer_rows, dense.bytes())?)
+        }
+        CacheLayout::Dense { format: f } => (
+            RowSections::default(),
+            RowSections::default(),
+            dense_row(entry.buffer_rows, f.bytes())?,
+        ),
+        CacheLayout::Quant { format: f } => {
+            let rb = f.row_bytes(format.head_dim) as u64;
+            (RowSections::default(), RowSections::default(), (entry.buffer_rows, rb))
+        }
+    };
+    let what = if format.layout.is_hybrid() {
+        ["buffer keys", "buffer values"]
+    } else {
+        ["key rows", "value rows"]
+    };
+    let [dense_keys, dense_values] = p.rows(what, dense.0, dense.1)?;
+    Ok((HeadLayout { keys, values, dense_keys, dense_values }, p.cursor))
 }

@@ -1,18 +1,26 @@
 //! [`MappedCache`]: a validated, read-only, zero-copy view of a cache file.
 //!
 //! Persisted SWAN caches (method section, hybrid KV-cache) are read back as the very same
-//! [`HybridView`]/[`crate::csr::CsrView`] types the in-memory cache gives, so decode
-//! kernels run on a mapped prefix unchanged.
+//! [`HybridView`]/[`CodedHybridView`]/[`QuantView`] types the in-memory caches give, so
+//! decode kernels run on a mapped prefix unchanged.
 
 use std::path::Path;
 
 use memmap2::Mmap;
 
-use super::header::{ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry, corrupt};
-use super::layout::{CsrSections, HeadLayout, place_head};
-use crate::csr::CsrView;
+use super::header::{
+    CacheLayout, ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry, corrupt,
+};
+use super::kinds::{with_codec, with_coded, with_value};
+use super::layout::{HeadLayout, Placer, RowSections, place_head};
+use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode, ValueKind};
+use crate::csr::{CsrStore, CsrView};
 use crate::fp8::Fp8E4M3;
-use crate::hybrid::{HybridCache, HybridConfig, HybridView, MultiHeadCache};
+use crate::hybrid::{
+    CodedHybridCache, CodedHybridView, CodedMultiHeadCache, HybridCache, HybridConfig, HybridView,
+    MultiHeadCache, check_limits,
+};
+use crate::quant::{DenseCodec, QuantRows, QuantView};
 use crate::{Error, Result, SparseIndex, Value, ValueFormat};
 
 /// The bytes behind a [`MappedCache`].
@@ -32,20 +40,37 @@ impl Backing {
     }
 }
 
-/// A cache file, fully validated on open, giving zero-copy [`HybridView`]s.
+/// One head's validated directory entry, hybrid config (hybrid layouts) and sections.
+#[derive(Clone, Debug)]
+struct Head {
+    entry: HeadEntry,
+    config: Option<HybridConfig>,
+    layout: HeadLayout,
+}
+
+/// A cache file, fully validated on open, giving zero-copy views of every head.
 ///
-/// Opening checks, before anything is trusted: magic, version, byte order, header CRC,
-/// formats and head_dim, the file length against the header, that the directory fits the
-/// file, the payload CRC, every head's config, that every section derived from the
-/// counts lies inside the file, and every CSR invariant ([`CsrView::from_parts`]:
-/// offsets, block extents, strictly ascending indices below head_dim, finite values) plus
-/// finite buffer values that fit the sparse value format once evicted, and sparse values
-/// that stay finite once scaled. Any failure is a typed [`Error`] — never a panic or UB.
+/// Opening checks, before anything is trusted: magic, version (1 or 2), byte order,
+/// header CRC, layout and formats (an unknown code is [`Error::UnknownCode`]) and
+/// head_dim, the file length against the header, that the directory and the identity and
+/// extra blocks fit the file, the payload CRC, every head's config, that every section
+/// derived from the counts lies inside the file and that the sections tile it, then the
+/// rows themselves through the validators an in-memory cache uses:
+/// * CSR rows: [`CsrView::from_parts`] (offsets, block extents, strictly ascending indices
+///   below head_dim, finite values);
+/// * coded rows: [`CodedView::from_parts`] (block extents, row lengths that fit a `k`,
+///   ascending indices, mask popcounts, row scales finite and non-zero, finite values,
+///   even `k` for 4-bit values);
+/// * quantized rows: [`QuantView::from_bytes`] (whole rows, every block scale valid);
+/// * dense rows and hybrid buffers: finite values; buffered rows that fit the sparse
+///   encoding once evicted, and sparse values that stay finite once scaled.
+///
+/// Any failure is a typed [`Error`] — never a panic or UB.
 ///
 /// **Allocation bound**: besides the mapping (or, for [`MappedCache::read`], one buffer of
-/// the file's actual size), opening allocates one small layout record (≤ 256 bytes) per
-/// 64-byte directory entry that fits in the file — at most 4 bytes per file byte, however
-/// large the counts a hostile header claims.
+/// the file's actual size), opening allocates one small record (≤ 512 bytes) per 64-byte
+/// directory entry that fits in the file — at most 8 bytes per file byte, however large
+/// the counts a hostile header claims.
 ///
 /// ## Safety of mapped files
 /// A memory map aliases the file: if another process truncates or writes the file while
@@ -55,8 +80,9 @@ impl Backing {
 pub struct MappedCache {
     backing: Backing,
     format: FileFormat,
-    configs: Vec<HybridConfig>,
-    layouts: Vec<HeadLayout>,
+    identity: std::ops::Range<usize>,
+    extra: std::ops::Range<usize>,
+    heads: Vec<Head>,
 }
 
 impl std::fmt::Debug for MappedCache {
@@ -80,8 +106,8 @@ impl MappedCache {
     ///
     /// # Errors
     /// [`Error::Io`] when the file cannot be opened or mapped; the validation errors listed
-    /// on [`MappedCache`] (`Truncated`, `BadMagic`, `VersionMismatch`, `ChecksumMismatch`,
-    /// `Corrupt`).
+    /// on [`MappedCache`] (`Truncated`, `BadMagic`, `VersionMismatch`, `UnknownCode`,
+    /// `ChecksumMismatch`, `Corrupt`).
     pub unsafe fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source| Error::Io { op: "MappedCache::open", path: path.to_path_buf(), source };
@@ -134,11 +160,11 @@ impl MappedCache {
         let heads = (format.num_layers as u64) * (format.kv_heads as u64);
         let dir_end =
             heads.checked_mul(ENTRY_BYTES as u64).and_then(|d| d.checked_add(HEADER_BYTES as u64));
-        if dir_end.is_none_or(|end| end > actual) {
+        let Some(dir_end) = dir_end.filter(|&end| end <= actual) else {
             return Err(corrupt(format!(
                 "a directory of {heads} heads does not fit the {actual}-byte file"
             )));
-        }
+        };
         let computed = crc32fast::hash(&bytes[HEADER_BYTES..]);
         if computed != header.payload_crc32 {
             return Err(Error::ChecksumMismatch {
@@ -147,89 +173,123 @@ impl MappedCache {
                 got: computed,
             });
         }
-        let (configs, layouts) = Self::directory(bytes, &format, heads as usize)?;
-        let cache = Self { backing, format, configs, layouts };
-        for h in 0..cache.layouts.len() {
-            cache.check_head_contents(h)?;
+        let mut placer = Placer { cursor: dir_end, limit: actual };
+        let identity = placer.place("identity block", format.identity_bytes, 1)?;
+        let extra = placer.place("extra block", format.extra_bytes, 1)?;
+        let heads = Self::directory(bytes, &format, heads as usize, placer.cursor)?;
+        let cache = Self { backing, format, identity, extra, heads };
+        for h in 0..cache.heads.len() {
+            cache.check_head_contents(h).map_err(|e| corrupt(format!("head {h}: {e}")))?;
         }
         Ok(cache)
     }
 
     /// Parses the directory: configs and section layouts, which must tile the file.
-    fn directory(
-        bytes: &[u8],
-        format: &FileFormat,
-        heads: usize,
-    ) -> Result<(Vec<HybridConfig>, Vec<HeadLayout>)> {
+    fn directory(bytes: &[u8], format: &FileFormat, heads: usize, start: u64) -> Result<Vec<Head>> {
+        fn coded_config<X: IndexCode, Y: ValueCode>(
+            entry: &HeadEntry,
+            format: &FileFormat,
+        ) -> Result<HybridConfig> {
+            entry.config::<CodedStore<X, Y>>(format)
+        }
         let limit = bytes.len() as u64;
-        let mut cursor = (HEADER_BYTES + heads * ENTRY_BYTES) as u64;
-        let (mut configs, mut layouts) = (Vec::with_capacity(heads), Vec::with_capacity(heads));
+        let mut cursor = start;
+        let mut out = Vec::with_capacity(heads);
         for h in 0..heads {
             let at = HEADER_BYTES + h * ENTRY_BYTES;
             let entry: HeadEntry = bytemuck::pod_read_unaligned(&bytes[at..at + ENTRY_BYTES]);
             let context = |e: Error| corrupt(format!("head {h}: {e}"));
-            configs.push(entry.config(format).map_err(context)?);
+            let config = match format.layout {
+                CacheLayout::Csr { index_bytes: 1, .. } => {
+                    Some(entry.config::<CsrStore<u8, f32>>(format))
+                }
+                CacheLayout::Csr { .. } => Some(entry.config::<CsrStore<u16, f32>>(format)),
+                CacheLayout::Coded { index, value, .. } => {
+                    Some(with_coded!(index, value, coded_config(&entry, format)))
+                }
+                _ => {
+                    entry.check_rows_only().map_err(context)?;
+                    None
+                }
+            };
+            let config = config.transpose().map_err(context)?;
             let (layout, end) = place_head(&entry, format, cursor, limit).map_err(context)?;
-            layouts.push(layout);
+            out.push(Head { entry, config, layout });
             cursor = end;
         }
         if cursor != limit {
             return Err(corrupt(format!("sections end at {cursor}, file has {limit} bytes")));
         }
-        Ok((configs, layouts))
+        Ok(out)
     }
 
-    /// Checks one head's CSR invariants and buffer values (dispatching on the formats).
+    /// Checks one head's rows with the validator of its layout.
     fn check_head_contents(&self, h: usize) -> Result<()> {
-        let context = |e: Error| corrupt(format!("head {h}: {e}"));
-        macro_rules! check_as {
-            ($idx:ty, $val:ty) => {{
-                for sections in [&self.layouts[h].keys, &self.layouts[h].values] {
-                    self.csr_checked::<$idx, $val>(h, sections).map_err(context)?;
+        fn csr<I: SparseIndex, V: Value>(
+            c: &MappedCache,
+            h: usize,
+            dense: ValueFormat,
+        ) -> Result<()> {
+            c.check_csr::<I, V>(h, dense)
+        }
+        fn csr_u8<V: Value>(c: &MappedCache, h: usize, dense: ValueFormat) -> Result<()> {
+            csr::<u8, V>(c, h, dense)
+        }
+        fn csr_u16<V: Value>(c: &MappedCache, h: usize, dense: ValueFormat) -> Result<()> {
+            csr::<u16, V>(c, h, dense)
+        }
+        fn coded<X: IndexCode, Y: ValueCode>(
+            c: &MappedCache,
+            h: usize,
+            dense: ValueFormat,
+        ) -> Result<()> {
+            c.check_coded::<X, Y>(h, dense)
+        }
+        fn dense<D: Value>(c: &MappedCache, h: usize) -> Result<()> {
+            let layout = &c.heads[h].layout;
+            for range in [&layout.dense_keys, &layout.dense_values] {
+                if !all_finite::<D>(c.section(range)?) {
+                    return Err(corrupt("non-finite dense value".into()));
                 }
-            }};
-        }
-        macro_rules! by_value {
-            ($idx:ty) => {
-                match self.format.value {
-                    ValueFormat::F32 => check_as!($idx, f32),
-                    ValueFormat::F16 => check_as!($idx, half::f16),
-                    ValueFormat::Bf16 => check_as!($idx, half::bf16),
-                    ValueFormat::Fp8E4M3 => check_as!($idx, Fp8E4M3),
-                }
-            };
-        }
-        match self.format.index_bytes {
-            1 => by_value!(u8),
-            _ => by_value!(u16),
-        }
-        let layout = &self.layouts[h];
-        for range in [&layout.buffer_keys, &layout.buffer_values] {
-            let finite = match self.format.dense {
-                ValueFormat::F32 => all_finite::<f32>(self.section(range)?),
-                ValueFormat::F16 => all_finite::<half::f16>(self.section(range)?),
-                ValueFormat::Bf16 => all_finite::<half::bf16>(self.section(range)?),
-                ValueFormat::Fp8E4M3 => all_finite::<Fp8E4M3>(self.section(range)?),
-            };
-            if !finite {
-                return Err(corrupt(format!("head {h}: non-finite dense buffer value")));
             }
+            Ok(())
         }
-        let fits = match self.format.value {
-            ValueFormat::F32 => self.check_decoded_ranges::<f32>(h),
-            ValueFormat::F16 => self.check_decoded_ranges::<half::f16>(h),
-            ValueFormat::Bf16 => self.check_decoded_ranges::<half::bf16>(h),
-            ValueFormat::Fp8E4M3 => self.check_decoded_ranges::<Fp8E4M3>(h),
-        };
-        fits.map_err(context)
+        fn quant<C: DenseCodec>(c: &MappedCache, h: usize) -> Result<()> {
+            let layout = &c.heads[h].layout;
+            for range in [&layout.dense_keys, &layout.dense_values] {
+                QuantView::<C>::from_bytes(c.format.head_dim, c.section(range)?)?;
+            }
+            Ok(())
+        }
+        match self.format.layout {
+            CacheLayout::Csr { index_bytes: 1, value, dense } => {
+                with_value!(value, csr_u8(self, h, dense))
+            }
+            CacheLayout::Csr { value, dense, .. } => with_value!(value, csr_u16(self, h, dense)),
+            CacheLayout::Coded { index, value, dense } => {
+                with_coded!(index, value, coded(self, h, dense))
+            }
+            CacheLayout::Dense { format } => with_value!(format, dense(self, h)),
+            CacheLayout::Quant { format } => with_codec!(format, quant(self, h)),
+        }
     }
 
-    /// Ranges an in-memory cache guarantees: sparse values decode (`value · scale`) to
-    /// finite numbers, and buffered rows fit the sparse value format once evicted (after the
-    /// head's scale) — otherwise a loaded cache could never take another row (every append
-    /// would fail evicting the oldest one).
-    fn check_decoded_ranges<V: Value>(&self, h: usize) -> Result<()> {
-        let (cfg, layout) = (&self.configs[h], &self.layouts[h]);
+    fn config_of(&self, h: usize) -> Result<&HybridConfig> {
+        self.heads[h].config.as_ref().ok_or_else(|| Error::FormatMismatch {
+            op: OP,
+            what: "layout",
+            expected: "a hybrid layout".into(),
+            got: self.format.layout.to_string(),
+        })
+    }
+
+    /// CSR invariants of both histories, finite buffers, and the decoded ranges.
+    fn check_csr<I: SparseIndex, V: Value>(&self, h: usize, dense: ValueFormat) -> Result<()> {
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        for sections in [&layout.keys, &layout.values] {
+            self.csr_view::<I, V>(cfg, sections, true)?;
+        }
+        self.check_buffers(h, dense)?;
         let (key_scale, value_scale) = cfg.scales();
         for (what, s, scale) in
             [("key", &layout.keys, key_scale), ("value", &layout.values, value_scale)]
@@ -241,38 +301,116 @@ impl MappedCache {
                 )));
             }
         }
-        let parts = [
-            (&layout.buffer_keys, cfg.k_key, key_scale),
-            (&layout.buffer_values, cfg.k_value, value_scale),
-        ];
-        for (range, k, scale) in parts {
-            if k > 0 {
-                let max_abs = match self.format.dense {
-                    ValueFormat::F32 => max_abs::<f32>(self.section(range)?),
-                    ValueFormat::F16 => max_abs::<half::f16>(self.section(range)?),
-                    ValueFormat::Bf16 => max_abs::<half::bf16>(self.section(range)?),
-                    ValueFormat::Fp8E4M3 => max_abs::<Fp8E4M3>(self.section(range)?),
-                };
-                crate::value::check_overflow::<V>("MappedCache::open", max_abs / scale)?;
+        self.check_buffers_fit::<CsrStore<I, V>>(h, dense)
+    }
+
+    /// Coded-row invariants of both histories, finite buffers, and the decoded ranges.
+    fn check_coded<X: IndexCode, Y: ValueCode>(&self, h: usize, dense: ValueFormat) -> Result<()> {
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        let (key_scale, value_scale) = cfg.scales();
+        for (what, sections, scale) in
+            [("key", &layout.keys, key_scale), ("value", &layout.values, value_scale)]
+        {
+            let view = self.coded_rows::<X, Y>(cfg, sections, true)?;
+            // Decoded values are a row's values times the head's scale; where the code's
+            // largest magnitude times the scale is finite, no row can overflow.
+            if !(largest_decoded(Y::KIND) * scale).is_finite() {
+                let mut row = vec![0.0f32; cfg.head_dim];
+                for r in view.rows() {
+                    r.expand(&mut row);
+                    let m = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    if !(m * scale).is_finite() {
+                        return Err(corrupt(format!(
+                            "sparse {what} value {m} × scale {scale} overflows f32"
+                        )));
+                    }
+                }
+            }
+        }
+        self.check_buffers(h, dense)?;
+        self.check_buffers_fit::<CodedStore<X, Y>>(h, dense)
+    }
+
+    fn check_buffers(&self, h: usize, dense: ValueFormat) -> Result<()> {
+        fn finite<D: Value>(c: &MappedCache, range: &std::ops::Range<usize>) -> Result<bool> {
+            Ok(all_finite::<D>(c.section(range)?))
+        }
+        let layout = &self.heads[h].layout;
+        for range in [&layout.dense_keys, &layout.dense_values] {
+            if !with_value!(dense, finite(self, range))? {
+                return Err(corrupt("non-finite dense buffer value".into()));
             }
         }
         Ok(())
     }
 
-    fn csr_checked<I: SparseIndex, V: Value>(
+    /// Buffered rows must fit the sparse encoding once evicted (after the head's scale):
+    /// otherwise a loaded cache could never take another row (every append would fail
+    /// evicting the oldest one).
+    fn check_buffers_fit<S: crate::hybrid::RowStore>(
         &self,
         h: usize,
-        s: &CsrSections,
+        dense: ValueFormat,
+    ) -> Result<()> {
+        fn fit<S: crate::hybrid::RowStore, D: Value>(
+            c: &MappedCache,
+            range: &std::ops::Range<usize>,
+            keeps: bool,
+            scale: f32,
+        ) -> Result<()> {
+            let m = max_abs::<D>(c.section(range)?);
+            check_limits::<S, D>("MappedCache::open", m, true, keeps, scale)
+        }
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        let (key_scale, value_scale) = cfg.scales();
+        let parts = [
+            (&layout.dense_keys, cfg.k_key > 0, key_scale),
+            (&layout.dense_values, cfg.k_value > 0, value_scale),
+        ];
+        for (range, keeps, scale) in parts {
+            match dense {
+                ValueFormat::F32 => fit::<S, f32>(self, range, keeps, scale)?,
+                ValueFormat::F16 => fit::<S, half::f16>(self, range, keeps, scale)?,
+                ValueFormat::Bf16 => fit::<S, half::bf16>(self, range, keeps, scale)?,
+                ValueFormat::Fp8E4M3 => fit::<S, Fp8E4M3>(self, range, keeps, scale)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn csr_view<I: SparseIndex, V: Value>(
+        &self,
+        cfg: &HybridConfig,
+        s: &RowSections,
+        checked: bool,
     ) -> Result<CsrView<'_, I, V>> {
-        let cfg = &self.configs[h];
-        CsrView::from_parts(
-            cfg.head_dim,
-            cfg.rows_per_block,
+        let parts = (
             self.section(&s.bases)?,
             self.section(&s.offsets)?,
             self.section(&s.indices)?,
             self.section(&s.values)?,
-        )
+        );
+        let (d, rpb) = (cfg.head_dim, cfg.rows_per_block);
+        Ok(if checked {
+            CsrView::from_parts(d, rpb, parts.0, parts.1, parts.2, parts.3)?
+        } else {
+            CsrView::from_parts_unchecked(d, rpb, parts.0, parts.1, parts.2, parts.3)
+        })
+    }
+
+    fn coded_rows<X: IndexCode, Y: ValueCode>(
+        &self,
+        cfg: &HybridConfig,
+        s: &RowSections,
+        checked: bool,
+    ) -> Result<CodedView<'_, X, Y>> {
+        let parts = (self.section(&s.bases)?, self.section(&s.offsets)?, self.section(&s.values)?);
+        let (d, rpb) = (cfg.head_dim, cfg.rows_per_block);
+        Ok(if checked {
+            CodedView::from_parts(d, rpb, parts.0, parts.1, parts.2)?
+        } else {
+            CodedView::from_parts_unchecked(d, rpb, parts.0, parts.1, parts.2)
+        })
     }
 
     /// A typed slice of the file (ranges are validated to lie inside the file and to be
@@ -283,48 +421,110 @@ impl MappedCache {
         bytemuck::try_cast_slice(bytes).map_err(|e| corrupt(format!("section {range:?}: {e}")))
     }
 
-    /// The kernel view of (`layer`, `kv_head`) — the same type an in-memory cache gives.
+    /// The kernel view of (`layer`, `kv_head`) of a CSR file — the same type an in-memory
+    /// [`HybridCache`] gives.
     ///
     /// # Errors
-    /// [`Error::FormatMismatch`] when `I`, `V` or `D` differ from the file's formats;
-    /// [`Error::OutOfRange`] for a bad layer or head.
+    /// [`Error::FormatMismatch`] when the file's layout is not CSR or `I`, `V` or `D`
+    /// differ from its formats; [`Error::OutOfRange`] for a bad layer or head.
     pub fn view<I: SparseIndex, V: Value, D: Value>(
         &self,
         layer: usize,
         kv_head: usize,
     ) -> Result<HybridView<'_, I, V, D>> {
-        self.check_types::<I, V, D>()?;
+        let expected =
+            CacheLayout::Csr { index_bytes: I::BYTES, value: V::FORMAT, dense: D::FORMAT };
+        self.check_layout(expected)?;
         let h = self.head_index(layer, kv_head)?;
-        let (cfg, layout) = (&self.configs[h], &self.layouts[h]);
-        let csr = |s: &CsrSections| -> Result<CsrView<'_, I, V>> {
-            Ok(CsrView::from_parts_unchecked(
-                cfg.head_dim,
-                cfg.rows_per_block,
-                self.section(&s.bases)?,
-                self.section(&s.offsets)?,
-                self.section(&s.indices)?,
-                self.section(&s.values)?,
-            ))
-        };
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
         Ok(HybridView {
             head_dim: cfg.head_dim,
-            sparse_keys: csr(&layout.keys)?,
-            sparse_values: csr(&layout.values)?,
-            buffer_keys: (self.section(&layout.buffer_keys)?, &[]),
-            buffer_values: (self.section(&layout.buffer_values)?, &[]),
+            sparse_keys: self.csr_view(cfg, &layout.keys, false)?,
+            sparse_values: self.csr_view(cfg, &layout.values, false)?,
+            buffer_keys: (self.section(&layout.dense_keys)?, &[]),
+            buffer_values: (self.section(&layout.dense_values)?, &[]),
             value_scale: cfg.scales(),
         })
     }
 
-    /// The configuration (layer, kv_head) was written with.
+    /// The kernel view of (`layer`, `kv_head`) of a coded file — the same type an
+    /// in-memory [`CodedHybridCache`] gives.
+    ///
+    /// # Errors
+    /// [`Error::FormatMismatch`] when the layout is not coded rows of `X`, `Y` with a `D`
+    /// buffer; [`Error::OutOfRange`] for a bad layer or head.
+    pub fn coded_view<X: IndexCode, Y: ValueCode, D: Value>(
+        &self,
+        layer: usize,
+        kv_head: usize,
+    ) -> Result<CodedHybridView<'_, X, Y, D>> {
+        let expected = CacheLayout::Coded { index: X::KIND, value: Y::KIND, dense: D::FORMAT };
+        self.check_layout(expected)?;
+        let h = self.head_index(layer, kv_head)?;
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        Ok(CodedHybridView {
+            head_dim: cfg.head_dim,
+            sparse_keys: self.coded_rows(cfg, &layout.keys, false)?,
+            sparse_values: self.coded_rows(cfg, &layout.values, false)?,
+            buffer_keys: (self.section(&layout.dense_keys)?, &[]),
+            buffer_values: (self.section(&layout.dense_values)?, &[]),
+            value_scale: cfg.scales(),
+        })
+    }
+
+    /// The key and value rows (row-major `[rows][head_dim]`) of (`layer`, `kv_head`) of a
+    /// dense file, borrowed from the file.
+    ///
+    /// # Errors
+    /// [`Error::FormatMismatch`] when the layout is not dense `D`; [`Error::OutOfRange`].
+    pub fn dense_rows<D: Value>(&self, layer: usize, kv_head: usize) -> Result<(&[D], &[D])> {
+        self.check_layout(CacheLayout::Dense { format: D::FORMAT })?;
+        let layout = &self.heads[self.head_index(layer, kv_head)?].layout;
+        Ok((self.section(&layout.dense_keys)?, self.section(&layout.dense_values)?))
+    }
+
+    /// The key and value rows of (`layer`, `kv_head`) of a quantized file, borrowed from
+    /// the file — the views kernels read.
+    ///
+    /// # Errors
+    /// [`Error::FormatMismatch`] when the layout is not rows of codec `C`;
+    /// [`Error::OutOfRange`].
+    pub fn quant_rows<C: DenseCodec>(
+        &self,
+        layer: usize,
+        kv_head: usize,
+    ) -> Result<(QuantView<'_, C>, QuantView<'_, C>)> {
+        self.check_layout(CacheLayout::Quant { format: C::FORMAT })?;
+        let layout = &self.heads[self.head_index(layer, kv_head)?].layout;
+        let d = self.format.head_dim;
+        Ok((
+            QuantView::from_bytes_unchecked(d, self.section(&layout.dense_keys)?),
+            QuantView::from_bytes_unchecked(d, self.section(&layout.dense_values)?),
+        ))
+    }
+
+    /// The configuration (layer, kv_head) was written with (hybrid layouts).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for a bad layer or head; [`Error::FormatMismatch`] for a
+    /// dense or quantized file.
+    pub fn config(&self, layer: usize, kv_head: usize) -> Result<HybridConfig> {
+        self.config_of(self.head_index(layer, kv_head)?).copied()
+    }
+
+    /// Tokens held by (layer, kv_head): sparse plus buffered rows, or the rows of a dense
+    /// or quantized head.
     ///
     /// # Errors
     /// [`Error::OutOfRange`] for a bad layer or head.
-    pub fn config(&self, layer: usize, kv_head: usize) -> Result<HybridConfig> {
-        Ok(self.configs[self.head_index(layer, kv_head)?])
+    pub fn tokens(&self, layer: usize, kv_head: usize) -> Result<usize> {
+        let e = &self.heads[self.head_index(layer, kv_head)?].entry;
+        // Both counts fit the file (their sections were placed inside it).
+        Ok((e.sparse_rows + e.buffer_rows) as usize)
     }
 
-    /// Copies (layer, kv_head) into an owned [`HybridCache`] to keep appending (prefix reuse).
+    /// Copies (layer, kv_head) of a CSR file into an owned [`HybridCache`] to keep
+    /// appending (prefix reuse).
     ///
     /// # Errors
     /// As [`MappedCache::view`].
@@ -337,7 +537,7 @@ impl MappedCache {
         HybridCache::from_view(self.config(layer, kv_head)?, view)
     }
 
-    /// Copies every head into an owned [`MultiHeadCache`].
+    /// Copies every head of a CSR file into an owned [`MultiHeadCache`].
     ///
     /// # Errors
     /// As [`MappedCache::view`].
@@ -349,6 +549,46 @@ impl MappedCache {
             .map(|h| self.load(h / heads, h % heads))
             .collect::<Result<Vec<_>>>()?;
         MultiHeadCache::from_heads(layers, heads, all)
+    }
+
+    /// Copies (layer, kv_head) of a coded file into an owned [`CodedHybridCache`].
+    ///
+    /// # Errors
+    /// As [`MappedCache::coded_view`].
+    pub fn load_coded<X: IndexCode, Y: ValueCode, D: Value>(
+        &self,
+        layer: usize,
+        kv_head: usize,
+    ) -> Result<CodedHybridCache<X, Y, D>> {
+        let view = self.coded_view::<X, Y, D>(layer, kv_head)?;
+        CodedHybridCache::from_view(self.config(layer, kv_head)?, view)
+    }
+
+    /// Copies every head of a coded file into an owned [`CodedMultiHeadCache`].
+    ///
+    /// # Errors
+    /// As [`MappedCache::coded_view`].
+    pub fn load_coded_multi<X: IndexCode, Y: ValueCode, D: Value>(
+        &self,
+    ) -> Result<CodedMultiHeadCache<X, Y, D>> {
+        let (layers, heads) = (self.format.num_layers, self.format.kv_heads);
+        let all = (0..layers * heads)
+            .map(|h| self.load_coded(h / heads, h % heads))
+            .collect::<Result<Vec<_>>>()?;
+        CodedMultiHeadCache::from_heads(layers, heads, all)
+    }
+
+    /// Copies (layer, kv_head) of a quantized file into owned key and value rows.
+    ///
+    /// # Errors
+    /// As [`MappedCache::quant_rows`].
+    pub fn load_quant<C: DenseCodec>(
+        &self,
+        layer: usize,
+        kv_head: usize,
+    ) -> Result<(QuantRows<C>, QuantRows<C>)> {
+        let (k, v) = self.quant_rows::<C>(layer, kv_head)?;
+        Ok((QuantRows::from_view(k), QuantRows::from_view(v)))
     }
 
     /// Checks the file's shape against what the caller's model expects.
@@ -374,20 +614,46 @@ impl MappedCache {
         Ok(())
     }
 
-    fn check_types<I: SparseIndex, V: Value, D: Value>(&self) -> Result<()> {
-        let f = &self.format;
-        let index = |b: usize| format!("u{}", b * 8);
-        let checks = [
-            ("index", index(I::BYTES), index(f.index_bytes)),
-            ("sparse value", V::FORMAT.to_string(), f.value.to_string()),
-            ("dense buffer", D::FORMAT.to_string(), f.dense.to_string()),
-        ];
-        for (what, expected, got) in checks {
-            if expected != got {
-                return Err(Error::FormatMismatch { op: "MappedCache::view", what, expected, got });
-            }
+    /// `FormatMismatch` unless the file's layout is `expected`.
+    fn check_layout(&self, expected: CacheLayout) -> Result<()> {
+        let got = self.format.layout;
+        if got == expected {
+            return Ok(());
         }
-        Ok(())
+        let mismatch = |what, e: String, g: String| Error::FormatMismatch {
+            op: "MappedCache::view",
+            what,
+            expected: e,
+            got: g,
+        };
+        let index = |b: usize| format!("u{}", b * 8);
+        Err(match (expected, got) {
+            (
+                CacheLayout::Csr { index_bytes: ei, value: ev, dense: ed },
+                CacheLayout::Csr { index_bytes: gi, value: gv, dense: gd },
+            ) => {
+                if ei != gi {
+                    mismatch("index", index(ei), index(gi))
+                } else if ev != gv {
+                    mismatch("sparse value", ev.to_string(), gv.to_string())
+                } else {
+                    mismatch("dense buffer", ed.to_string(), gd.to_string())
+                }
+            }
+            (
+                CacheLayout::Coded { index: ei, value: ev, dense: ed },
+                CacheLayout::Coded { index: gi, value: gv, dense: gd },
+            ) => {
+                if ei != gi {
+                    mismatch("index", ei.to_string(), gi.to_string())
+                } else if ev != gv {
+                    mismatch("sparse value", ev.to_string(), gv.to_string())
+                } else {
+                    mismatch("dense buffer", ed.to_string(), gd.to_string())
+                }
+            }
+            _ => mismatch("layout", expected.to_string(), got.to_string()),
+        })
     }
 
     fn head_index(&self, layer: usize, kv_head: usize) -> Result<usize> {
@@ -399,6 +665,28 @@ impl MappedCache {
             }
         }
         Ok(layer * f.kv_heads + kv_head)
+    }
+
+    /// What the file holds per head and in which formats.
+    pub fn layout(&self) -> CacheLayout {
+        self.format.layout
+    }
+
+    /// The format version the file was written with (1 or 2).
+    pub fn version(&self) -> u32 {
+        self.format.version
+    }
+
+    /// The identity block the writer attached (empty when none): opaque bytes, e.g. a
+    /// fingerprint of the model, projection and cache spec, for the caller to check.
+    pub fn identity(&self) -> &[u8] {
+        &self.backing.bytes()[self.identity.clone()]
+    }
+
+    /// The extra block the writer attached (empty when none): opaque caller state, e.g.
+    /// the prompt's token ids.
+    pub fn extra(&self) -> &[u8] {
+        &self.backing.bytes()[self.extra.clone()]
     }
 
     /// Number of layers in the file.
@@ -416,24 +704,20 @@ impl MappedCache {
         self.format.head_dim
     }
 
-    /// Bytes per stored index (1 = `u8`, 2 = `u16`).
-    pub fn index_bytes(&self) -> usize {
-        self.format.index_bytes
-    }
-
-    /// Format of the sparse values.
-    pub fn value_format(&self) -> ValueFormat {
-        self.format.value
-    }
-
-    /// Format of the dense buffer.
-    pub fn dense_format(&self) -> ValueFormat {
-        self.format.dense
-    }
-
     /// Size of the file in bytes.
     pub fn file_bytes(&self) -> usize {
         self.backing.bytes().len()
+    }
+}
+
+/// The largest magnitude a kept value of `kind` decodes to before the head's scale.
+fn largest_decoded(kind: ValueKind) -> f32 {
+    match kind {
+        ValueKind::Elems(ValueFormat::F16) => 65504.0,
+        ValueKind::Elems(ValueFormat::Fp8E4M3) => 448.0,
+        ValueKind::Int8 => 127.0 * 65504.0,
+        ValueKind::Int4 => 8.0 * 65504.0,
+        _ => f32::INFINITY,
     }
 }
 

@@ -1,16 +1,362 @@
-//! Writing caches to the on-disk format (header, directory, aligned sections, CRC-32s).
+//! Writing caches to the on-disk format (header, directory, blocks, aligned sections,
+//! CRC-32s): [`CacheImage`] gathers the heads of any layout, borrowed, and streams them.
 //!
-//! Persists SWAN's hybrid cache state (method section, Algorithm 1) for prefix reuse:
-//! the CSR history of every head plus its dense buffer, exactly as held in memory.
+//! Persists SWAN's hybrid cache state (method section, Algorithm 1) for prefix reuse —
+//! the sparse history of every head (CSR or coded rows) plus its dense buffer, exactly as
+//! held in memory — and the full caches SWAN is compared with (dense float rows, dense
+//! quantized rows).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, Write};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::header::{ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry};
-use super::layout::{HeadLayout, place_head};
-use crate::hybrid::{HybridCache, HybridConfig, HybridView, MultiHeadCache};
+use super::header::{CacheLayout, ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry};
+use super::layout::{HeadLayout, Placer, place_head};
+use crate::coded::{CodedStore, IndexCode, ValueCode};
+use crate::csr::CsrStore;
+use crate::hybrid::{
+    CodedHybridView, HybridCache, HybridConfig, HybridView, MultiHeadCache, RowStore,
+};
+use crate::quant::{DenseCodec, QuantView};
 use crate::{Error, Result, SparseIndex, Value};
+
+const OP: &str = "persist::write";
+
+/// A cache file's content, borrowed from the caches it describes: `num_layers × kv_heads`
+/// heads of one [`CacheLayout`], layer-major, plus an optional identity block and extra
+/// block (opaque bytes the reader gets back from [`super::MappedCache::identity`] and
+/// [`super::MappedCache::extra`]).
+///
+/// # Examples
+/// ```
+/// use kv_sparse::coded::{Bitmask, CodedStore, Int8Values};
+/// use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+/// use kv_sparse::persist::{CacheImage, MappedCache};
+/// let cfg = HybridConfig::new(16, 2, 4).for_store::<CodedStore<Bitmask, Int8Values>>();
+/// let mut cache = CodedHybridCache::<Bitmask, Int8Values, half::f16>::new(cfg)?;
+/// for t in 0..5 {
+///     cache.append(&[t as f32 + 1.0; 16], &[0.5; 16])?;
+/// }
+/// let heads = [(*cache.config(), cache.view())];
+/// let image = CacheImage::coded(1, 1, &heads)?.with_identity(b"model=tiny").encode()?;
+/// let file = MappedCache::from_bytes(&image)?;
+/// assert_eq!(file.identity(), b"model=tiny");
+/// let view = file.coded_view::<Bitmask, Int8Values, half::f16>(0, 0)?;
+/// assert_eq!((view.sparse_len(), view.buffer_len()), (3, 2));
+/// # Ok::<(), kv_sparse::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct CacheImage<'a> {
+    format: FileFormat,
+    entries: Vec<HeadEntry>,
+    /// Per head, one `[older, newer]` pair of byte slices per section, in file order.
+    parts: Vec<Vec<[&'a [u8]; 2]>>,
+    identity: &'a [u8],
+    extra: &'a [u8],
+}
+
+/// Where everything of an image lies.
+struct Plan {
+    identity: Range<usize>,
+    extra: Range<usize>,
+    layouts: Vec<HeadLayout>,
+    file_bytes: u64,
+}
+
+fn check_count(num_layers: usize, kv_heads: usize, got: usize) -> Result<()> {
+    let expected = num_layers * kv_heads;
+    if got == 0 || got != expected {
+        return Err(Error::ShapeMismatch { op: OP, what: "number of heads", expected, got });
+    }
+    Ok(())
+}
+
+fn bytes_of<T: bytemuck::Pod>(x: &[T]) -> &[u8] {
+    bytemuck::cast_slice(x)
+}
+
+impl<'a> CacheImage<'a> {
+    fn new(layout: CacheLayout, num_layers: usize, kv_heads: usize, head_dim: usize) -> Self {
+        let format = FileFormat {
+            version: super::VERSION,
+            head_dim,
+            layout,
+            num_layers,
+            kv_heads,
+            identity_bytes: 0,
+            extra_bytes: 0,
+        };
+        let heads = num_layers * kv_heads;
+        Self {
+            format,
+            entries: Vec::with_capacity(heads),
+            parts: Vec::with_capacity(heads),
+            identity: &[],
+            extra: &[],
+        }
+    }
+
+    /// CSR hybrid heads given as (config, view) pairs, layer-major.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the head count or a view's shape does not match its
+    /// config or the first head's head_dim; [`Error::ScaleMismatch`]; config errors.
+    pub fn csr<I: SparseIndex, V: Value, D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(HybridConfig, HybridView<'a, I, V, D>)],
+    ) -> Result<Self> {
+        check_count(num_layers, kv_heads, heads.len())?;
+        let head_dim = heads[0].0.head_dim;
+        let layout = CacheLayout::Csr { index_bytes: I::BYTES, value: V::FORMAT, dense: D::FORMAT };
+        let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
+        for (cfg, view) in heads {
+            let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+            let scales = view.value_scale;
+            check_hybrid::<CsrStore<I, V>, D>(head_dim, cfg, view.head_dim, rpb, scales)?;
+            view.check_shape(OP)?;
+            check_buffer(cfg, view.buffer_len())?;
+            let nnz = (view.sparse_keys.nnz(), view.sparse_values.nnz());
+            image.entries.push(HeadEntry::hybrid(cfg, view.sparse_len(), nnz, view.buffer_len()));
+            let mut parts = Vec::with_capacity(10);
+            for csr in [view.sparse_keys, view.sparse_values] {
+                parts.push([bytes_of(csr.block_bases()), &[]]);
+                parts.push([bytes_of(csr.offsets()), &[]]);
+                parts.push([bytes_of(csr.indices()), &[]]);
+                parts.push([bytes_of(csr.values()), &[]]);
+            }
+            for (a, b) in [view.buffer_keys, view.buffer_values] {
+                parts.push([bytes_of(a), bytes_of(b)]);
+            }
+            image.parts.push(parts);
+        }
+        Ok(image)
+    }
+
+    /// Coded hybrid heads (index list or bitmask rows, float or integer values with their
+    /// row scales) given as (config, view) pairs, layer-major.
+    ///
+    /// # Errors
+    /// As [`CacheImage::csr`].
+    pub fn coded<X: IndexCode, Y: ValueCode, D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(HybridConfig, CodedHybridView<'a, X, Y, D>)],
+    ) -> Result<Self> {
+        check_count(num_layers, kv_heads, heads.len())?;
+        let head_dim = heads[0].0.head_dim;
+        let layout = CacheLayout::Coded { index: X::KIND, value: Y::KIND, dense: D::FORMAT };
+        let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
+        for (cfg, view) in heads {
+            let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+            let scales = view.value_scale;
+            check_hybrid::<CodedStore<X, Y>, D>(head_dim, cfg, view.head_dim, rpb, scales)?;
+            view.check_shape(OP)?;
+            check_buffer(cfg, view.buffer_len())?;
+            let nnz = (view.sparse_keys.bytes().len(), view.sparse_values.bytes().len());
+            image.entries.push(HeadEntry::hybrid(cfg, view.sparse_len(), nnz, view.buffer_len()));
+            let mut parts = Vec::with_capacity(8);
+            for rows in [view.sparse_keys, view.sparse_values] {
+                parts.push([bytes_of(rows.block_bases()), &[]]);
+                parts.push([bytes_of(rows.offsets()), &[]]);
+                parts.push([rows.bytes(), &[]]);
+            }
+            for (a, b) in [view.buffer_keys, view.buffer_values] {
+                parts.push([bytes_of(a), bytes_of(b)]);
+            }
+            image.parts.push(parts);
+        }
+        Ok(image)
+    }
+
+    /// Dense heads: per head its keys and values, row-major `[rows][head_dim]` of `D`.
+    ///
+    /// # Errors
+    /// [`Error::HeadDimOutOfRange`]; [`Error::ShapeMismatch`] when the head count is wrong
+    /// or a head's keys and values are not the same whole number of rows.
+    pub fn dense<D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        heads: &[(&'a [D], &'a [D])],
+    ) -> Result<Self> {
+        check_count(num_layers, kv_heads, heads.len())?;
+        if head_dim == 0 || head_dim > crate::MAX_HEAD_DIM {
+            return Err(Error::HeadDimOutOfRange { op: OP, head_dim, max: crate::MAX_HEAD_DIM });
+        }
+        let mut image =
+            Self::new(CacheLayout::Dense { format: D::FORMAT }, num_layers, kv_heads, head_dim);
+        for (keys, values) in heads {
+            let rows = keys.len() / head_dim;
+            let checks = [
+                ("key elements (whole rows)", rows * head_dim, keys.len()),
+                ("value elements", keys.len(), values.len()),
+            ];
+            for (what, expected, got) in checks {
+                if expected != got {
+                    return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+                }
+            }
+            image.entries.push(HeadEntry::rows(rows));
+            image.parts.push(vec![[bytes_of(keys), &[]], [bytes_of(values), &[]]]);
+        }
+        Ok(image)
+    }
+
+    /// Dense quantized heads: per head its key and value rows.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the head count is wrong, a view's head_dim differs
+    /// from the first one's, or keys and values hold different numbers of rows.
+    pub fn quant<C: DenseCodec>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(QuantView<'a, C>, QuantView<'a, C>)],
+    ) -> Result<Self> {
+        check_count(num_layers, kv_heads, heads.len())?;
+        let head_dim = heads[0].0.head_dim();
+        let layout = CacheLayout::Quant { format: C::FORMAT };
+        let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
+        for (keys, values) in heads {
+            let checks = [
+                ("key head_dim", head_dim, keys.head_dim()),
+                ("value head_dim", head_dim, values.head_dim()),
+                ("value rows", keys.num_rows(), values.num_rows()),
+            ];
+            for (what, expected, got) in checks {
+                if expected != got {
+                    return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+                }
+            }
+            image.entries.push(HeadEntry::rows(keys.num_rows()));
+            image.parts.push(vec![[keys.bytes(), &[]], [values.bytes(), &[]]]);
+        }
+        Ok(image)
+    }
+
+    /// Attaches the identity block (e.g. model, projection and cache-spec fingerprints).
+    pub fn with_identity(mut self, identity: &'a [u8]) -> Self {
+        self.identity = identity;
+        self.format.identity_bytes = identity.len() as u64;
+        self
+    }
+
+    /// Attaches the extra block (caller state, e.g. the prompt's token ids).
+    pub fn with_extra(mut self, extra: &'a [u8]) -> Self {
+        self.extra = extra;
+        self.format.extra_bytes = extra.len() as u64;
+        self
+    }
+
+    /// The layout the image will be written with.
+    pub fn layout(&self) -> CacheLayout {
+        self.format.layout
+    }
+
+    fn plan(&self) -> Result<Plan> {
+        let dir_end = (HEADER_BYTES + ENTRY_BYTES * self.entries.len()) as u64;
+        let mut p = Placer { cursor: dir_end, limit: u64::MAX };
+        let identity = p.place("identity block", self.identity.len() as u64, 1)?;
+        let extra = p.place("extra block", self.extra.len() as u64, 1)?;
+        let mut cursor = p.cursor;
+        let mut layouts = Vec::with_capacity(self.entries.len());
+        for entry in &self.entries {
+            let (layout, end) = place_head(entry, &self.format, cursor, u64::MAX)?;
+            layouts.push(layout);
+            cursor = end;
+        }
+        Ok(Plan { identity, extra, layouts, file_bytes: cursor })
+    }
+
+    /// Feeds everything after the header (directory, blocks, padding, sections) to `sink`.
+    fn emit(
+        &self,
+        plan: &Plan,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let mut pos = HEADER_BYTES;
+        for entry in &self.entries {
+            sink(bytemuck::bytes_of(entry))?;
+            pos += ENTRY_BYTES;
+        }
+        let mut section = |range: &Range<usize>, parts: [&[u8]; 2]| -> std::io::Result<()> {
+            debug_assert_eq!(range.len(), parts[0].len() + parts[1].len());
+            sink(&[0u8; 64][..range.start - pos])?;
+            sink(parts[0])?;
+            sink(parts[1])?;
+            pos = range.end;
+            Ok(())
+        };
+        section(&plan.identity, [self.identity, &[]])?;
+        section(&plan.extra, [self.extra, &[]])?;
+        for (layout, parts) in plan.layouts.iter().zip(&self.parts) {
+            let ranges = layout.ordered(&self.format.layout);
+            debug_assert_eq!(ranges.len(), parts.len());
+            for (range, part) in ranges.iter().zip(parts) {
+                section(range, *part)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The file image in memory (what [`CacheImage::write`] writes).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] only if the counts overflow a `u64` file size.
+    pub fn encode(&self) -> Result<Vec<u8>> {
+        let plan = self.plan()?;
+        let mut out = Vec::with_capacity(plan.file_bytes as usize);
+        out.extend_from_slice(&[0u8; HEADER_BYTES]);
+        self.emit(&plan, &mut |b| {
+            out.extend_from_slice(b);
+            Ok(())
+        })
+        .expect("writing to a Vec cannot fail");
+        let crc = crc32fast::hash(&out[HEADER_BYTES..]);
+        let header = FileHeader::new(&self.format, plan.file_bytes, crc);
+        out[..HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
+        Ok(out)
+    }
+
+    /// Writes the file to a temporary sibling of `path` in one pass (the payload CRC is
+    /// computed while streaming, the header written last) and renames it into place, so a
+    /// reader never sees a half-written file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] on file-system errors.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let plan = self.plan()?;
+        let tmp = temp_path(path);
+        let written = self.write_file(&tmp, &plan).and_then(|()| {
+            std::fs::rename(&tmp, path)
+                .map_err(|source| io_error("persist::write (rename)", path, source))
+        });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written
+    }
+
+    fn write_file(&self, tmp: &Path, plan: &Plan) -> Result<()> {
+        let err = |source| io_error(OP, tmp, source);
+        let file = File::create(tmp).map_err(err)?;
+        let mut w = BufWriter::with_capacity(1 << 20, file);
+        w.write_all(&[0u8; HEADER_BYTES]).map_err(err)?;
+        let mut hasher = crc32fast::Hasher::new();
+        self.emit(plan, &mut |b| {
+            hasher.update(b);
+            w.write_all(b)
+        })
+        .map_err(err)?;
+        let header = FileHeader::new(&self.format, plan.file_bytes, hasher.finalize());
+        w.rewind().map_err(err)?;
+        w.write_all(bytemuck::bytes_of(&header)).map_err(err)?;
+        let file = w.into_inner().map_err(|e| err(e.into_error()))?;
+        file.sync_all().map_err(err)
+    }
+}
 
 /// Writes one hybrid cache to `path` (a file of 1 layer × 1 kv-head).
 ///
@@ -53,7 +399,7 @@ pub fn write_multi<I: SparseIndex, V: Value, D: Value>(
     write_views(path, cache.num_layers(), cache.kv_heads(), &heads)
 }
 
-/// Writes `num_layers × kv_heads` heads given as (config, view) pairs, layer-major
+/// Writes `num_layers × kv_heads` CSR heads given as (config, view) pairs, layer-major
 /// (e.g. views of a [`super::MappedCache`], to re-save it).
 ///
 /// # Errors
@@ -65,20 +411,10 @@ pub fn write_views<I: SparseIndex, V: Value, D: Value>(
     kv_heads: usize,
     heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
 ) -> Result<()> {
-    let path = path.as_ref();
-    let plan = Plan::new(num_layers, kv_heads, heads)?;
-    let tmp = temp_path(path);
-    let written = write_file(&tmp, &plan, heads).and_then(|()| {
-        std::fs::rename(&tmp, path)
-            .map_err(|source| io_error("persist::write (rename)", path, source))
-    });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
+    CacheImage::csr(num_layers, kv_heads, heads)?.write(path)
 }
 
-/// Encodes heads into an in-memory file image (what [`write_views`] would write).
+/// Encodes CSR heads into an in-memory file image (what [`write_views`] would write).
 ///
 /// # Errors
 /// [`Error::ShapeMismatch`] as [`write_views`].
@@ -87,15 +423,7 @@ pub fn encode_views<I: SparseIndex, V: Value, D: Value>(
     kv_heads: usize,
     heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
 ) -> Result<Vec<u8>> {
-    let plan = Plan::new(num_layers, kv_heads, heads)?;
-    let mut out = Vec::with_capacity(plan.file_bytes as usize);
-    out.extend_from_slice(bytemuck::bytes_of(&plan.header(heads)));
-    plan.emit(heads, &mut |b| {
-        out.extend_from_slice(b);
-        Ok(())
-    })
-    .expect("writing to a Vec cannot fail");
-    Ok(out)
+    CacheImage::csr(num_layers, kv_heads, heads)?.encode()
 }
 
 fn temp_path(path: &Path) -> PathBuf {
@@ -108,140 +436,36 @@ fn io_error(op: &'static str, path: &Path, source: std::io::Error) -> Error {
     Error::Io { op, path: path.to_path_buf(), source }
 }
 
-fn write_file<I: SparseIndex, V: Value, D: Value>(
-    tmp: &Path,
-    plan: &Plan,
-    heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
-) -> Result<()> {
-    let err = |source| io_error("persist::write", tmp, source);
-    let file = File::create(tmp).map_err(err)?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    w.write_all(bytemuck::bytes_of(&plan.header(heads))).map_err(err)?;
-    plan.emit(heads, &mut |b| w.write_all(b)).map_err(err)?;
-    let file = w.into_inner().map_err(|e| err(e.into_error()))?;
-    file.sync_all().map_err(err)
-}
-
-/// The file's format, directory and section layout, derived from the heads.
-struct Plan {
-    format: FileFormat,
-    entries: Vec<HeadEntry>,
-    layouts: Vec<HeadLayout>,
-    file_bytes: u64,
-}
-
-impl Plan {
-    fn new<I: SparseIndex, V: Value, D: Value>(
-        num_layers: usize,
-        kv_heads: usize,
-        heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
-    ) -> Result<Self> {
-        const OP: &str = "persist::write";
-        let expected = num_layers * kv_heads;
-        if heads.is_empty() || heads.len() != expected {
-            let got = heads.len();
-            return Err(Error::ShapeMismatch { op: OP, what: "number of heads", expected, got });
-        }
-        let head_dim = heads[0].0.head_dim;
-        let format = FileFormat {
-            head_dim,
-            index_bytes: I::BYTES,
-            value: V::FORMAT,
-            dense: D::FORMAT,
-            num_layers,
-            kv_heads,
-        };
-        let mut entries = Vec::with_capacity(heads.len());
-        for (cfg, view) in heads {
-            check_head(OP, head_dim, cfg, view)?;
-            let nnz = (view.sparse_keys.nnz(), view.sparse_values.nnz());
-            entries.push(HeadEntry::new(cfg, view.sparse_len(), nnz, view.buffer_len()));
-        }
-        let mut cursor = (HEADER_BYTES + ENTRY_BYTES * entries.len()) as u64;
-        let mut layouts = Vec::with_capacity(entries.len());
-        for entry in &entries {
-            let (layout, end) = place_head(entry, &format, cursor, u64::MAX)?;
-            layouts.push(layout);
-            cursor = end;
-        }
-        Ok(Self { format, entries, layouts, file_bytes: cursor })
-    }
-
-    fn header<I: SparseIndex, V: Value, D: Value>(
-        &self,
-        heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
-    ) -> FileHeader {
-        let mut hasher = crc32fast::Hasher::new();
-        self.emit(heads, &mut |b| {
-            hasher.update(b);
-            Ok(())
-        })
-        .expect("hashing cannot fail");
-        FileHeader::new(&self.format, self.file_bytes, hasher.finalize())
-    }
-
-    /// Feeds everything after the header (directory, padding, sections) to `sink`.
-    fn emit<I: SparseIndex, V: Value, D: Value>(
-        &self,
-        heads: &[(HybridConfig, HybridView<'_, I, V, D>)],
-        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let mut pos = HEADER_BYTES;
-        for entry in &self.entries {
-            sink(bytemuck::bytes_of(entry))?;
-            pos += ENTRY_BYTES;
-        }
-        let mut section = |start: usize, parts: &[&[u8]]| -> std::io::Result<()> {
-            sink(&[0u8; 64][..start - pos])?;
-            for part in parts {
-                sink(part)?;
-            }
-            pos = start + parts.iter().map(|p| p.len()).sum::<usize>();
-            Ok(())
-        };
-        for ((_, view), layout) in heads.iter().zip(&self.layouts) {
-            for (csr, at) in
-                [(view.sparse_keys, &layout.keys), (view.sparse_values, &layout.values)]
-            {
-                section(at.bases.start, &[bytemuck::cast_slice(csr.block_bases())])?;
-                section(at.offsets.start, &[bytemuck::cast_slice(csr.offsets())])?;
-                section(at.indices.start, &[bytemuck::cast_slice(csr.indices())])?;
-                section(at.values.start, &[bytemuck::cast_slice(csr.values())])?;
-            }
-            for ((a, b), at) in [
-                (view.buffer_keys, &layout.buffer_keys),
-                (view.buffer_values, &layout.buffer_values),
-            ] {
-                section(at.start, &[bytemuck::cast_slice(a), bytemuck::cast_slice(b)])?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A head to be written must agree with its config and the file's head_dim.
-fn check_head<I: SparseIndex, V: Value, D: Value>(
-    op: &'static str,
+/// A hybrid head to be written must agree with its config and the file's head_dim.
+fn check_hybrid<S: RowStore, D: Value>(
     head_dim: usize,
     cfg: &HybridConfig,
-    view: &HybridView<'_, I, V, D>,
+    view_head_dim: usize,
+    rows_per_block: [usize; 2],
+    scales: (f32, f32),
 ) -> Result<()> {
-    cfg.validate::<I, D>()?;
-    view.check_shape(op)?;
+    cfg.validate_store::<S, D>()?;
     let checks = [
         ("head_dim", head_dim, cfg.head_dim),
-        ("view head_dim", head_dim, view.head_dim),
-        ("key rows_per_block", cfg.rows_per_block, view.sparse_keys.rows_per_block()),
-        ("value rows_per_block", cfg.rows_per_block, view.sparse_values.rows_per_block()),
-        ("buffer rows (at most the capacity)", cfg.buffer, cfg.buffer.max(view.buffer_len())),
+        ("view head_dim", head_dim, view_head_dim),
+        ("key rows_per_block", cfg.rows_per_block, rows_per_block[0]),
+        ("value rows_per_block", cfg.rows_per_block, rows_per_block[1]),
     ];
     for (what, expected, got) in checks {
         if expected != got {
-            return Err(Error::ShapeMismatch { op, what, expected, got });
+            return Err(Error::ShapeMismatch { op: OP, what, expected, got });
         }
     }
-    if view.value_scale != cfg.scales() {
-        return Err(Error::ScaleMismatch { op, expected: cfg.scales(), got: view.value_scale });
+    if scales != cfg.scales() {
+        return Err(Error::ScaleMismatch { op: OP, expected: cfg.scales(), got: scales });
+    }
+    Ok(())
+}
+
+fn check_buffer(cfg: &HybridConfig, buffer_len: usize) -> Result<()> {
+    if buffer_len > cfg.buffer {
+        let what = "buffer rows (at most the capacity)";
+        return Err(Error::ShapeMismatch { op: OP, what, expected: cfg.buffer, got: buffer_len });
     }
     Ok(())
 }

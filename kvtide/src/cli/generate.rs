@@ -1,11 +1,18 @@
 //! `kvtide generate`: greedy generation through any cache, streaming the text, with the
-//! instruct chat template applied unless `--raw`.
+//! instruct chat template applied unless `--raw`; `--save-cache` writes the cache after the
+//! prompt, `--load-cache` continues from such a file instead of running the prefill
+//! (prefix reuse, `models::cache::persist`).
 
 use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
 
 use crate::Result;
 use clap::Args;
+use kv_sparse::persist::MappedCache;
+use models::cache::persist::{self, CacheIdentity, Prefix};
 use models::cache::spec::CacheSpec;
+use models::session::generate::Generation;
 use models::{ChatMessage, Session};
 use serde_json::json;
 
@@ -34,6 +41,15 @@ pub struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// After the prompt's prefill, write the whole cache (every layer and kv-head, with
+    /// the model, projection and cache format in its header) to FILE.
+    #[arg(long, value_name = "FILE")]
+    save_cache: Option<PathBuf>,
+    /// Continue from a cache FILE written by `--save-cache` for the same prompt, model,
+    /// projection and cache spec, instead of running the prefill (the file is memory-mapped
+    /// and validated; a file for another model, projection or format is an error).
+    #[arg(long, value_name = "FILE", conflicts_with = "save_cache")]
+    load_cache: Option<PathBuf>,
 }
 
 fn prompt_text(a: &GenerateArgs, ckpt: &models::Checkpoint) -> Result<String> {
@@ -59,10 +75,18 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     let ids = tok.encode(&prompt_text(a, &ckpt)?)?;
     let proj = crate::paths::projection_file(&ckpt.config.name);
     let (model, cache) = a.cache.clone().with_default_projection(&proj).build(&ckpt.model)?;
+    let identity = if a.save_cache.is_some() || a.load_cache.is_some() {
+        Some(CacheIdentity::of(&ckpt.model, cache.as_ref())?)
+    } else {
+        None
+    };
     let mut session = Session::new(model, cache)?;
     let mut shown = String::new();
     let mut generated = Vec::new();
+    let mut first_token_s = None;
+    let t0 = Instant::now();
     let mut stream = |id: u32| -> models::Result<()> {
+        first_token_s.get_or_insert_with(|| t0.elapsed().as_secs_f64());
         generated.push(id);
         if !a.json {
             // Print once the bytes decode to whole characters (byte-level BPE can split them).
@@ -77,33 +101,116 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         }
         Ok(())
     };
-    let out = models::session::generate::greedy(
-        &mut session,
-        &ids,
-        a.max_new_tokens,
-        &ckpt.config.eos_token_ids,
-        &mut stream,
-    )?;
+    let eos = &ckpt.config.eos_token_ids;
+    let (out, load_s) = match (&a.load_cache, &a.save_cache, &identity) {
+        (Some(path), _, Some(identity)) => {
+            let (prefix, load_s) = resume(&mut session, path, identity, &ids)?;
+            let out = models::session::generate::greedy_from(
+                &mut session,
+                &prefix.logits,
+                a.max_new_tokens,
+                eos,
+                &mut stream,
+            )?;
+            (out, Some(load_s))
+        }
+        (None, Some(path), Some(identity)) => {
+            (prefill_and_save(&mut session, path, identity, &ids, a, &mut stream)?, None)
+        }
+        _ => (
+            models::session::generate::greedy(
+                &mut session,
+                &ids,
+                a.max_new_tokens,
+                eos,
+                &mut stream,
+            )?,
+            None,
+        ),
+    };
     let bytes = session.cache().bytes();
     if a.json {
         print_json(&json!({
             "cache": session.cache().label(), "prompt_tokens": ids.len(), "generated_tokens": out.ids.len(),
             "text": tok.decode(&out.ids)?, "stop": format!("{:?}", out.stop), "prefill_s": out.prefill_s,
+            "load_cache_s": load_s, "first_token_s": first_token_s,
             "decode_tokens_per_s": out.decode_tokens_per_s(), "kv_bytes": bytes.total(), "stats": stats_json(session.cache()),
         }));
     } else {
         println!();
+        let start = match load_s {
+            Some(s) => format!("cache loaded in {:.3} s", s),
+            None => format!("prefill {:.2} s", out.prefill_s),
+        };
         eprintln!(
-            "[{}] {} prompt + {} generated tokens, prefill {:.2} s, decode {:.1} tok/s, KV {}",
+            "[{}] {} prompt + {} generated tokens, {start}, first token after {:.3} s, decode {:.1} tok/s, KV {}",
             session.cache().label(),
             ids.len(),
             out.ids.len(),
-            out.prefill_s,
+            first_token_s.unwrap_or(0.0),
             out.decode_tokens_per_s(),
             human_bytes(bytes.total() as f64)
         );
     }
     Ok(())
+}
+
+/// Reopens a saved prompt cache (memory-mapped, validated) into the fresh `session`;
+/// returns the saved prefix and the seconds it took.
+fn resume(
+    session: &mut Session,
+    path: &std::path::Path,
+    identity: &CacheIdentity,
+    ids: &[u32],
+) -> Result<(Prefix, f64)> {
+    let t = Instant::now();
+    // SAFETY: the map is read only inside this function: `resume` validates it and the
+    // cache copies every row out before `file` is dropped here. kvtide replaces cache
+    // files only by renaming a new file over them, which leaves this mapping's inode
+    // intact; the remaining hazard, another program truncating or rewriting the file in
+    // place during these milliseconds, is excluded by the documented use of the flag.
+    let file = unsafe { MappedCache::open(path) }.map_err(models::Error::from)?;
+    let prefix = session.resume(&file, identity)?;
+    drop(file);
+    if prefix.ids != ids {
+        return Err(crate::Error::InvalidInput {
+            op: "generate --load-cache",
+            reason: format!(
+                "the cache was saved for a prompt of {} tokens that differs from this one ({} tokens)",
+                prefix.ids.len(),
+                ids.len()
+            ),
+        });
+    }
+    Ok((prefix, t.elapsed().as_secs_f64()))
+}
+
+/// Runs the prefill, writes the cache with the prompt and its last logits, then decodes.
+fn prefill_and_save(
+    session: &mut Session,
+    path: &std::path::Path,
+    identity: &CacheIdentity,
+    ids: &[u32],
+    a: &GenerateArgs,
+    stream: &mut dyn FnMut(u32) -> models::Result<()>,
+) -> Result<Generation> {
+    session.reserve(ids.len() + a.max_new_tokens)?;
+    let t = Instant::now();
+    let logits = session.prefill(ids)?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let logits = models::llama::host::to_f32_vec(&logits)?;
+    let prefix = Prefix { ids: ids.to_vec(), logits };
+    persist::save(path, identity, session.cache(), &prefix)?;
+    let eos = &session.model().config().eos_token_ids.clone();
+    let mut out = models::session::generate::greedy_from(
+        session,
+        &prefix.logits,
+        a.max_new_tokens,
+        eos,
+        stream,
+    )?;
+    out.prefill_s = prefill_s;
+    Ok(out)
 }
 
 /// A cache's extra figures as a JSON object.

@@ -6,10 +6,12 @@
 
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::Value;
+use kv_sparse::persist::{CacheImage, MappedCache};
+use projection::ProjectionSet;
 
 use super::rotation::QkRotation;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
-use crate::error::Result;
+use crate::error::{Result, invalid};
 
 /// Full keys and values per (layer, kv-head), row-major `[tokens][head_dim]` of `D`.
 pub struct DenseCache<D: Value> {
@@ -125,6 +127,36 @@ impl<D: Value> KvCache for DenseCache<D> {
     fn bytes(&self) -> CacheBytes {
         let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
         CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
+    }
+
+    fn projection(&self) -> Option<&ProjectionSet> {
+        self.rotation.as_ref().map(QkRotation::set)
+    }
+
+    fn image(&self) -> Result<CacheImage<'_>> {
+        let heads: Vec<(&[D], &[D])> =
+            self.keys.iter().zip(&self.values).map(|(k, v)| (&k[..], &v[..])).collect();
+        let s = &self.shape;
+        Ok(CacheImage::dense(s.layers, s.kv_heads(), s.head_dim(), &heads)?)
+    }
+
+    /// Copies the rows out of the file: this cache appends every step to each head's
+    /// `Vec`, which must own its storage.
+    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+        let s = self.shape;
+        file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
+        let tokens = super::persist::common_tokens("dense cache load", file)?;
+        let (mut keys, mut values) = (Vec::with_capacity(s.layers), Vec::with_capacity(s.layers));
+        for slot in 0..s.layers * s.kv_heads() {
+            let (k, v) = file.dense_rows::<D>(slot / s.kv_heads(), slot % s.kv_heads())?;
+            if k.len() != tokens * s.head_dim() {
+                return Err(invalid("dense cache load", format!("head {slot}: ragged rows")));
+            }
+            keys.push(k.to_vec());
+            values.push(v.to_vec());
+        }
+        (self.keys, self.values) = (keys, values);
+        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@
 //! [`crate::session::Session`]; the cache never sees weights.
 
 mod dense;
+pub mod persist;
 mod quant;
 mod rotation;
 pub mod spec;
@@ -30,6 +31,8 @@ pub use tiered::{TieredCache, TieredSpec};
 use std::ops::Range;
 
 use attn_kernels::AttnConfig;
+use kv_sparse::persist::{CacheImage, MappedCache};
+use projection::ProjectionSet;
 
 use crate::error::{Result, invalid};
 use crate::load::config::ModelConfig;
@@ -282,5 +285,35 @@ pub trait KvCache: Send {
     /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`); none by default.
     fn stats(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
+    }
+
+    /// The projection set q/k are rotated by and `P_VO` absorbed with, if any (part of a
+    /// persisted cache's identity).
+    fn projection(&self) -> Option<&ProjectionSet> {
+        None
+    }
+
+    /// Every layer's and kv-head's state as a persisted-cache image borrowing the cache
+    /// (see [`persist`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::NotPersistable`] for caches without a persisted form (the default);
+    /// [`crate::Error::Sparse`] if the state does not encode.
+    fn image(&self) -> Result<CacheImage<'_>> {
+        Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() })
+    }
+
+    /// Replaces the cache's state by a validated file's (every layer, every kv-head).
+    /// The file is checked against this cache — layout and formats, shape, per-head
+    /// configuration, equal token counts across layers — before anything changes, so on
+    /// error the cache holds what it held before.
+    ///
+    /// # Errors
+    /// [`crate::Error::NotPersistable`] (the default); [`crate::Error::Sparse`] for a file
+    /// of another layout, format or shape; [`crate::Error::InvalidInput`] for per-head
+    /// configurations or token counts this cache cannot continue from.
+    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+        let _ = file;
+        Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() })
     }
 }

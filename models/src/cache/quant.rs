@@ -6,7 +6,9 @@
 //! compares against what its engine already offers).
 
 use attn_kernels::{CpuAttention, EncodedAttention, QuantKv};
+use kv_sparse::persist::{CacheImage, MappedCache};
 use kv_sparse::quant::{DenseCodec, QuantRows};
+use projection::ProjectionSet;
 
 use super::rotation::QkRotation;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
@@ -149,5 +151,31 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     fn bytes(&self) -> CacheBytes {
         let held = self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
         CacheBytes { resident: held, offloaded: 0 }
+    }
+
+    fn projection(&self) -> Option<&ProjectionSet> {
+        self.rotation.as_ref().map(QkRotation::set)
+    }
+
+    fn image(&self) -> Result<CacheImage<'_>> {
+        let heads: Vec<_> =
+            self.keys.iter().zip(&self.values).map(|(k, v)| (k.view(), v.view())).collect();
+        Ok(CacheImage::quant(self.shape.layers, self.shape.kv_heads(), &heads)?)
+    }
+
+    /// Copies the rows out of the file: this cache appends every step to each head's
+    /// rows, which must own their storage.
+    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+        let s = self.shape;
+        file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
+        super::persist::common_tokens("quantized cache load", file)?;
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for slot in 0..s.layers * s.kv_heads() {
+            let (k, v) = file.load_quant::<C>(slot / s.kv_heads(), slot % s.kv_heads())?;
+            keys.push(k);
+            values.push(v);
+        }
+        (self.keys, self.values) = (keys, values);
+        Ok(())
     }
 }

@@ -23,6 +23,7 @@ use kv_sparse::coded::{CodedStore, IndexCode, ValueCode, ValueKind, coded_row_by
 use kv_sparse::csr::CsrStore;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
 use kv_sparse::memory::sparse_row_bytes;
+use kv_sparse::persist::{CacheImage, MappedCache};
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
 
@@ -145,6 +146,26 @@ pub trait SwanRows: RowStore {
     /// The (index, value) encoding this storage implements.
     const ENCODING: (SwanIndex, ValueKind);
 
+    /// The persisted-cache image of `heads` (`layers × kv_heads`, layer-major).
+    ///
+    /// # Errors
+    /// kv-sparse's shape errors.
+    fn image<D: Value>(
+        layers: usize,
+        kv_heads: usize,
+        heads: &[Hybrid<Self, D>],
+    ) -> kv_sparse::Result<CacheImage<'_>>;
+
+    /// The configuration of one head of a validated file, and its owned copy.
+    ///
+    /// # Errors
+    /// [`kv_sparse::Error::FormatMismatch`] for a file of another layout or formats.
+    fn load<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+    ) -> kv_sparse::Result<Hybrid<Self, D>>;
+
     /// One decode step of a layer over its kv-heads' caches.
     ///
     /// # Errors
@@ -160,6 +181,23 @@ pub trait SwanRows: RowStore {
 
 impl<V: Value> SwanRows for CsrStore<u8, V> {
     const ENCODING: (SwanIndex, ValueKind) = (SwanIndex::List, ValueKind::Elems(V::FORMAT));
+
+    fn image<D: Value>(
+        layers: usize,
+        kv_heads: usize,
+        heads: &[Hybrid<Self, D>],
+    ) -> kv_sparse::Result<CacheImage<'_>> {
+        let views: Vec<_> = heads.iter().map(|h| (*h.config(), h.view())).collect();
+        CacheImage::csr(layers, kv_heads, &views)
+    }
+
+    fn load<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+    ) -> kv_sparse::Result<Hybrid<Self, D>> {
+        file.load::<u8, V, D>(layer, kv_head)
+    }
 
     fn attend<D: Value>(
         kernel: &mut CpuAttention,
@@ -180,6 +218,23 @@ impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
         },
         Y::KIND,
     );
+
+    fn image<D: Value>(
+        layers: usize,
+        kv_heads: usize,
+        heads: &[Hybrid<Self, D>],
+    ) -> kv_sparse::Result<CacheImage<'_>> {
+        let views: Vec<_> = heads.iter().map(|h| (*h.config(), h.view())).collect();
+        CacheImage::coded(layers, kv_heads, &views)
+    }
+
+    fn load<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+    ) -> kv_sparse::Result<Hybrid<Self, D>> {
+        file.load_coded::<X, Y, D>(layer, kv_head)
+    }
 
     fn attend<D: Value>(
         kernel: &mut CpuAttention,
@@ -329,5 +384,39 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
 
     fn bytes(&self) -> CacheBytes {
         CacheBytes { resident: self.caches.memory().held_bytes(), offloaded: 0 }
+    }
+
+    fn projection(&self) -> Option<&ProjectionSet> {
+        Some(&self.set)
+    }
+
+    fn image(&self) -> Result<CacheImage<'_>> {
+        Ok(S::image(self.shape.layers, self.shape.kv_heads(), self.caches.heads())?)
+    }
+
+    /// Copies each head's validated sections (block bases, row offsets, row bytes, buffer
+    /// rows) out of the file into owned stores: decoding evicts buffer rows onto the end of
+    /// each head's sparse history, and the kernels read one contiguous history per head.
+    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+        const OP: &str = "swan cache load";
+        let (s, d) = (self.shape, self.shape.head_dim());
+        file.check_shape(s.layers, s.kv_heads(), d)?;
+        super::persist::common_tokens(OP, file)?;
+        let mut heads = Vec::with_capacity(s.layers * s.kv_heads());
+        for slot in 0..s.layers * s.kv_heads() {
+            let head = S::load::<D>(file, slot / s.kv_heads(), slot % s.kv_heads())?;
+            let got = *head.config();
+            let scale = if self.cfg.scaled_fp8() { got.fp8_scale } else { None };
+            let want = self.cfg.hybrid::<S>(d, scale);
+            if got != want {
+                return Err(invalid(
+                    OP,
+                    format!("head {slot} was written with {got:?}, this cache uses {want:?}"),
+                ));
+            }
+            heads.push(head);
+        }
+        self.caches = MultiHead::from_heads(s.layers, s.kv_heads(), heads)?;
+        Ok(())
     }
 }

@@ -372,6 +372,45 @@ impl Llama {
 }
 
 impl Llama {
+    /// A fingerprint of the configuration and the weights, for checking that a persisted
+    /// cache was computed by this model: `NAME config:CRC weights:CRC`, the first CRC-32
+    /// over the configuration's debug text, the second over every tensor's shape and its
+    /// first and last 2048 elements (a sample, so a 500 MB model is fingerprinted in
+    /// milliseconds; any re-quantization or fine-tune changes the sampled values).
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] if a tensor cannot be read.
+    pub fn fingerprint(&self) -> Result<String> {
+        const SAMPLE: i64 = 2048;
+        let config = crc32fast::hash(format!("{:?}", self.cfg).as_bytes());
+        let mut tensors = vec![&self.embed, &self.lm_head, self.norm.weight()];
+        for b in &self.blocks {
+            tensors.extend(b.tensors());
+        }
+        let mut hasher = crc32fast::Hasher::new();
+        for t in tensors {
+            for dim in t.size() {
+                hasher.update(&dim.to_le_bytes());
+            }
+            let flat = t.f_flatten(0, -1).op("fingerprint flatten")?;
+            let n = flat.size()[0];
+            let parts = if n <= 2 * SAMPLE {
+                vec![flat]
+            } else {
+                let head = flat.f_narrow(0, 0, SAMPLE).op("fingerprint sample")?;
+                vec![head, flat.f_narrow(0, n - SAMPLE, SAMPLE).op("fingerprint sample")?]
+            };
+            for part in parts {
+                let part = part
+                    .f_to_kind(tch::Kind::Float)
+                    .and_then(|p| p.f_contiguous())
+                    .op("fingerprint")?;
+                hasher.update(bytemuck::cast_slice(&host::to_f32_vec(&part)?));
+            }
+        }
+        Ok(format!("{} config:{config:08x} weights:{:08x}", self.cfg.name, hasher.finalize()))
+    }
+
     /// Whether `other` computes with exactly the same weights (same configuration, and every
     /// tensor sharing storage with or equal to this model's) — the condition under which
     /// caches built for `other` may be served by [`Llama::decode_batch`] of this model.

@@ -70,6 +70,27 @@ pub fn greedy(
     Ok(Generation { ids, stop, prefill_s, decode_s: t1.elapsed().as_secs_f64() })
 }
 
+/// Greedy decoding of up to `max_new_tokens` from a session already holding a prompt
+/// (e.g. after [`Session::resume`]) whose next-token logits are `logits` (`[vocab]`);
+/// otherwise as [`greedy`] (`prefill_s` is 0: no prefill ran).
+///
+/// # Errors
+/// [`crate::Error::Torch`] if the logits do not form a tensor; forward and cache errors.
+pub fn greedy_from(
+    session: &mut Session,
+    logits: &[f32],
+    max_new_tokens: usize,
+    stop: &[u32],
+    on_token: &mut dyn FnMut(u32) -> Result<()>,
+) -> Result<Generation> {
+    session.reserve(max_new_tokens)?;
+    let t1 = Instant::now();
+    let logits = Tensor::f_from_slice(logits).op("logits tensor")?;
+    let (ids, stop) =
+        greedy_loop(logits, max_new_tokens, stop, on_token, &mut |id| session.decode(id))?;
+    Ok(Generation { ids, stop, prefill_s: 0.0, decode_s: t1.elapsed().as_secs_f64() })
+}
+
 /// The arg-max loop every greedy decode shares: from the prompt's `logits`, take the
 /// arg-max id, hand it to `on_token`, stop after a `stop` id or `max_new_tokens`, else feed
 /// it through `step` (one decode step, returning the next logits `[vocab]`).

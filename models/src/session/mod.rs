@@ -84,6 +84,39 @@ impl Session {
         logits.f_squeeze_dim(0).op("squeeze")
     }
 
+    /// Continues from a persisted prompt cache: checks `file`'s identity against
+    /// `identity` (this session's model, projection and cache format), replaces the fresh
+    /// cache's state by the file's and moves to the position after the saved prompt.
+    /// Returns the saved prompt and its last logits (feed them to
+    /// [`generate::greedy_from`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if the session already holds tokens; the errors of
+    /// [`crate::cache::persist::load`] (a file of another model, projection or format is
+    /// [`crate::Error::CacheMismatch`]). On error the session is unchanged.
+    pub fn resume(
+        &mut self,
+        file: &kv_sparse::persist::MappedCache,
+        identity: &crate::cache::persist::CacheIdentity,
+    ) -> Result<crate::cache::persist::Prefix> {
+        if self.position != 0 || !self.cache.is_empty() {
+            return Err(invalid(
+                "resume",
+                format!("session is at position {}; resuming starts fresh", self.position),
+            ));
+        }
+        let prefix = crate::cache::persist::load(file, identity, self.cache.as_mut())?;
+        let vocab = self.model.config().vocab_size;
+        if prefix.logits.len() != vocab {
+            return Err(invalid(
+                "resume",
+                format!("{} saved logits for a vocabulary of {vocab}", prefix.logits.len()),
+            ));
+        }
+        self.position = prefix.ids.len();
+        Ok(prefix)
+    }
+
     /// Feeds one token through the decode path and returns the next-token logits (`[vocab]`).
     ///
     /// # Errors
