@@ -55,9 +55,15 @@ impl CacheShape {
     ///
     /// # Errors
     /// [`crate::Error::Attention`] for a head layout the kernels cannot run (zero counts,
-    /// q-heads not a multiple of kv-heads, `head_dim > 65535`).
+    /// q-heads not a multiple of kv-heads, `head_dim > 65535`) or a softmax scale that is
+    /// not finite and positive.
     pub fn of(cfg: &ModelConfig) -> Result<Self> {
-        Ok(Self::new(cfg.num_layers, AttnConfig::new(cfg.q_heads, cfg.kv_heads, cfg.head_dim)?))
+        let attn = AttnConfig::new(cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
+        let attn = match cfg.query_scale {
+            Some(scale) => attn.with_scale(scale as f32)?,
+            None => attn,
+        };
+        Ok(Self::new(cfg.num_layers, attn))
     }
 
     /// Query heads per layer.
@@ -274,6 +280,14 @@ pub trait KvCache: Send {
     /// Implementations may fail while moving data between tiers.
     fn end_step(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// How many of the latest positions the cache keeps (and attends to) for `layer`:
+    /// `None` for the whole history. A model whose layer attends to a sliding window
+    /// refuses to decode past the window with a cache that keeps more there.
+    fn window(&self, layer: usize) -> Option<usize> {
+        let _ = layer;
+        None
     }
 
     /// Bytes currently held.
