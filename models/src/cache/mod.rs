@@ -10,6 +10,10 @@
 //!   the per-q-head attention output back in a caller-owned buffer;
 //! * the end of every step ([`KvCache::end_step`]: WnW's chunk swap).
 //!
+//! Models with sliding-window layers get a [`WindowedCache`]: a dense ring of the window on
+//! local layers, the chosen cache on global ones ([`KvCache::window`] says which layers keep
+//! only a window).
+//!
 //! Caches report the bytes they hold ([`KvCache::bytes`]). Caches that change the value
 //! basis (SWAN's absorbed `P_VO`) are paired with matching weights by
 //! [`crate::session::Session`]; the cache never sees weights.
@@ -20,12 +24,14 @@ mod rotation;
 pub mod spec;
 mod swan;
 pub mod tiered;
+mod window;
 
 pub use dense::DenseCache;
 pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
 pub use swan::{Fp8Scale, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
+pub use window::{WindowCache, WindowedCache};
 
 use std::ops::Range;
 

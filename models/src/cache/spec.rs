@@ -14,7 +14,11 @@
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row.
 //!
-//! Every cache also takes `threads=N` (attention threads; default: all cores). SWAN
+//! Every cache also takes `threads=N` (attention threads; default: all cores) and
+//! `window=f32|f16|bf16`: on a model with sliding-window layers (Gemma 3) the cache named
+//! serves the global layers and every local layer keeps a dense ring of its window
+//! ([`crate::cache::WindowedCache`]) in this format (default: the dense format of a `dense`
+//! spec, the buffer format of a SWAN spec, f16 otherwise). SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
 //! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
 //! (needs a `ProjectionSet` file: `proj=PATH`, or the default the application supplies through
@@ -155,6 +159,9 @@ pub struct CacheSpec {
     pub kind: CacheKind,
     /// Attention threads (`None`: all cores).
     pub threads: Option<usize>,
+    /// Row format of the local layers' windows (`None`: follow the spec, see the module
+    /// docs).
+    pub window: Option<ValueFormat>,
     text: String,
 }
 
@@ -344,6 +351,7 @@ impl FromStr for CacheSpec {
         if threads == Some(0) {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
+        let window = format_param(&mut p, "window", &DENSE_FORMATS)?;
         let kind = match name {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
@@ -360,7 +368,7 @@ impl FromStr for CacheSpec {
             }
         };
         p.finish()?;
-        Ok(Self { kind, threads, text: text.to_string() })
+        Ok(Self { kind, threads, window, text: text.to_string() })
     }
 }
 
@@ -421,8 +429,32 @@ impl CacheSpec {
         Ok((model, (0..n).map(|_| make()).collect::<Result<_>>()?))
     }
 
-    /// The model this spec runs with and a maker of fresh caches for it.
+    /// The format of the local layers' windows (see the module docs).
+    pub fn window_format(&self) -> ValueFormat {
+        self.window.unwrap_or(match &self.kind {
+            CacheKind::Dense(DenseSpec { format: DenseStorage::Float(f), .. }) => *f,
+            CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer_format,
+            _ => ValueFormat::F16,
+        })
+    }
+
+    /// The model this spec runs with and a maker of fresh caches for it: the spec's cache,
+    /// wrapped in a [`crate::cache::WindowedCache`] when the model has sliding-window layers.
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
+        let (model, make) = self.global_parts(model)?;
+        let Some(local) = model.config().local_attention.clone() else {
+            return Ok((model, make));
+        };
+        let (format, threads) =
+            (self.window_format(), self.threads.unwrap_or_else(default_threads));
+        let wrap = move || -> Result<Box<dyn KvCache>> {
+            Ok(Box::new(crate::cache::WindowedCache::new(&local, format, make()?, threads)?))
+        };
+        Ok((model, Box::new(wrap)))
+    }
+
+    /// The model this spec runs with and a maker of the spec's own caches.
+    fn global_parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
         let shape = CacheShape::of(model.config())?;
         let threads = self.threads.unwrap_or_else(default_threads);
         Ok(match &self.kind {
