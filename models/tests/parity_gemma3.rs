@@ -194,6 +194,7 @@ fn lossless_caches_equal_dense_on_global_layers_and_windows() {
         "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=identity,threads=2",
         "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=hadamard,threads=2",
         "dense:format=f32,rotate=hadamard,threads=2",
+        "tiered:span=64..576,lossless,format=f32,ring=f32,threads=2",
     ] {
         let (got, _) = decode_logits(&ckpt, spec, c);
         for (i, (a, b)) in dense.iter().zip(&got).enumerate() {

@@ -77,7 +77,9 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
     let shape = CacheShape::new(2, attn_kernels::AttnConfig::new(1, 1, d).unwrap());
     let rope = RopeConfig { theta: 10_000.0, scaling: RopeScaling::None };
     let layers = LocalAttention { window, rope, local: vec![true, false] };
-    let global = Box::new(DenseCache::<f32>::new(shape, 1).unwrap());
+    // The global part serves the one global layer alone.
+    let one = CacheShape::new(1, shape.attn);
+    let global = Box::new(DenseCache::<f32>::new(one, 1).unwrap());
     let mut cache = WindowedCache::new(&layers, kv_sparse::ValueFormat::F16, global, 1).unwrap();
     assert_eq!((cache.window(0), cache.window(1)), (Some(window), None));
     let mut out = vec![0.0; d];
@@ -91,7 +93,13 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
         assert_eq!(cache.global_bytes().total(), 2 * (t as usize + 1) * d * 4, "f32 dense");
         assert_eq!(cache.len(), t as usize + 1);
     }
-    let bad = LocalAttention { local: vec![true], ..layers };
-    let global = Box::new(DenseCache::<f32>::new(shape, 1).unwrap());
+    assert_eq!(cache.shape().layers, 2);
+    assert!(
+        cache
+            .decode(2, StepQkv { q: &out.clone(), k: &out.clone(), v: &out.clone() }, &mut out)
+            .is_err()
+    );
+    let bad = LocalAttention { local: vec![true, true], ..layers };
+    let global = Box::new(DenseCache::<f32>::new(one, 1).unwrap());
     assert!(WindowedCache::new(&bad, kv_sparse::ValueFormat::F16, global, 1).is_err());
 }

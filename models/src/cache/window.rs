@@ -6,11 +6,13 @@
 //!   a sparse history. Position `p` lives in slot `p mod window`; attention is a softmax
 //!   over a set, so the ring's slot order does not change the result beyond float rounding.
 //! * [`WindowedCache`]: local layers go to a [`WindowCache`], global layers to any other
-//!   cache (dense, quantized, SWAN, tiered), and the bytes are reported per layer kind.
+//!   cache (dense, quantized, SWAN, tiered), and the bytes are reported per layer kind. Each
+//!   part is built for its own layers only (global layer `j` of the model is layer `j` of
+//!   the global cache, counting global layers alone), so a SWAN projection set or a WnW
+//!   head triage covers exactly the layers it serves.
 //!
 //! [`crate::cache::CacheSpec::build`] wraps every cache it builds for such a model in a
-//! [`WindowedCache`]; the inner cache is built for the model's full shape and its local
-//! layers' slots stay empty.
+//! [`WindowedCache`].
 
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::{Value, ValueFormat};
@@ -165,44 +167,73 @@ impl<D: Value> KvCache for WindowCache<D> {
 pub struct WindowedCache {
     shape: CacheShape,
     window: usize,
-    local: Vec<bool>,
+    /// Per model layer: whether it is local, and its index among the layers of its kind.
+    slots: Vec<(bool, usize)>,
     ring: Box<dyn KvCache>,
     global: Box<dyn KvCache>,
 }
 
+/// The model's global layers, in order (the layers a [`WindowedCache`]'s global part serves).
+pub fn global_layers(layers: &LocalAttention) -> Vec<usize> {
+    (0..layers.local.len()).filter(|&i| !layers.local[i]).collect()
+}
+
 impl WindowedCache {
     /// Serves the local layers of `layers` from a ring of `format` rows (f32, f16 or bf16;
-    /// anything else keeps f16) and every global layer from `global`, which must be built
-    /// for the same shape.
+    /// anything else keeps f16) and the global layers from `global`, which must be built for
+    /// them alone: its layer `j` is the model's `j`-th global layer ([`global_layers`]).
     ///
     /// # Errors
-    /// [`crate::Error::InvalidInput`] if `global`'s shape differs, the layer kinds do not
-    /// cover every layer, `global` already holds tokens, or the window is 0.
+    /// [`crate::Error::InvalidInput`] if `global` has another number of layers than the
+    /// model has global layers, already holds tokens, or the window is 0.
     pub fn new(
         layers: &LocalAttention,
         format: ValueFormat,
         global: Box<dyn KvCache>,
         threads: usize,
     ) -> Result<Self> {
-        let shape = global.shape();
-        if layers.local.len() != shape.layers {
-            let reason = format!("{} layer kinds for {} layers", layers.local.len(), shape.layers);
+        let inner = global.shape();
+        let n_global = layers.local.iter().filter(|&&l| !l).count();
+        if inner.layers != n_global {
+            let reason = format!(
+                "the global cache has {} layers, the model {n_global} global layers",
+                inner.layers
+            );
             return Err(invalid("windowed cache", reason));
         }
         if !global.is_empty() {
             return Err(invalid("windowed cache", "the global cache already holds tokens"));
         }
-        let w = layers.window;
+        let mut counts = [0usize; 2];
+        let slots = layers
+            .local
+            .iter()
+            .map(|&local| {
+                let n = &mut counts[usize::from(local)];
+                *n += 1;
+                (local, *n - 1)
+            })
+            .collect();
+        let (w, local_shape) = (layers.window, CacheShape { layers: counts[1], ..inner });
         let ring: Box<dyn KvCache> = match format {
-            ValueFormat::F32 => Box::new(WindowCache::<f32>::new(shape, w, threads)?),
-            ValueFormat::Bf16 => Box::new(WindowCache::<half::bf16>::new(shape, w, threads)?),
-            _ => Box::new(WindowCache::<half::f16>::new(shape, w, threads)?),
+            ValueFormat::F32 => Box::new(WindowCache::<f32>::new(local_shape, w, threads)?),
+            ValueFormat::Bf16 => Box::new(WindowCache::<half::bf16>::new(local_shape, w, threads)?),
+            _ => Box::new(WindowCache::<half::f16>::new(local_shape, w, threads)?),
         };
-        Ok(Self { shape, window: w, local: layers.local.clone(), ring, global })
+        let shape = CacheShape { layers: layers.local.len(), ..inner };
+        Ok(Self { shape, window: w, slots, ring, global })
     }
 
-    fn is_local(&self, layer: usize) -> bool {
-        self.local.get(layer).copied().unwrap_or(false)
+    /// The part serving `layer` and the layer's index there.
+    fn part(&mut self, layer: usize) -> Result<(&mut dyn KvCache, usize)> {
+        match self.slots.get(layer) {
+            Some(&(true, i)) => Ok((self.ring.as_mut(), i)),
+            Some(&(false, i)) => Ok((self.global.as_mut(), i)),
+            None => Err(invalid(
+                "cache",
+                format!("layer {layer} out of range (model has {})", self.slots.len()),
+            )),
+        }
     }
 
     /// Bytes the local layers' windows hold.
@@ -219,10 +250,6 @@ impl WindowedCache {
     pub fn global(&self) -> &dyn KvCache {
         self.global.as_ref()
     }
-
-    fn part(&mut self, layer: usize) -> &mut dyn KvCache {
-        if self.is_local(layer) { self.ring.as_mut() } else { self.global.as_mut() }
-    }
 }
 
 impl KvCache for WindowedCache {
@@ -235,7 +262,7 @@ impl KvCache for WindowedCache {
     }
 
     fn len(&self) -> usize {
-        if self.local.iter().all(|&l| l) { self.ring.len() } else { self.global.len() }
+        if self.global.shape().layers == 0 { self.ring.len() } else { self.global.len() }
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -244,7 +271,8 @@ impl KvCache for WindowedCache {
     }
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
-        self.part(layer).prefill(layer, kv)
+        let (part, i) = self.part(layer)?;
+        part.prefill(i, kv)
     }
 
     fn attention_request(&mut self, prompt_len: usize) -> Option<AttentionRequest> {
@@ -252,11 +280,15 @@ impl KvCache for WindowedCache {
     }
 
     fn prefill_attention(&mut self, layer: usize, received: &[f32]) -> Result<()> {
-        if self.is_local(layer) { Ok(()) } else { self.global.prefill_attention(layer, received) }
+        match self.slots.get(layer) {
+            Some(&(false, i)) => self.global.prefill_attention(i, received),
+            _ => Ok(()),
+        }
     }
 
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
-        self.part(layer).decode(layer, step, out)
+        let (part, i) = self.part(layer)?;
+        part.decode(i, step, out)
     }
 
     fn end_step(&mut self) -> Result<()> {
@@ -264,7 +296,11 @@ impl KvCache for WindowedCache {
     }
 
     fn window(&self, layer: usize) -> Option<usize> {
-        if self.is_local(layer) { Some(self.window) } else { self.global.window(layer) }
+        match self.slots.get(layer) {
+            Some(&(true, _)) => Some(self.window),
+            Some(&(false, i)) => self.global.window(i),
+            None => None,
+        }
     }
 
     fn bytes(&self) -> CacheBytes {
