@@ -94,6 +94,9 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
         assert_eq!(cache.len(), t as usize + 1);
     }
     assert_eq!(cache.shape().layers, 2);
+    for bad in ["dense:ring=fp8", "swan:ring=int8", "dense:ring"] {
+        assert!(bad.parse::<models::cache::CacheSpec>().is_err(), "{bad}");
+    }
     assert!(
         cache
             .decode(2, StepQkv { q: &out.clone(), k: &out.clone(), v: &out.clone() }, &mut out)
