@@ -191,7 +191,8 @@ fn lossless_caches_equal_dense_on_global_layers_and_windows() {
     assert_eq!(stat("window_bytes"), (15 * 512 * row) as f64);
     assert_eq!(stat("global_bytes"), (3 * n * row) as f64);
     for spec in [
-        "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=identity,threads=2",
+        // head_dim 256: u8 list indices at their limit, 32-byte bitmask rows.
+        "swan:k=256,kv=256,index=bitmask,value=f32,buffer=f32,b=16,basis=identity,threads=2",
         "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=hadamard,threads=2",
         "dense:format=f32,rotate=hadamard,threads=2",
         "tiered:span=64..576,lossless,format=f32,ring=f32,threads=2",
