@@ -5,7 +5,7 @@
 //! * [`load`]: [`ModelConfig`] from HF `config.json` or GGUF metadata; weights from
 //!   safetensors (single or sharded) or GGUF, behind [`load::weights::WeightSource`]; the
 //!   [`Tokenizer`] and [`ChatTemplate`]; [`Checkpoint`] ties them together.
-//! * [`llama`]: the [`Llama`] decoder (Llama, Mistral, Qwen2) with its RoPE and the
+//! * [`llama`]: the [`Llama`] decoder (Llama, Mistral, Qwen2, Gemma 3) with its RoPE and the
 //!   host-tensor hand-over — libtorch prefill, then one token at a time through a pluggable
 //!   [`KvCache`].
 //! * [`audio`]: the audio front end and the audio-LLM forwards (Voxtral-style,
@@ -30,7 +30,9 @@ pub use error::{Error, Result};
 pub use llama::Llama;
 pub use load::chat::{ChatMessage, ChatTemplate};
 pub use load::checkpoint::Checkpoint;
-pub use load::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+pub use load::config::{
+    Architecture, LayerKind, LocalAttention, ModelConfig, RopeConfig, RopeScaling,
+};
 pub use load::tokenizer::Tokenizer;
 pub use session::Session;
 pub use session::score::{Scores, score};

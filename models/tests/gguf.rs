@@ -219,7 +219,7 @@ fn truncated_real_model_is_a_typed_error() {
 /// The Gemma 3 270M file mixes F32, Q8_0, Q5_0, Q4_K and Q6_K tensors: every one of them
 /// dequantises to finite values, and one tensor of each type equals PyPI `gguf`'s
 /// dequantisation bit for bit (FNV-1a 64 of the f32 bytes, `fixtures/gguf_quants/
-/// gemma3_tensors.json`). Its architecture is not served yet: the config is a typed error.
+/// gemma3_tensors.json`). Its metadata reads as Gemma 3: 512-position windows, 3 global layers.
 #[test]
 fn gemma3_k_quant_tensors_dequantise_like_pypi_gguf() {
     let path = common::gemma_model();
@@ -249,8 +249,10 @@ fn gemma3_k_quant_tensors_dequantise_like_pypi_gguf() {
         let hash = common::fnv1a64(values.iter().flat_map(|v| v.to_le_bytes()));
         assert_eq!(format!("{hash:016x}"), r["fnv1a64_f32_le"].as_str().unwrap(), "{name}");
     }
-    let e = models::load::gguf::config_from_gguf(&file).unwrap_err();
-    assert!(matches!(e, Error::UnsupportedArchitecture { ref got } if got == "gemma3"), "{e}");
+    let cfg = models::load::gguf::config_from_gguf(&file).unwrap();
+    assert_eq!(cfg.arch, models::Architecture::Gemma3);
+    let local = cfg.local_attention.as_ref().unwrap();
+    assert_eq!((local.window, local.local.iter().filter(|&&l| !l).count()), (512, 3));
 }
 
 /// A GGUF v3 header with no tensors and one metadata entry whose key and (type tag, value)

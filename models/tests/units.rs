@@ -15,6 +15,24 @@ mod config {
     }
 
     #[test]
+    fn gemma3_config_json_is_refused_and_layer_patterns_validate() {
+        let e = parse(r#""model_type": "gemma3_text""#).unwrap_err();
+        assert!(matches!(e, Error::Config { .. }) && e.to_string().contains("model_type"), "{e}");
+        let mut cfg = parse(r#""model_type": "llama""#).unwrap();
+        let rope = RopeConfig { theta: 10_000.0, scaling: RopeScaling::None };
+        cfg.local_attention = Some(LocalAttention::periodic(8, rope.clone(), 1, 6));
+        cfg.validate().unwrap();
+        assert_eq!(cfg.layer_kind(0), LayerKind::Local { window: 8 });
+        cfg.local_attention = Some(LocalAttention::periodic(8, rope.clone(), 2, 6));
+        assert!(matches!(cfg.validate(), Err(Error::Config { .. })), "2 kinds for 1 layer");
+        cfg.local_attention = Some(LocalAttention::periodic(0, rope, 1, 6));
+        assert!(matches!(cfg.validate(), Err(Error::Config { .. })), "window 0");
+        cfg.local_attention = None;
+        cfg.query_scale = Some(f64::NAN);
+        assert!(matches!(cfg.validate(), Err(Error::Config { .. })), "NaN query scale");
+    }
+
+    #[test]
     fn transformers5_rope_parameters_and_llama3_scaling() {
         let cfg = parse(
             r#""model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0,

@@ -93,9 +93,16 @@ fn evaluate(ckpt: &Checkpoint, spec: &CacheSpec, ids: &[u32], prefix: usize) -> 
     })
 }
 
-/// Dense 16-bit K/V bytes for `tokens` tokens — the reference of every ratio.
+/// Dense 16-bit K/V bytes for `tokens` tokens — the reference of every ratio. A local
+/// (sliding-window) layer holds at most its window.
 fn dense16_bytes(cfg: &models::ModelConfig, tokens: usize) -> usize {
-    2 * cfg.num_layers * cfg.kv_heads * tokens * dense_row_bytes(cfg.head_dim, ValueFormat::F16)
+    let positions: usize = (0..cfg.num_layers)
+        .map(|i| match cfg.layer_kind(i) {
+            models::LayerKind::Local { window } => tokens.min(window),
+            models::LayerKind::Global => tokens,
+        })
+        .sum();
+    2 * cfg.kv_heads * positions * dense_row_bytes(cfg.head_dim, ValueFormat::F16)
 }
 
 fn print_rows(rows: &[Row], dense: usize, header: &str) {

@@ -72,7 +72,8 @@ fn prompt_text(a: &GenerateArgs, ckpt: &models::Checkpoint) -> Result<String> {
 pub fn run(a: &GenerateArgs) -> Result<()> {
     let ckpt = a.model.load()?;
     let tok = tokenizer(&ckpt, "generate")?;
-    let ids = tok.encode(&prompt_text(a, &ckpt)?)?;
+    // A rendered chat template writes its own BOS where the model wants one.
+    let ids = tok.encode_with(&prompt_text(a, &ckpt)?, a.raw)?;
     let proj = crate::paths::projection_file(&ckpt.config.name);
     let (model, cache) = a.cache.clone().with_default_projection(&proj).build(&ckpt.model)?;
     let identity = if a.save_cache.is_some() || a.load_cache.is_some() {

@@ -3,7 +3,9 @@
 //! scale; int8 / int4 in 34- / 18-byte blocks of 32) and SWAN sparse rows in every encoding
 //! (`3k+2` bytes at 16 bits with u8 indices, `2k+2` at fp8; `⌈d_h/8⌉ + k + 4` for a bitmask
 //! with int8 values; `papers/swan.txt`, memory section) — with SWAN's compute break-even
-//! length `b + d_h²/(d_h − k)` for `b = 128`.
+//! length `b + d_h²/(d_h − k)` for `b = 128`. On a model with sliding-window layers
+//! (Gemma 3) the per-token figures are those of the global layers, and the local layers'
+//! windows are a fixed cost of their own (a dense ring of `window` positions each).
 
 use crate::Result;
 use clap::Args;
@@ -11,8 +13,8 @@ use kv_sparse::ValueFormat;
 use kv_sparse::coded::ValueKind;
 use kv_sparse::memory::{break_even_len, dense_row_bytes};
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks};
-use models::ModelConfig;
 use models::cache::{SwanConfig, SwanIndex};
+use models::{Architecture, LayerKind, ModelConfig};
 use serde_json::json;
 
 use crate::cli::common::{ModelArgs, print_json};
@@ -33,14 +35,28 @@ const BUFFER: usize = 128;
 fn parameters(c: &ModelConfig) -> usize {
     let (h, d, i) = (c.hidden_size, c.head_dim, c.intermediate_size);
     let attn = h * d * (2 * c.q_heads + 2 * c.kv_heads);
-    let layer = attn + 3 * h * i + 2 * h;
+    let norms = if c.arch == Architecture::Gemma3 { 2 * d + 2 * h } else { 0 };
+    let layer = attn + 3 * h * i + 2 * h + norms;
     let embed = c.vocab_size * h * if c.tie_word_embeddings { 1 } else { 2 };
     embed + c.num_layers * layer + h
 }
 
+/// Layers that keep every position (all of them unless the model has local layers).
+fn global_layers(c: &ModelConfig) -> usize {
+    (0..c.num_layers).filter(|&i| c.layer_kind(i) == LayerKind::Global).count()
+}
+
+/// `(local layers, window, bytes of all their full windows in f32, f16)`, if any.
+fn windows(c: &ModelConfig) -> Option<(usize, usize, usize, usize)> {
+    let window = c.local_attention.as_ref()?.window;
+    let local = c.num_layers - global_layers(c);
+    let full = |f| 2 * local * c.kv_heads * window * dense_row_bytes(c.head_dim, f);
+    Some((local, window, full(ValueFormat::F32), full(ValueFormat::F16)))
+}
+
 /// `(label, bytes per token, break-even L)` rows: dense formats, then SWAN settings.
 fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
-    let vectors = 2 * c.num_layers * c.kv_heads;
+    let vectors = 2 * global_layers(c) * c.kv_heads;
     let d = c.head_dim;
     let mut out: Vec<_> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
         .into_iter()
@@ -79,7 +95,8 @@ pub fn run(a: &InfoArgs) -> Result<()> {
     let ckpt = a.model.load()?;
     let c = &ckpt.config;
     let dense16 =
-        (2 * c.num_layers * c.kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
+        (2 * global_layers(c) * c.kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
+    let windows = windows(c);
     let table = rows(c);
     if a.json {
         let formats: Vec<_> = table
@@ -91,6 +108,8 @@ pub fn run(a: &InfoArgs) -> Result<()> {
             "hidden": c.hidden_size, "q_heads": c.q_heads, "kv_heads": c.kv_heads, "head_dim": c.head_dim,
             "vocab": c.vocab_size, "rope_theta": c.rope.theta, "tied_embeddings": c.tie_word_embeddings,
             "parameters": parameters(c), "kv_bytes_per_token": formats, "swan_buffer": BUFFER,
+            "global_layers": global_layers(c),
+            "local_layers": windows.map(|w| json!({"layers": w.0, "window": w.1, "full_window_bytes_f32": w.2, "full_window_bytes_f16": w.3})),
         }));
         return Ok(());
     }
@@ -108,8 +127,17 @@ pub fn run(a: &InfoArgs) -> Result<()> {
         parameters(c) as f64 / 1e6,
         if c.tie_word_embeddings { ", tied embeddings" } else { "" }
     );
+    let scope = match windows {
+        Some(_) => format!("the {} global layers", global_layers(c)),
+        None => "all layers".to_string(),
+    };
+    if let Some((local, window, f32_bytes, f16_bytes)) = windows {
+        println!(
+            "{local} local layers attend to the last {window} positions and keep only them: a full window costs {f16_bytes} bytes at f16 ({f32_bytes} at f32), whatever the length"
+        );
+    }
     println!(
-        "\nKV bytes per token (all layers, keys + values; SWAN = sparse history rows, b = {BUFFER}):"
+        "\nKV bytes per token ({scope}, keys + values; SWAN = sparse history rows, b = {BUFFER}):"
     );
     println!("{:<30} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
     for (label, bytes, be) in table {

@@ -10,6 +10,10 @@
 //!   the per-q-head attention output back in a caller-owned buffer;
 //! * the end of every step ([`KvCache::end_step`]: WnW's chunk swap).
 //!
+//! Models with sliding-window layers get a [`WindowedCache`]: a dense ring of the window on
+//! local layers, the chosen cache on global ones ([`KvCache::window`] says which layers keep
+//! only a window).
+//!
 //! Caches report the bytes they hold ([`KvCache::bytes`]). Caches that change the value
 //! basis (SWAN's absorbed `P_VO`) are paired with matching weights by
 //! [`crate::session::Session`]; the cache never sees weights.
@@ -21,12 +25,14 @@ mod rotation;
 pub mod spec;
 mod swan;
 pub mod tiered;
+mod window;
 
 pub use dense::DenseCache;
 pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
 pub use swan::{Fp8Scale, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
+pub use window::{WindowCache, WindowedCache, global_layers};
 
 use std::ops::Range;
 
@@ -58,9 +64,15 @@ impl CacheShape {
     ///
     /// # Errors
     /// [`crate::Error::Attention`] for a head layout the kernels cannot run (zero counts,
-    /// q-heads not a multiple of kv-heads, `head_dim > 65535`).
+    /// q-heads not a multiple of kv-heads, `head_dim > 65535`) or a softmax scale that is
+    /// not finite and positive.
     pub fn of(cfg: &ModelConfig) -> Result<Self> {
-        Ok(Self::new(cfg.num_layers, AttnConfig::new(cfg.q_heads, cfg.kv_heads, cfg.head_dim)?))
+        let attn = AttnConfig::new(cfg.q_heads, cfg.kv_heads, cfg.head_dim)?;
+        let attn = match cfg.query_scale {
+            Some(scale) => attn.with_scale(scale as f32)?,
+            None => attn,
+        };
+        Ok(Self::new(cfg.num_layers, attn))
     }
 
     /// Query heads per layer.
@@ -277,6 +289,14 @@ pub trait KvCache: Send {
     /// Implementations may fail while moving data between tiers.
     fn end_step(&mut self) -> Result<()> {
         Ok(())
+    }
+
+    /// How many of the latest positions the cache keeps (and attends to) for `layer`:
+    /// `None` for the whole history. A model whose layer attends to a sliding window
+    /// refuses to decode past the window with a cache that keeps more there.
+    fn window(&self, layer: usize) -> Option<usize> {
+        let _ = layer;
+        None
     }
 
     /// Bytes currently held.

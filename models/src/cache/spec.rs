@@ -14,7 +14,11 @@
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row.
 //!
-//! Every cache also takes `threads=N` (attention threads; default: all cores). SWAN
+//! Every cache also takes `threads=N` (attention threads; default: all cores) and
+//! `ring=f32|f16|bf16`: on a model with sliding-window layers (Gemma 3) the cache named
+//! serves the global layers and every local layer keeps a dense ring of its window
+//! ([`crate::cache::WindowedCache`]) in this format (default: the dense format of a `dense`
+//! spec, the buffer format of a SWAN spec, f16 otherwise). SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
 //! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
 //! (needs a `ProjectionSet` file: `proj=PATH`, or the default the application supplies through
@@ -32,7 +36,7 @@ use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, List,
 use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
-use projection::{BasisKind, ModelDims, ProjectionSet};
+use projection::{BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
@@ -155,6 +159,9 @@ pub struct CacheSpec {
     pub kind: CacheKind,
     /// Attention threads (`None`: all cores).
     pub threads: Option<usize>,
+    /// Row format of the local layers' window rings (`ring=`; `None`: follow the spec, see
+    /// the module docs).
+    pub ring: Option<ValueFormat>,
     text: String,
 }
 
@@ -344,6 +351,7 @@ impl FromStr for CacheSpec {
         if threads == Some(0) {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
+        let ring = format_param(&mut p, "ring", &DENSE_FORMATS)?;
         let kind = match name {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
@@ -360,7 +368,7 @@ impl FromStr for CacheSpec {
             }
         };
         p.finish()?;
-        Ok(Self { kind, threads, text: text.to_string() })
+        Ok(Self { kind, threads, ring, text: text.to_string() })
     }
 }
 
@@ -421,38 +429,95 @@ impl CacheSpec {
         Ok((model, (0..n).map(|_| make()).collect::<Result<_>>()?))
     }
 
-    /// The model this spec runs with and a maker of fresh caches for it.
+    /// The format of the local layers' window rings (see the module docs).
+    pub fn ring_format(&self) -> ValueFormat {
+        self.ring.unwrap_or(match &self.kind {
+            CacheKind::Dense(DenseSpec { format: DenseStorage::Float(f), .. }) => *f,
+            CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer_format,
+            _ => ValueFormat::F16,
+        })
+    }
+
+    /// The model this spec runs with and a maker of fresh caches for it: the spec's cache,
+    /// wrapped in a [`crate::cache::WindowedCache`] when the model has sliding-window layers
+    /// (the spec's cache then serves the global layers alone, with their projections).
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
-        let shape = CacheShape::of(model.config())?;
+        let Some(local) = model.config().local_attention.clone() else {
+            return self.global_parts(model, None);
+        };
+        let layers = crate::cache::global_layers(&local);
+        let (model, make) = self.global_parts(model, Some(&layers))?;
+        let (format, threads) = (self.ring_format(), self.threads.unwrap_or_else(default_threads));
+        let wrap = move || -> Result<Box<dyn KvCache>> {
+            Ok(Box::new(crate::cache::WindowedCache::new(&local, format, make()?, threads)?))
+        };
+        Ok((model, Box::new(wrap)))
+    }
+
+    /// The model this spec runs with and a maker of the spec's own caches, for every layer
+    /// or (`layers`) for those layers only, in order.
+    fn global_parts(
+        &self,
+        model: &Llama,
+        layers: Option<&[usize]>,
+    ) -> Result<(Llama, CacheMaker<'_>)> {
+        let full = CacheShape::of(model.config())?;
+        let shape = CacheShape { layers: layers.map_or(full.layers, <[usize]>::len), ..full };
         let threads = self.threads.unwrap_or_else(default_threads);
+        // The model absorbs the whole set; the cache rotates with its own layers' bases.
+        let served = |set: &ProjectionSet| -> Result<Arc<ProjectionSet>> {
+            Ok(Arc::new(match layers {
+                Some(l) => select_layers(set, l)?,
+                None => set.clone(),
+            }))
+        };
         Ok(match &self.kind {
             CacheKind::Dense(spec) => match spec.rotate {
                 None => (model.clone(), Box::new(move || dense(shape, spec.format, None, threads))),
                 Some(basis) => {
-                    let set = Arc::new(projection_set(basis, spec.proj.as_deref(), model)?);
+                    let set = projection_set(basis, spec.proj.as_deref(), model)?;
                     let absorbed = model.absorb_vo(&set)?;
+                    let set = served(&set)?;
                     let make = move || dense(shape, spec.format, Some(set.clone()), threads);
                     (absorbed, Box::new(make))
                 }
             },
             CacheKind::Swan(swan) => {
-                let set = Arc::new(swan.projection(model)?);
+                let set = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
                 let absorbed = model.absorb_vo(&set)?;
+                let set = served(&set)?;
                 (absorbed, Box::new(move || swan_cache(shape, cfg, set.clone(), threads)))
             }
             CacheKind::Tiered(t) => {
                 (model.clone(), Box::new(move || t.build(shape, None, threads)))
             }
             CacheKind::SwanTiered(swan, t) => {
-                let set = Arc::new(swan.projection(model)?);
+                let set = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
                 let absorbed = model.absorb_vo(&set)?;
+                let set = served(&set)?;
                 let make = move || t.build(shape, Some((cfg, set.clone())), threads);
                 (absorbed, Box::new(make))
             }
         })
     }
+}
+
+/// The bases of `layers` (in order) of `set`, as a set for a model of those layers alone.
+fn select_layers(set: &ProjectionSet, layers: &[usize]) -> Result<ProjectionSet> {
+    let d = set.dims();
+    let dims = ModelDims::new(layers.len(), d.q_heads(), d.kv_heads(), d.head_dim())?;
+    let (mut qk, mut vo, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+    for &layer in layers {
+        for h in 0..d.kv_heads() {
+            qk.push(set.basis(Stream::Qk, layer, h)?.clone());
+            vo.push(set.basis(Stream::Vo, layer, h)?.clone());
+            counts.push(set.counts(layer, h)?);
+        }
+    }
+    let counts = counts.into_iter().collect::<Option<Vec<_>>>();
+    Ok(ProjectionSet::from_parts(dims, qk, vo, counts, set.provenance().clone())?)
 }
 
 /// Makes a fresh cache of one spec ([`CacheSpec::build_many`]).

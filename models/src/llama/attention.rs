@@ -4,14 +4,17 @@
 //! q/k/v from one fused matmul, GQA served without repeating K/V) and hands the RoPE'd
 //! K and V to the cache. Decode computes one token's q/k/v with libtorch, RoPEs them on
 //! the host and lets the [`KvCache`] append and attend (`papers/swan.txt`, decode step);
-//! the cache's output goes back through `W_O` without a copy ([`HostTensor`]).
+//! the cache's output goes back through `W_O` without a copy ([`HostTensor`]). Gemma 3
+//! layers add the per-head q/k norms before RoPE, their own softmax scale and, on local
+//! layers, a sliding-window mask in prefill ([`crate::llama::gemma`]).
 
 use std::ops::Range;
 
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 use crate::cache::{AttentionRequest, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, TorchOp};
+use crate::llama::gemma::{QkNorm, attention_mask};
 use crate::llama::host::{HostTensor, f32_slice};
 use crate::llama::rope::Rope;
 use crate::load::config::ModelConfig;
@@ -103,6 +106,9 @@ pub struct Attention {
     qkv_bias: Option<Tensor>,
     o: Tensor,
     o_bias: Option<Tensor>,
+    qk_norm: Option<QkNorm>,
+    scale: f64,
+    window: Option<usize>,
     q_heads: i64,
     kv_heads: i64,
     head_dim: i64,
@@ -116,13 +122,16 @@ impl Clone for Attention {
             qkv_bias: self.qkv_bias.as_ref().map(Tensor::shallow_clone),
             o: self.o.shallow_clone(),
             o_bias: self.o_bias.as_ref().map(Tensor::shallow_clone),
+            qk_norm: self.qk_norm.clone(),
             ..*self
         }
     }
 }
 
 impl Attention {
-    /// Loads `{prefix}.{q,k,v,o}_proj` (and their biases where the config has them).
+    /// Loads `{prefix}.{q,k,v,o}_proj` (and their biases where the config has them; Gemma
+    /// 3's `q_norm`/`k_norm`). The layer attends to every earlier position until
+    /// [`Attention::with_window`] narrows it.
     ///
     /// # Errors
     /// Missing or mis-shaped weights.
@@ -150,16 +159,33 @@ impl Attention {
             qkv_bias,
             o,
             o_bias,
+            qk_norm: QkNorm::load(w, cfg, prefix)?,
+            scale: cfg.attention_scale(),
+            window: None,
             q_heads: cfg.q_heads as i64,
             kv_heads: cfg.kv_heads as i64,
             head_dim: d as i64,
         })
     }
 
+    /// The same layer seeing only the last `window` positions in prefill (a local layer;
+    /// in decode the cache keeps the window).
+    pub fn with_window(self, window: Option<usize>) -> Self {
+        Self { window, ..self }
+    }
+
+    /// The positions a query sees (`None`: all earlier ones).
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
     /// Every weight tensor of the layer (for [`crate::llama::Llama::same_weights`]).
     pub(crate) fn tensors(&self) -> Vec<&Tensor> {
         let mut t = vec![&self.qkv, &self.o];
         t.extend(self.qkv_bias.iter().chain(&self.o_bias));
+        if let Some(n) = &self.qk_norm {
+            t.extend(n.weights());
+        }
         t
     }
 
@@ -211,6 +237,7 @@ impl Attention {
             qkv_bias,
             o,
             o_bias: self.o_bias.as_ref().map(Tensor::shallow_clone),
+            qk_norm: self.qk_norm.clone(),
             ..*self
         })
     }
@@ -232,8 +259,12 @@ impl Attention {
                 .f_reshape([t, heads, d])
                 .op("reshape heads")
         };
-        let q = rope.apply(&part(0, nq)?, cos, sin)?;
-        let k = rope.apply(&part(nq, nkv)?, cos, sin)?;
+        let (q, k) = match &self.qk_norm {
+            Some(n) => (n.q(&part(0, nq)?)?, n.k(&part(nq, nkv)?)?),
+            None => (part(0, nq)?, part(nq, nkv)?),
+        };
+        let q = rope.apply(&q, cos, sin)?;
+        let k = rope.apply(&k, cos, sin)?;
         let v = part(nq + nkv, nkv)?;
         let to_heads =
             |x: Tensor| x.f_transpose(0, 1).op("transpose")?.f_contiguous().op("contiguous");
@@ -247,13 +278,9 @@ impl Attention {
         let (nq, nkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
         let grouped = q.f_reshape([nkv, (nq / nkv) * t, d]).op("group q")?;
         let scores = grouped.f_matmul(&k.f_transpose(1, 2).op("kT")?).op("q·kT")?;
-        let scores = scores
-            .f_reshape([nq, t, t])
-            .op("scores")?
-            .f_mul_scalar(1.0 / (d as f64).sqrt())
-            .op("scale")?;
-        let mask =
-            Tensor::f_ones([t, t], (Kind::Bool, Device::Cpu)).op("mask")?.f_triu(1).op("triu")?;
+        let scores =
+            scores.f_reshape([nq, t, t]).op("scores")?.f_mul_scalar(self.scale).op("scale")?;
+        let mask = attention_mask(t, self.window)?;
         scores
             .f_masked_fill(&mask, f64::NEG_INFINITY)
             .op("mask fill")?
@@ -347,6 +374,25 @@ impl Attention {
         self.output(&flat)
     }
 
+    /// The fused `q|k|v` rows `[batch, (q_heads + 2·kv_heads)·head_dim]` of decode input
+    /// `x` (`[batch, hidden]`), q and k normalised per head where the layer has QK-norm;
+    /// contiguous, so the host can read them.
+    fn decode_qkv(&self, x: &Tensor) -> Result<Tensor> {
+        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let Some(norm) = &self.qk_norm else { return Ok(qkv) };
+        let (b, nq, nkv, d) = (qkv.size()[0], self.q_heads, self.kv_heads, self.head_dim);
+        let part = |start: i64, heads: i64| -> Result<Tensor> {
+            qkv.f_narrow(1, start * d, heads * d)
+                .op("split qkv")?
+                .f_reshape([b, heads, d])
+                .op("heads")
+        };
+        let q = norm.q(&part(0, nq)?)?.f_reshape([b, nq * d]).op("flatten q")?;
+        let k = norm.k(&part(nq, nkv)?)?.f_reshape([b, nkv * d]).op("flatten k")?;
+        let v = qkv.f_narrow(1, (nq + nkv) * d, nkv * d).op("split v")?;
+        Tensor::f_cat(&[q, k, v], 1).op("cat qkv")?.f_contiguous().op("contiguous")
+    }
+
     /// One decode step for `x` (`[1, hidden]`) at `position`: q/k/v by libtorch, RoPE on the
     /// host, append + attention by `cache`, `W_O` by libtorch.
     ///
@@ -360,7 +406,7 @@ impl Attention {
         (layer, cache): (usize, &mut dyn KvCache),
         scratch: &mut DecodeScratch,
     ) -> Result<Tensor> {
-        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let qkv = self.decode_qkv(x)?;
         let DecodeScratch { q, k, out } = scratch;
         // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
         // writes to it while the row is borrowed.
@@ -399,7 +445,7 @@ impl Attention {
                 ),
             ));
         }
-        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let qkv = self.decode_qkv(x)?;
         // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
         // writes to it while the rows are borrowed.
         let rows = unsafe { f32_slice(&qkv)? };

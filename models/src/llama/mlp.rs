@@ -1,5 +1,5 @@
 //! The gated MLP of a Llama block: `down(silu(gate(x)) · up(x))`, with gate and up fused
-//! into one matmul.
+//! into one matmul; Gemma 3's GeGLU is the same with the tanh approximation of GELU.
 
 use tch::Tensor;
 
@@ -7,8 +7,9 @@ use crate::error::{Result, TorchOp};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 
-/// SwiGLU feed-forward network.
+/// SwiGLU (GeGLU for Gemma 3) feed-forward network.
 pub struct Mlp {
+    gelu: bool,
     gate_up: Tensor,
     gate_up_bias: Option<Tensor>,
     down: Tensor,
@@ -20,6 +21,7 @@ pub struct Mlp {
 impl Clone for Mlp {
     fn clone(&self) -> Self {
         Self {
+            gelu: self.gelu,
             gate_up: self.gate_up.shallow_clone(),
             gate_up_bias: self.gate_up_bias.as_ref().map(Tensor::shallow_clone),
             down: self.down.shallow_clone(),
@@ -50,7 +52,8 @@ impl Mlp {
             (None, None)
         };
         let gate_up = Tensor::f_cat(&[gate, up], 0).op("cat gate/up")?;
-        Ok(Self { gate_up, gate_up_bias, down, down_bias, inner: i as i64 })
+        let gelu = cfg.arch == crate::load::config::Architecture::Gemma3;
+        Ok(Self { gelu, gate_up, gate_up_bias, down, down_bias, inner: i as i64 })
     }
 
     /// Every weight tensor of the MLP.
@@ -68,7 +71,12 @@ impl Mlp {
         let gu = x.f_linear(&self.gate_up, self.gate_up_bias.as_ref()).op("mlp gate_up")?;
         let gate = gu.f_narrow(-1, 0, self.inner).op("mlp narrow")?;
         let up = gu.f_narrow(-1, self.inner, self.inner).op("mlp narrow")?;
-        let act = gate.f_silu().op("mlp silu")?.f_mul(&up).op("mlp mul")?;
+        let gate = if self.gelu {
+            gate.f_gelu("tanh").op("mlp gelu")?
+        } else {
+            gate.f_silu().op("mlp silu")?
+        };
+        let act = gate.f_mul(&up).op("mlp mul")?;
         act.f_linear(&self.down, self.down_bias.as_ref()).op("mlp down")
     }
 }

@@ -1,10 +1,12 @@
 //! The Llama decoder (Llama 2/3, SmolLM2, Mistral; Qwen2 = the same block with q/k/v
-//! biases) on libtorch, f32 on the CPU. Each layer has `load(...)` and forward functions:
+//! biases; Gemma 3 = the block with the changes of [`gemma`]) on libtorch, f32 on the CPU.
+//! Each layer has `load(...)` and forward functions:
 //! [`Llama::prefill`] runs the prompt with full causal attention and fills the cache,
 //! [`Llama::decode`] runs one token through the cache (`papers/swan.txt`, "decode step").
 
 mod absorb;
 mod attention;
+pub mod gemma;
 pub mod host;
 mod mlp;
 mod norm;
@@ -20,8 +22,9 @@ use tch::{Kind, Tensor};
 
 use crate::cache::KvCache;
 use crate::error::{Result, TorchOp, invalid};
+use crate::llama::gemma::SandwichNorms;
 use crate::llama::rope::Rope;
-use crate::load::config::ModelConfig;
+use crate::load::config::{LayerKind, ModelConfig};
 use crate::load::weights::{WeightSource, Weights};
 
 /// Sees the prefill's intermediate tensors (calibration, parity traces).
@@ -56,17 +59,30 @@ impl PrefillObserver for NoObserver {}
 pub struct Block {
     input_norm: RmsNorm,
     attn: Attention,
+    /// The norm before the MLP (HF `post_attention_layernorm`; Gemma's
+    /// `pre_feedforward_layernorm`).
     post_norm: RmsNorm,
     mlp: Mlp,
+    sandwich: Option<SandwichNorms>,
 }
 
 impl Block {
-    /// Loads `model.layers.{i}`.
+    /// Loads `model.layers.{i}` (a local layer's attention keeps its window).
     ///
     /// # Errors
     /// Missing or mis-shaped weights.
     pub fn load(w: &Weights<'_>, cfg: &ModelConfig, i: usize) -> Result<Self> {
         let p = format!("model.layers.{i}");
+        let window = match cfg.layer_kind(i) {
+            LayerKind::Local { window } => Some(window),
+            LayerKind::Global => None,
+        };
+        let sandwich = SandwichNorms::load(w, cfg, &p)?;
+        let pre_mlp = if sandwich.is_some() {
+            "pre_feedforward_layernorm"
+        } else {
+            "post_attention_layernorm"
+        };
         Ok(Self {
             input_norm: RmsNorm::load(
                 w,
@@ -74,14 +90,15 @@ impl Block {
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
-            attn: Attention::load(w, cfg, &format!("{p}.self_attn"))?,
+            attn: Attention::load(w, cfg, &format!("{p}.self_attn"))?.with_window(window),
             post_norm: RmsNorm::load(
                 w,
-                &format!("{p}.post_attention_layernorm"),
+                &format!("{p}.{pre_mlp}"),
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
             )?,
             mlp: Mlp::load(w, cfg, &format!("{p}.mlp"))?,
+            sandwich,
         })
     }
 
@@ -99,13 +116,21 @@ impl Block {
         let mut t = self.attn.tensors();
         t.extend(self.mlp.tensors());
         t.extend([self.input_norm.weight(), self.post_norm.weight()]);
+        if let Some(n) = &self.sandwich {
+            t.extend(n.weights());
+        }
         t
     }
 
     fn finish(&self, h: &Tensor, attn_out: &Tensor) -> Result<Tensor> {
-        let h = h.f_add(attn_out).op("residual")?;
+        let Some(sandwich) = &self.sandwich else {
+            let h = h.f_add(attn_out).op("residual")?;
+            let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
+            return h.f_add(&m).op("residual");
+        };
+        let h = h.f_add(&sandwich.attention(attn_out)?).op("residual")?;
         let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
-        h.f_add(&m).op("residual")
+        h.f_add(&sandwich.feedforward(&m)?).op("residual")
     }
 }
 
@@ -117,6 +142,8 @@ pub struct Llama {
     norm: RmsNorm,
     lm_head: Tensor,
     rope: Rope,
+    /// The rotary embedding of local layers, when they have their own.
+    local_rope: Option<Rope>,
 }
 
 /// Clones share the (immutable) weight storage, so a session can own its model cheaply.
@@ -129,6 +156,7 @@ impl Clone for Llama {
             norm: self.norm.clone(),
             lm_head: self.lm_head.shallow_clone(),
             rope: self.rope.clone(),
+            local_rope: self.local_rope.clone(),
         }
     }
 }
@@ -157,6 +185,7 @@ impl Llama {
             norm,
             lm_head,
             rope: Rope::new(&cfg.rope, cfg.head_dim),
+            local_rope: cfg.local_attention.as_ref().map(|l| Rope::new(&l.rope, cfg.head_dim)),
         })
     }
 
@@ -170,9 +199,66 @@ impl Llama {
         &self.blocks
     }
 
-    /// The rotary embedding.
+    /// The rotary embedding (of global layers, where local ones have their own).
     pub fn rope(&self) -> &Rope {
         &self.rope
+    }
+
+    /// The rotary embedding of layer `layer`.
+    pub fn layer_rope(&self, layer: usize) -> &Rope {
+        match (&self.local_rope, self.cfg.layer_kind(layer)) {
+            (Some(local), LayerKind::Local { .. }) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// Rotary tables of the local layers for positions `0..n` (`None` when no layer has
+    /// its own rotary base).
+    fn local_tables(&self, n: usize) -> Result<Option<(Tensor, Tensor)>> {
+        self.local_rope.as_ref().map(|r| r.tables(0, n)).transpose()
+    }
+
+    /// Layer `layer`'s rope and tables: the local ones on a local layer.
+    fn layer_tables<'a>(
+        &'a self,
+        layer: usize,
+        global: &'a (Tensor, Tensor),
+        local: &'a Option<(Tensor, Tensor)>,
+    ) -> (&'a Rope, (&'a Tensor, &'a Tensor)) {
+        match (local, self.cfg.layer_kind(layer)) {
+            (Some(t), LayerKind::Local { .. }) => (self.layer_rope(layer), (&t.0, &t.1)),
+            _ => (&self.rope, (&global.0, &global.1)),
+        }
+    }
+
+    /// Scales token embeddings where the architecture does (Gemma: `√hidden`).
+    fn scale_embed(&self, h: Tensor) -> Result<Tensor> {
+        match crate::llama::gemma::embed_scale(&self.cfg) {
+            Some(s) => h.f_mul_scalar(s).op("embed scale"),
+            None => Ok(h),
+        }
+    }
+
+    /// Checks, before a decode step at `position`, that `cache` keeps only the window of
+    /// every local layer once the sequence is longer than it (a cache that keeps the whole
+    /// history there would attend to positions the model never sees).
+    fn check_cache_window(&self, position: usize, cache: &dyn KvCache) -> Result<()> {
+        for layer in 0..self.cfg.num_layers {
+            if let LayerKind::Local { window } = self.cfg.layer_kind(layer)
+                && position >= window
+                && cache.window(layer) != Some(window)
+            {
+                return Err(invalid(
+                    "decode",
+                    format!(
+                        "layer {layer} attends to the last {window} positions, but cache `{}` keeps {:?} there; build the cache from a spec for this model",
+                        cache.label(),
+                        cache.window(layer)
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The same model with its blocks replaced (other weights shared, not copied).
@@ -230,7 +316,7 @@ impl Llama {
         self.prefill_embeds(&h, self.rope.tables(0, ids.len())?, cache, obs, all_logits)
     }
 
-    /// Token embeddings `[n, hidden]` of `ids`.
+    /// Token embeddings `[n, hidden]` of `ids` (scaled by `√hidden` for Gemma).
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for empty input or ids out of range.
@@ -240,12 +326,15 @@ impl Llama {
         }
         self.check_ids(ids)?;
         let idx: Vec<i64> = ids.iter().map(|&i| i64::from(i)).collect();
-        self.embed.f_index_select(0, &Tensor::f_from_slice(&idx).op("ids")?).op("embed")
+        let h = self.embed.f_index_select(0, &Tensor::f_from_slice(&idx).op("ids")?).op("embed")?;
+        self.scale_embed(h)
     }
 
     /// [`Llama::prefill`] from input embeddings `h` (`[n, hidden]`) and explicit rotary
     /// tables `(cos, sin)` (`[n, head_dim]`, as [`Rope::tables`] builds them): audio LLMs
     /// splice audio embeddings into the prompt, and Qwen2.5-Omni supplies M-RoPE tables.
+    /// The tables serve the global layers; local layers with their own rotary base use
+    /// that base at positions `0..n`.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for an empty or mis-shaped input, or a sequence longer
@@ -264,10 +353,12 @@ impl Llama {
         obs.hidden("embed", &h)?;
         let mut cache = cache;
         let request = cache.as_mut().and_then(|c| c.attention_request(n as usize));
+        let local = self.local_tables(n as usize)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
+            let (rope, layer_tables) = self.layer_tables(i, &tables, &local);
             let (attn_out, tensors, received) =
-                block.attn.prefill(&x, &self.rope, (&tables.0, &tables.1), request.as_ref())?;
+                block.attn.prefill(&x, rope, layer_tables, request.as_ref())?;
             obs.attention(i, &tensors)?;
             obs.hidden(&format!("layer{i}.attn_out"), &attn_out)?;
             if let Some(c) = cache.as_mut() {
@@ -280,6 +371,17 @@ impl Llama {
         let normed = self.norm.forward(&last)?;
         obs.hidden("final_norm", &normed)?;
         normed.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+    }
+
+    /// The output head: final norm and `lm_head` of residual-stream rows `[rows, hidden]`
+    /// (e.g. the `layer{last}.out` rows a [`PrefillObserver`] saw), giving `[rows, vocab]`
+    /// logits without computing them for every position.
+    ///
+    /// # Errors
+    /// [`crate::Error::Torch`] on a shape mismatch.
+    pub fn head(&self, h: &Tensor) -> Result<Tensor> {
+        let _guard = tch::no_grad_guard();
+        self.norm.forward(h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
     }
 
     /// Checks input embeddings `[n, hidden]` and rotary tables `[n, head_dim]`; returns `n`.
@@ -328,11 +430,12 @@ impl Llama {
                 format!("{} key offsets for {} layers", key_offsets.len(), self.blocks.len());
             return Err(invalid("forward with key offsets", reason));
         }
+        let local = self.local_tables(h.size()[0] as usize)?;
         tch::with_grad(|| {
             let mut h = h.to_kind(Kind::Float);
             for ((i, block), offset) in self.blocks.iter().enumerate().zip(key_offsets) {
                 let x = block.input_norm.forward(&h)?;
-                let rope = (&self.rope, (&tables.0, &tables.1));
+                let rope = self.layer_tables(i, &tables, &local);
                 let (attn_out, p) =
                     block.attn.prefill_key_offset(&x, rope.0, rope.1, span.clone(), offset)?;
                 probs(i, &p)?;
@@ -358,12 +461,13 @@ impl Llama {
     ) -> Result<Tensor> {
         self.check_ids(&[id])?;
         self.check_window(position + 1)?;
+        self.check_cache_window(position, cache)?;
         let _guard = tch::no_grad_guard();
-        let mut h = self.embed.f_narrow(0, i64::from(id), 1).op("embed")?;
+        let mut h = self.scale_embed(self.embed.f_narrow(0, i64::from(id), 1).op("embed")?)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
-            let attn_out =
-                block.attn.decode(&x, &self.rope, position, (i, &mut *cache), scratch)?;
+            let rope = self.layer_rope(i);
+            let attn_out = block.attn.decode(&x, rope, position, (i, &mut *cache), scratch)?;
             h = block.finish(&h, &attn_out)?;
         }
         cache.end_step()?;
@@ -483,14 +587,18 @@ impl Llama {
                 ),
             ));
         }
+        for cache in caches.iter() {
+            self.check_cache_window(position, &**cache)?;
+        }
         let _guard = tch::no_grad_guard();
         let index: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
         let index = Tensor::f_from_slice(&index).op("token ids")?;
-        let mut h = self.embed.f_index_select(0, &index).op("embed")?;
+        let mut h = self.scale_embed(self.embed.f_index_select(0, &index).op("embed")?)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
+            let rope = self.layer_rope(i);
             let attn_out =
-                block.attn.decode_batch(&x, &self.rope, position, (i, &mut *caches), scratch)?;
+                block.attn.decode_batch(&x, rope, position, (i, &mut *caches), scratch)?;
             h = block.finish(&h, &attn_out)?;
         }
         for (b, cache) in caches.iter_mut().enumerate() {

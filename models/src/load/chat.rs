@@ -41,6 +41,11 @@ fn tmpl_err(e: impl std::fmt::Display) -> Error {
 }
 
 impl ChatTemplate {
+    /// Gemma 3's published chat template (`user` / `model` turns between
+    /// `<start_of_turn>` and `<end_of_turn>`, a system message prefixed to the first user
+    /// turn); GGUF files of Gemma 3 often carry none.
+    pub const GEMMA3: &'static str = include_str!("gemma3_chat.jinja");
+
     /// A template from its Jinja source.
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Self {
         Self {
@@ -50,9 +55,13 @@ impl ChatTemplate {
         }
     }
 
-    /// The template stored in a GGUF file, if it has one.
+    /// The template stored in a GGUF file, if it has one; for a Gemma 3 file without one,
+    /// the template Google publishes with the Gemma 3 instruct checkpoints
+    /// ([`ChatTemplate::GEMMA3`]).
     pub fn from_gguf(file: &GgufFile) -> Option<Self> {
-        let source = file.get("tokenizer.chat_template")?.as_str()?;
+        let stored = file.get("tokenizer.chat_template").and_then(MetaValue::as_str);
+        let gemma3 = file.get("general.architecture").and_then(MetaValue::as_str) == Some("gemma3");
+        let source = stored.or(gemma3.then_some(Self::GEMMA3))?;
         let tokens = file.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array);
         let token = |key: &str| {
             let id = file.get(key)?.as_u64()?;

@@ -1,5 +1,5 @@
 //! Model hyper-parameters: one [`ModelConfig`] for every supported decoder (Llama,
-//! Mistral, Qwen2), read from a Hugging Face `config.json` (both the transformers 4.x
+//! Mistral, Qwen2, Gemma 3), read from a Hugging Face `config.json` (both the transformers 4.x
 //! `rope_theta` + `rope_scaling` keys and the 5.x `rope_parameters` object) or from GGUF
 //! metadata (see [`crate::load::gguf`]). Validation happens once, here, so the layers can
 //! trust the numbers.
@@ -11,7 +11,10 @@ use serde_json::Value;
 
 use crate::error::{Error, Result, config_err};
 
-/// The decoder family. All three share the Llama block; they differ in biases and defaults.
+/// The decoder family. Llama, Mistral and Qwen2 share the Llama block and differ in biases
+/// and defaults; Gemma 3 adds q/k RMS norms, norms after attention and MLP, a GeGLU MLP,
+/// a scaled embedding and interleaved sliding-window / global layers
+/// ([`crate::llama::gemma`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Architecture {
     /// Llama 2/3, SmolLM2 and friends.
@@ -20,6 +23,8 @@ pub enum Architecture {
     Mistral,
     /// Qwen2: a Llama block with q/k/v biases.
     Qwen2,
+    /// Gemma 3's text decoder (GGUF `gemma3`, HF `gemma3_text`).
+    Gemma3,
 }
 
 impl Architecture {
@@ -32,6 +37,7 @@ impl Architecture {
             "llama" => Ok(Self::Llama),
             "mistral" => Ok(Self::Mistral),
             "qwen2" => Ok(Self::Qwen2),
+            "gemma3" | "gemma3_text" => Ok(Self::Gemma3),
             other => Err(Error::UnsupportedArchitecture { got: other.to_string() }),
         }
     }
@@ -42,6 +48,7 @@ impl Architecture {
             Self::Llama => "llama",
             Self::Mistral => "mistral",
             Self::Qwen2 => "qwen2",
+            Self::Gemma3 => "gemma3",
         }
     }
 }
@@ -79,6 +86,39 @@ pub struct RopeConfig {
     pub theta: f64,
     /// Long-context rescaling.
     pub scaling: RopeScaling,
+}
+
+/// What a layer's attention sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Every earlier position (full causal attention).
+    Global,
+    /// The last `window` positions, the current one included (sliding-window attention).
+    Local {
+        /// Positions a query sees.
+        window: usize,
+    },
+}
+
+/// Interleaved sliding-window ("local") and full ("global") layers, as in Gemma 3: local
+/// layers attend to the last `window` positions with their own rotary base.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalAttention {
+    /// Positions a local layer's query sees, its own included.
+    pub window: usize,
+    /// The rotary embedding of local layers (Gemma 3: θ = 10 000, no scaling).
+    pub rope: RopeConfig,
+    /// `local[i]` is whether layer `i` is a local layer.
+    pub local: Vec<bool>,
+}
+
+impl LocalAttention {
+    /// Gemma 3's pattern: of every `period` layers the last is global, the rest local
+    /// (`period` = 6 for every published Gemma 3; `period` = 0 makes every layer local).
+    pub fn periodic(window: usize, rope: RopeConfig, layers: usize, period: usize) -> Self {
+        let local = (0..layers).map(|i| !(i + 1).is_multiple_of(period)).collect();
+        Self { window, rope, local }
+    }
 }
 
 /// Validated hyper-parameters of a decoder-only transformer.
@@ -123,12 +163,33 @@ pub struct ModelConfig {
     /// Sliding-window width, when the model uses one (Mistral v0.1); sequences longer than
     /// this are rejected because full attention would then differ from the model's.
     pub sliding_window: Option<usize>,
+    /// Interleaved local (sliding-window) and global layers (Gemma 3); `None`: every layer
+    /// is global.
+    pub local_attention: Option<LocalAttention>,
+    /// Softmax scale of `q·k` when it is not `1/√head_dim` (Gemma 3:
+    /// `query_pre_attn_scalar^(-1/2)`).
+    pub query_scale: Option<f64>,
 }
 
 impl ModelConfig {
     /// Query heads that share one key/value head.
     pub fn group_size(&self) -> usize {
         self.q_heads / self.kv_heads
+    }
+
+    /// What layer `layer`'s attention sees.
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        match &self.local_attention {
+            Some(l) if l.local.get(layer).copied().unwrap_or(false) => {
+                LayerKind::Local { window: l.window }
+            }
+            _ => LayerKind::Global,
+        }
+    }
+
+    /// The softmax scale of `q·k`: [`ModelConfig::query_scale`] or `1/√head_dim`.
+    pub fn attention_scale(&self) -> f64 {
+        self.query_scale.unwrap_or_else(|| 1.0 / (self.head_dim as f64).sqrt())
     }
 
     /// Checks every invariant the layers rely on.
@@ -176,6 +237,26 @@ impl ModelConfig {
                 "rope_freqs",
                 format!("{} factors for head_dim {}", f.len(), self.head_dim),
             ));
+        }
+        if let Some(scale) = self.query_scale
+            && !(scale.is_finite() && scale > 0.0)
+        {
+            return Err(config_err(
+                "query_pre_attn_scalar",
+                format!("scale {scale} is not positive"),
+            ));
+        }
+        if let Some(l) = &self.local_attention {
+            if l.window == 0 {
+                return Err(config_err("sliding_window", "must be positive"));
+            }
+            if l.local.len() != self.num_layers {
+                return Err(config_err(
+                    "sliding_window_pattern",
+                    format!("{} layer kinds for {} layers", l.local.len(), self.num_layers),
+                ));
+            }
+            validate_rope(&l.rope)?;
         }
         validate_rope(&self.rope)
     }
@@ -278,6 +359,12 @@ fn default_max_pos() -> usize {
 impl HfConfig {
     fn into_config(self) -> Result<ModelConfig> {
         let arch = Architecture::parse(&self.model_type)?;
+        if arch == Architecture::Gemma3 {
+            return Err(config_err(
+                "model_type",
+                "gemma3 loads from a GGUF file only (its config.json layout is not read)",
+            ));
+        }
         if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
             return Err(config_err("hidden_act", format!("`{act}` is not supported (only silu)")));
         }
@@ -310,6 +397,8 @@ impl HfConfig {
             bos_token_id: self.bos_token_id,
             eos_token_ids: eos_ids(self.eos_token_id.as_ref())?,
             sliding_window,
+            local_attention: None,
+            query_scale: None,
         };
         cfg.validate()?;
         Ok(cfg)

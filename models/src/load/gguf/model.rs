@@ -12,7 +12,7 @@ use super::error::GgufError;
 use super::file::GgufFile;
 use super::value::MetaValue;
 use crate::error::{Error, Result, TorchOp, config_err};
-use crate::load::config::{Architecture, ModelConfig, RopeConfig, RopeScaling};
+use crate::load::config::{Architecture, LocalAttention, ModelConfig, RopeConfig, RopeScaling};
 use crate::load::weights::WeightSource;
 
 /// The metadata value at `key`, or [`GgufError::MissingMetadata`].
@@ -99,8 +99,58 @@ pub fn config_from_gguf(file: &GgufFile) -> Result<ModelConfig> {
         bos_token_id: meta_u32_opt(file, "tokenizer.ggml.bos_token_id")?,
         eos_token_ids: stop_ids(file)?,
         sliding_window: None,
+        local_attention: None,
+        query_scale: None,
+    };
+    let cfg = match arch {
+        Architecture::Gemma3 => gemma3(file, cfg)?,
+        _ => cfg,
     };
     cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Gemma 3's layer settings. The GGUF stores the window, the global rotary base and (in
+/// newer converters) the local base and the layer pattern; what it leaves out llama.cpp
+/// fixes per model, and so do we: the local base is 10 000, every 6th layer is global, and
+/// queries are scaled by `head_dim^(-1/2)` except for the 27B model (62 blocks), whose
+/// `query_pre_attn_scalar` is `hidden / heads`. `<end_of_turn>` joins the stop tokens.
+fn gemma3(file: &GgufFile, mut cfg: ModelConfig) -> Result<ModelConfig> {
+    let window = meta_usize(file, "gemma3.attention.sliding_window")?;
+    let local_rope = RopeConfig {
+        theta: meta_f64_or(file, "gemma3.rope.freq_base_swa", 10_000.0)?,
+        scaling: RopeScaling::None,
+    };
+    let key = "gemma3.attention.sliding_window_pattern";
+    let local = match file.get(key) {
+        None => LocalAttention::periodic(window, local_rope, cfg.num_layers, 6),
+        Some(MetaValue::Array(items)) => {
+            let local = items
+                .iter()
+                .map(|v| match v {
+                    MetaValue::Bool(b) => Ok(*b),
+                    other => Err(type_err(key, "an array of booleans", other)),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            LocalAttention { window, rope: local_rope, local }
+        }
+        Some(_) => match meta_usize(file, key)? {
+            0 => return Err(config_err("sliding_window_pattern", "period 0")),
+            period => LocalAttention::periodic(window, local_rope, cfg.num_layers, period),
+        },
+    };
+    let scalar = if cfg.num_layers == 62 { cfg.hidden_size / cfg.q_heads } else { cfg.head_dim };
+    cfg.query_scale = Some(1.0 / (scalar as f64).sqrt());
+    // Instruct turns end with `<end_of_turn>`, which the metadata does not name as a stop.
+    let tokens = file.get("tokenizer.ggml.tokens").and_then(MetaValue::as_array);
+    let end_of_turn =
+        tokens.and_then(|t| t.iter().position(|v| v.as_str() == Some("<end_of_turn>")));
+    if let Some(id) = end_of_turn.and_then(|i| u32::try_from(i).ok())
+        && !cfg.eos_token_ids.contains(&id)
+    {
+        cfg.eos_token_ids.push(id);
+    }
+    cfg.local_attention = Some(local);
     Ok(cfg)
 }
 
@@ -166,6 +216,9 @@ pub struct GgufSource {
     file: GgufFile,
     path: String,
     permute_qk: bool,
+    /// Gemma 3 names: its `post_attention_layernorm` follows attention (llama.cpp's
+    /// `post_attention_norm`) and `ffn_norm` is its `pre_feedforward_layernorm`.
+    gemma: bool,
     heads: usize,
     kv_heads: usize,
 }
@@ -190,6 +243,7 @@ impl GgufSource {
             file,
             path: label,
             permute_qk: cfg.arch == Architecture::Llama,
+            gemma: cfg.arch == Architecture::Gemma3,
             heads: cfg.q_heads,
             kv_heads: cfg.kv_heads,
         };
@@ -222,7 +276,12 @@ impl GgufSource {
             "self_attn.k_proj" => ("attn_k", self.qk_rows(self.kv_heads)),
             "self_attn.v_proj" => ("attn_v", Rows::AsIs),
             "self_attn.o_proj" => ("attn_output", Rows::AsIs),
+            "post_attention_layernorm" if self.gemma => ("post_attention_norm", Rows::AsIs),
             "post_attention_layernorm" => ("ffn_norm", Rows::AsIs),
+            "pre_feedforward_layernorm" if self.gemma => ("ffn_norm", Rows::AsIs),
+            "post_feedforward_layernorm" if self.gemma => ("post_ffw_norm", Rows::AsIs),
+            "self_attn.q_norm" if self.gemma => ("attn_q_norm", Rows::AsIs),
+            "self_attn.k_norm" if self.gemma => ("attn_k_norm", Rows::AsIs),
             "mlp.gate_proj" => ("ffn_gate", Rows::AsIs),
             "mlp.up_proj" => ("ffn_up", Rows::AsIs),
             "mlp.down_proj" => ("ffn_down", Rows::AsIs),

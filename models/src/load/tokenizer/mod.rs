@@ -85,8 +85,20 @@ impl Tokenizer {
     /// # Errors
     /// [`Error::Tokenizer`] if encoding fails.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, true)
+    }
+
+    /// [`Tokenizer::encode`], adding the model's BOS/EOS only with `add_special` (off for
+    /// a rendered chat template, which writes its own BOS — transformers'
+    /// `add_special_tokens=False`).
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] if encoding fails.
+    pub fn encode_with(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
-        ids.extend(self.add_bos);
+        if add_special {
+            ids.extend(self.add_bos);
+        }
         match &self.inner {
             Inner::Hf(t) => {
                 let enc = t.encode(text, true).map_err(|e| tok_err("encode", e))?;
@@ -94,7 +106,9 @@ impl Tokenizer {
             }
             Inner::Spm(s) => s.encode_into(text, &mut ids)?,
         }
-        ids.extend(self.add_eos);
+        if add_special {
+            ids.extend(self.add_eos);
+        }
         Ok(ids)
     }
 

@@ -1,0 +1,317 @@
+//! Sliding-window-aware caching for models that interleave local and global layers
+//! (Gemma 3: five sliding-window layers of 512 positions for every global one).
+//!
+//! * [`WindowCache`]: a dense ring of the last `window` positions per (layer, kv-head) —
+//!   all a local layer ever attends to, so it never grows past the window and never holds
+//!   a sparse history. Position `p` lives in slot `p mod window`; attention is a softmax
+//!   over a set, so the ring's slot order does not change the result beyond float rounding.
+//! * [`WindowedCache`]: local layers go to a [`WindowCache`], global layers to any other
+//!   cache (dense, quantized, SWAN, tiered), and the bytes are reported per layer kind. Each
+//!   part is built for its own layers only (global layer `j` of the model is layer `j` of
+//!   the global cache, counting global layers alone), so a SWAN projection set or a WnW
+//!   head triage covers exactly the layers it serves.
+//!
+//! [`crate::cache::CacheSpec::build`] wraps every cache it builds for such a model in a
+//! [`WindowedCache`].
+
+use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
+use kv_sparse::{Value, ValueFormat};
+
+use super::{AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
+use crate::error::{Result, invalid};
+use crate::load::config::LocalAttention;
+
+/// The last `window` keys and values per (layer, kv-head), row-major `[slot][head_dim]`.
+pub struct WindowCache<D: Value> {
+    shape: CacheShape,
+    window: usize,
+    kernel: CpuAttention,
+    /// `keys[layer * kv_heads + h]`, at most `window` rows.
+    keys: Vec<Vec<D>>,
+    values: Vec<Vec<D>>,
+    /// Positions appended to each layer.
+    seen: Vec<usize>,
+}
+
+impl<D: Value> WindowCache<D> {
+    /// An empty ring of `window` positions per layer, attention on `threads` threads.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for a zero window; [`crate::Error::Attention`] for no
+    /// threads.
+    ///
+    /// # Examples
+    /// ```
+    /// use models::cache::{CacheShape, KvCache, StepQkv, WindowCache};
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 2)?);
+    /// let mut ring = WindowCache::<f32>::new(shape, 2, 1)?;
+    /// let mut out = [0.0; 2];
+    /// for v in [1.0, 2.0, 3.0] {
+    ///     let step = StepQkv { q: &[0.0, 0.0], k: &[0.0, 0.0], v: &[v, v] };
+    ///     ring.decode(0, step, &mut out)?;
+    /// }
+    /// assert_eq!(out, [2.5, 2.5]); // equal scores: the mean of the last two values
+    /// assert_eq!(ring.bytes().total(), 2 * 2 * 2 * 4); // 2 rows of k and v, 2 × f32
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn new(shape: CacheShape, window: usize, threads: usize) -> Result<Self> {
+        if window == 0 {
+            return Err(invalid("window cache", "a window of 0 positions"));
+        }
+        let heads = shape.layers * shape.kv_heads();
+        Ok(Self {
+            shape,
+            window,
+            kernel: CpuAttention::new(threads)?,
+            keys: vec![Vec::new(); heads],
+            values: vec![Vec::new(); heads],
+            seen: vec![0; shape.layers],
+        })
+    }
+
+    /// Positions appended to `layer` so far (the ring holds the last `window` of them).
+    pub fn positions(&self, layer: usize) -> usize {
+        self.seen.get(layer).copied().unwrap_or(0)
+    }
+
+    fn heads(&self, layer: usize) -> std::ops::Range<usize> {
+        layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
+    }
+
+    /// Writes one position's rows (`[kv_heads][head_dim]`) into its slot.
+    fn push(&mut self, layer: usize, k: &[f32], v: &[f32], stride: usize, offset: usize) {
+        let d = self.shape.head_dim();
+        let slot = self.seen[layer] % self.window;
+        for (i, head) in self.heads(layer).enumerate() {
+            let at = i * stride + offset;
+            for (dst, src) in [(&mut self.keys[head], k), (&mut self.values[head], v)] {
+                let row = src[at..at + d].iter().map(|&x| D::from_f32(x));
+                if dst.len() < slot * d {
+                    // A prefill longer than the window starts past slot 0; it fills every
+                    // slot before attention reads the ring.
+                    dst.resize(self.window * d, D::from_f32(0.0));
+                }
+                if dst.len() == slot * d {
+                    dst.extend(row);
+                } else {
+                    for (x, y) in dst[slot * d..(slot + 1) * d].iter_mut().zip(row) {
+                        *x = y;
+                    }
+                }
+            }
+        }
+        self.seen[layer] += 1;
+    }
+}
+
+impl<D: Value> KvCache for WindowCache<D> {
+    fn label(&self) -> String {
+        format!("window {} {}", self.window, D::FORMAT)
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        self.seen.iter().map(|&s| s.min(self.window)).max().unwrap_or(0)
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let d = self.shape.head_dim();
+        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            let room = (self.window * d).saturating_sub(rows.len());
+            rows.reserve((tokens * d).min(room));
+        }
+        Ok(())
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        self.shape.check_prefill(layer, &kv)?;
+        check_finite("cache prefill", "keys", layer, kv.keys)?;
+        check_finite("cache prefill", "values", layer, kv.values)?;
+        let (d, n) = (self.shape.head_dim(), kv.tokens);
+        // Positions before the last `window` would be overwritten: skip them, but count
+        // them, so every position lands in its own slot.
+        let skip = n.saturating_sub(self.window);
+        self.seen[layer] += skip;
+        for t in skip..n {
+            self.push(layer, kv.keys, kv.values, n * d, t * d);
+        }
+        Ok(())
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        check_finite("cache decode", "k", layer, step.k)?;
+        check_finite("cache decode", "v", layer, step.v)?;
+        let d = self.shape.head_dim();
+        self.push(layer, step.k, step.v, d, 0);
+        let views: Vec<DenseKv<'_, D>> =
+            self.heads(layer).map(|s| DenseKv::new(d, &self.keys[s], &self.values[s])).collect();
+        self.kernel.dense(&self.shape.attn, step.q, &views, out)?;
+        Ok(())
+    }
+
+    fn window(&self, _layer: usize) -> Option<usize> {
+        Some(self.window)
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
+        CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
+    }
+}
+
+/// A [`WindowCache`] for the local layers of a model and any cache for its global layers.
+pub struct WindowedCache {
+    shape: CacheShape,
+    window: usize,
+    /// Per model layer: whether it is local, and its index among the layers of its kind.
+    slots: Vec<(bool, usize)>,
+    ring: Box<dyn KvCache>,
+    global: Box<dyn KvCache>,
+}
+
+/// The model's global layers, in order (the layers a [`WindowedCache`]'s global part serves).
+pub fn global_layers(layers: &LocalAttention) -> Vec<usize> {
+    (0..layers.local.len()).filter(|&i| !layers.local[i]).collect()
+}
+
+impl WindowedCache {
+    /// Serves the local layers of `layers` from a ring of `format` rows (f32, f16 or bf16;
+    /// anything else keeps f16) and the global layers from `global`, which must be built for
+    /// them alone: its layer `j` is the model's `j`-th global layer ([`global_layers`]).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if `global` has another number of layers than the
+    /// model has global layers, already holds tokens, or the window is 0.
+    pub fn new(
+        layers: &LocalAttention,
+        format: ValueFormat,
+        global: Box<dyn KvCache>,
+        threads: usize,
+    ) -> Result<Self> {
+        let inner = global.shape();
+        let n_global = layers.local.iter().filter(|&&l| !l).count();
+        if inner.layers != n_global {
+            let reason = format!(
+                "the global cache has {} layers, the model {n_global} global layers",
+                inner.layers
+            );
+            return Err(invalid("windowed cache", reason));
+        }
+        if !global.is_empty() {
+            return Err(invalid("windowed cache", "the global cache already holds tokens"));
+        }
+        let mut counts = [0usize; 2];
+        let slots = layers
+            .local
+            .iter()
+            .map(|&local| {
+                let n = &mut counts[usize::from(local)];
+                *n += 1;
+                (local, *n - 1)
+            })
+            .collect();
+        let (w, local_shape) = (layers.window, CacheShape { layers: counts[1], ..inner });
+        let ring: Box<dyn KvCache> = match format {
+            ValueFormat::F32 => Box::new(WindowCache::<f32>::new(local_shape, w, threads)?),
+            ValueFormat::Bf16 => Box::new(WindowCache::<half::bf16>::new(local_shape, w, threads)?),
+            _ => Box::new(WindowCache::<half::f16>::new(local_shape, w, threads)?),
+        };
+        let shape = CacheShape { layers: layers.local.len(), ..inner };
+        Ok(Self { shape, window: w, slots, ring, global })
+    }
+
+    /// The part serving `layer` and the layer's index there.
+    fn part(&mut self, layer: usize) -> Result<(&mut dyn KvCache, usize)> {
+        match self.slots.get(layer) {
+            Some(&(true, i)) => Ok((self.ring.as_mut(), i)),
+            Some(&(false, i)) => Ok((self.global.as_mut(), i)),
+            None => Err(invalid(
+                "cache",
+                format!("layer {layer} out of range (model has {})", self.slots.len()),
+            )),
+        }
+    }
+
+    /// Bytes the local layers' windows hold.
+    pub fn window_bytes(&self) -> CacheBytes {
+        self.ring.bytes()
+    }
+
+    /// Bytes the global layers' cache holds.
+    pub fn global_bytes(&self) -> CacheBytes {
+        self.global.bytes()
+    }
+
+    /// The cache of the global layers.
+    pub fn global(&self) -> &dyn KvCache {
+        self.global.as_ref()
+    }
+}
+
+impl KvCache for WindowedCache {
+    fn label(&self) -> String {
+        format!("{} (global layers) + {} (local layers)", self.global.label(), self.ring.label())
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        if self.global.shape().layers == 0 { self.ring.len() } else { self.global.len() }
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        self.ring.reserve(tokens)?;
+        self.global.reserve(tokens)
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        let (part, i) = self.part(layer)?;
+        part.prefill(i, kv)
+    }
+
+    fn attention_request(&mut self, prompt_len: usize) -> Option<AttentionRequest> {
+        self.global.attention_request(prompt_len)
+    }
+
+    fn prefill_attention(&mut self, layer: usize, received: &[f32]) -> Result<()> {
+        match self.slots.get(layer) {
+            Some(&(false, i)) => self.global.prefill_attention(i, received),
+            _ => Ok(()),
+        }
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        let (part, i) = self.part(layer)?;
+        part.decode(i, step, out)
+    }
+
+    fn end_step(&mut self) -> Result<()> {
+        self.global.end_step()
+    }
+
+    fn window(&self, layer: usize) -> Option<usize> {
+        match self.slots.get(layer) {
+            Some(&(true, _)) => Some(self.window),
+            Some(&(false, i)) => self.global.window(i),
+            None => None,
+        }
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        let (r, g) = (self.ring.bytes(), self.global.bytes());
+        CacheBytes { resident: r.resident + g.resident, offloaded: r.offloaded + g.offloaded }
+    }
+
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let mut s = self.global.stats();
+        s.push(("window_bytes", self.ring.bytes().total() as f64));
+        s.push(("global_bytes", self.global.bytes().total() as f64));
+        s
+    }
+}
