@@ -179,6 +179,12 @@ impl BudgetSearch {
             .unwrap_or(Probe { knob: t, measured: 0.0 })
     }
 
+    /// Whether the probe just observed is [`best`](Self::best) (the first of equally close
+    /// probes wins), so a caller can keep only the decode that goes with it.
+    pub fn latest_is_best(&self) -> bool {
+        self.probes.last().is_some_and(|&p| p == self.best())
+    }
+
     /// Every probe, in order.
     pub fn probes(&self) -> &[Probe] {
         &self.probes
@@ -234,6 +240,11 @@ mod tests {
         let s = run(0.2, |k| if k < 0.25 { 0.1 } else { 0.3 }, 6);
         assert_eq!(s.outcome(), SearchOutcome::Exhausted);
         assert_eq!(s.probes().len(), 6);
+        let mut again = BudgetSearch::new(0.2, 0.005, 2).unwrap();
+        again.observe(0.1).unwrap();
+        assert!(again.latest_is_best());
+        again.observe(0.1).unwrap(); // as close as the first: the first stays best
+        assert!(!again.latest_is_best());
         assert!((s.best().measured - 0.2).abs() <= 0.1 + 1e-12);
     }
 

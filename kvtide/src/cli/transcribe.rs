@@ -294,18 +294,17 @@ pub fn run(args: &TranscribeArgs) -> Result<TranscribeReport> {
             if args.closed_loop > 0 && !args.lossless {
                 let mut search =
                     BudgetSearch::new(args.r_gpu, DEFAULT_MEASURED_TOLERANCE, args.closed_loop)?;
-                let mut best: Option<(f64, Box<dyn KvCache>, Transcription)> = None;
+                let mut best: Option<(Box<dyn KvCache>, Transcription)> = None;
                 while let Some(knob) = search.proposal() {
                     let mut cache = build(knob)?;
                     let out = decode(cache.as_mut())?;
                     let measured = stat(&cache.stats(), "mean_r_gpu").unwrap_or(1.0);
                     search.observe(measured.clamp(0.0, 1.0))?;
-                    let gap = (measured - args.r_gpu).abs();
-                    if best.as_ref().is_none_or(|b| gap < b.0) {
-                        best = Some((gap, cache, out));
+                    if search.latest_is_best() {
+                        best = Some((cache, out));
                     }
                 }
-                let (_, cache, out) =
+                let (cache, out) =
                     best.ok_or_else(|| invalid("--closed-loop", "no calibration decode ran"))?;
                 (cache, out, Some(search))
             } else {

@@ -160,18 +160,19 @@ pub fn run(ctx: &mut Context) -> Result<AudioStudy> {
         let mut knob = Some(target);
         while let Some(k) = knob {
             let (run, _) = transcribe_with(&model, &prompt, &tiered(policy, target, k), max_new)?;
-            let closer =
-                best.as_ref().is_none_or(|b| (run.r_gpu - target).abs() < (b.r_gpu - target).abs());
             knob = match search.as_mut() {
                 Some(s) => {
                     s.observe(run.r_gpu.clamp(0.0, 1.0))?;
+                    if s.latest_is_best() {
+                        best = Some(run);
+                    }
                     s.proposal()
                 }
-                None => None,
+                None => {
+                    best = Some(run);
+                    None
+                }
             };
-            if closer {
-                best = Some(run);
-            }
         }
         let mut run = best.ok_or_else(|| invalid("audio study", "no decode ran"))?;
         run.target = Some(target);
