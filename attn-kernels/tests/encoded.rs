@@ -57,6 +57,11 @@ fn quantized_dense_every_codec_and_layout() {
             quant_case::<Int4Blocks>(layout, d, rows, seed + 1);
             quant_case::<Fp8Rows>(layout, d, rows, seed + 2);
         }
+        // Scaled-fp8 rows of any width: 8-wide tails (40) and widths the 8-lane kernels
+        // leave to the decoding path (20).
+        for (d, rows) in [(40, 33), (20, 5)] {
+            quant_case::<Fp8Rows>(layout, d, rows, 7000 + i as u64);
+        }
     }
 }
 
@@ -114,7 +119,9 @@ fn coded_case<X: IndexCode, Y: ValueCode>(layout: (usize, usize), d: usize, seed
 #[test]
 fn coded_hybrid_every_encoding_and_layout() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
-        for (j, d) in [16usize, 64, 24].into_iter().enumerate() {
+        // 40: an odd number of mask bytes; 12: a width the placing kernels leave to the
+        // expanding path.
+        for (j, d) in [16usize, 64, 24, 40, 12].into_iter().enumerate() {
             let seed = 500 * i as u64 + 50 * j as u64;
             coded_case::<List<u8>, Elems<f16>>(layout, d, seed);
             coded_case::<List<u8>, Elems<Fp8E4M3>>(layout, d, seed + 1);

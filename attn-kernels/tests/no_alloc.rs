@@ -8,12 +8,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use attn_kernels::{
-    AttnConfig, CpuAttention, DecodeAttention, DenseKv, GatheredKv, GatheredSparseAttention,
-    GatheredSparseKv, Isa, SparseSlab, synth,
+    AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, GatheredKv,
+    GatheredSparseAttention, GatheredSparseKv, Isa, QuantKv, SparseSlab, synth,
 };
 use half::f16;
+use kv_sparse::coded::{Bitmask, CodedStore, Int8Values};
 use kv_sparse::fp8::Fp8E4M3;
-use kv_sparse::hybrid::HybridCache;
+use kv_sparse::hybrid::{CodedHybridCache, HybridCache, HybridConfig};
+use kv_sparse::quant::{Int4Blocks, QuantRows};
 
 /// Counts every allocation of the process (all threads).
 struct Counting;
@@ -63,6 +65,23 @@ fn decode_steps_after_warm_up_do_not_allocate() {
     let slab = SparseSlab::new(&slab, 32, 1.0);
     let sparse_pos: Vec<u32> = (3000..7000).collect();
     let sparse = [GatheredSparseKv::new(64, &sparse_pos, slab, slab); 2];
+    let coded: Vec<CodedHybridCache<Bitmask, Int8Values, f16>> = (0..2)
+        .map(|h| {
+            let hc = HybridConfig::new(64, 16, 32).for_store::<CodedStore<Bitmask, Int8Values>>();
+            let mut c = CodedHybridCache::new(hc).unwrap();
+            c.extend(&synth::values(2000 * 64, h), &synth::values(2000 * 64, h + 9)).unwrap();
+            c
+        })
+        .collect();
+    let quant_rows = |seed| {
+        let mut r = QuantRows::<Int4Blocks>::new(64).unwrap();
+        r.push(&synth::values(2500 * 64, seed)).unwrap();
+        r
+    };
+    let quant: Vec<(QuantRows<Int4Blocks>, QuantRows<Int4Blocks>)> =
+        (0..2).map(|h| (quant_rows(2 * h), quant_rows(2 * h + 1))).collect();
+    let quant: Vec<QuantKv<'_, Int4Blocks>> =
+        quant.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
     let q = synth::values(cfg.q_len(), 1);
     let mut out = vec![0.0; cfg.q_len()];
     let mut weights = vec![0.0; 6000];
@@ -76,6 +95,8 @@ fn decode_steps_after_warm_up_do_not_allocate() {
             attn.gathered(&cfg, &q, &gathered, &mut out, Some(&mut weights)).unwrap();
             let w = Some(&mut mixed_weights[..]);
             attn.gathered_sparse(&cfg, &q, &gathered, &sparse, &mut out, w).unwrap();
+            attn.coded_hybrid(&cfg, &q, &coded, &mut out).unwrap();
+            attn.quantized(&cfg, &q, &quant, &mut out).unwrap();
         };
         step(&mut attn); // warm-up: buffers grow to their final size
         let before = ALLOCATIONS.load(Ordering::SeqCst);
@@ -83,7 +104,7 @@ fn decode_steps_after_warm_up_do_not_allocate() {
             step(&mut attn);
         }
         let allocated = ALLOCATIONS.load(Ordering::SeqCst) - before;
-        assert_eq!(allocated, 0, "{isa}: {allocated} allocations in 20 steady-state calls");
+        assert_eq!(allocated, 0, "{isa}: {allocated} allocations in 30 steady-state calls");
     }
 }
 

@@ -30,7 +30,7 @@ fn same<A: 'static, B: 'static>() -> bool {
 /// The NaN code (magnitude `0x7f`) stays NaN.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn fp8x8(v: __m128i) -> __m256 {
+pub(super) fn fp8x8(v: __m128i) -> __m256 {
     let b = _mm_cvtepu8_epi16(v);
     let mag = _mm_and_si128(b, _mm_set1_epi16(0x7f));
     let sign = _mm_slli_epi16::<8>(_mm_and_si128(b, _mm_set1_epi16(0x80)));
@@ -173,7 +173,7 @@ fn dense_scores_g<D: Value, const G: usize, const W: usize>(
 /// Writes the horizontal sum of each vector to `out` (four at once with `hadd`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn store_sums<const G: usize>(sums: &[__m256; G], out: &mut [f32]) {
+pub(super) fn store_sums<const G: usize>(sums: &[__m256; G], out: &mut [f32]) {
     if let ([a, b, c, d], Some(out4)) = (sums.as_slice(), out.first_chunk_mut::<4>()) {
         let h = _mm256_hadd_ps(_mm256_hadd_ps(*a, *b), _mm256_hadd_ps(*c, *d));
         let r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));

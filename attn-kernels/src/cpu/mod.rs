@@ -10,6 +10,9 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_codes;
+mod codes;
 mod engine;
 mod isa;
 mod portable;

@@ -11,7 +11,10 @@ use std::ops::Range;
 use kv_sparse::csr::CsrView;
 use kv_sparse::{SparseIndex, Value};
 
-use super::tile::{DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, rescale_rows};
+use super::codes::{CodeRow, Codes};
+use super::tile::{
+    DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, prefetch, rescale_rows,
+};
 
 /// `log2(e)`: queries carry it so that the kernels exponentiate in base 2.
 pub(crate) const LOG2_E: f32 = std::f32::consts::LOG2_E;
@@ -57,6 +60,10 @@ pub(crate) struct Scratch {
     pub kval: Vec<f32>,
     /// Decoded value entries of one sparse tile.
     pub vval: Vec<f32>,
+    /// Placed key codes of one tile of coded rows (`TILE × d`).
+    pub kcode: Vec<u8>,
+    /// Placed value codes of one tile of coded rows (`TILE × d`).
+    pub vcode: Vec<u8>,
 }
 
 impl Scratch {
@@ -74,6 +81,9 @@ impl Scratch {
             (&mut self.vval, TILE * d),
         ] {
             buf.reserve(len.saturating_sub(buf.len()));
+        }
+        for buf in [&mut self.kcode, &mut self.vcode] {
+            buf.reserve((TILE * d).saturating_sub(buf.len()));
         }
     }
 }
@@ -164,6 +174,11 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
         for t in 0..n {
             (kr[t], vr[t]) = row(r + t);
         }
+        for j in r + n..(r + 2 * n).min(range.end) {
+            let (kn, vn) = row(j);
+            prefetch(&kn[..d]);
+            prefetch(&vn[..d]);
+        }
         for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
             k.dense_scores(qp, d, &kr[..n], pass * DENSE_PASS, &mut s[..n]);
         }
@@ -177,6 +192,30 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
             k.dense_accumulate(&s[..n], &vr[..n], pass * DENSE_PASS, &factor, acc, d);
         }
         r += n;
+    }
+}
+
+/// One tile of coded rows (keys `kr`, values `vr`, at most [`TILE`] of each) through
+/// `slot`, as one tile of [`dense_segment`]: `q` holds the scaled queries of the block's
+/// active heads (`heads × d`).
+pub(crate) fn code_tile<C: Codes, const W: usize>(
+    k: Kernels,
+    kr: &[CodeRow<'_>],
+    vr: &[CodeRow<'_>],
+    q: &[f32],
+    d: usize,
+    slot: &mut Slot,
+) {
+    let heads = q.len() / d;
+    let n = kr.len();
+    let mut s = [[0.0f32; W]; TILE];
+    for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
+        k.code_scores::<C, W>(qp, d, kr, pass * DENSE_PASS, &mut s[..n]);
+    }
+    let (m, l) = slot.lanes::<W>();
+    let factor = k.softmax_update(m, l, &mut s[..n]);
+    for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
+        k.code_accumulate::<C, W>(&s[..n], vr, pass * DENSE_PASS, &factor, acc, d);
     }
 }
 

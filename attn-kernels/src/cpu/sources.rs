@@ -9,22 +9,29 @@
 //!   keeping every row's logits for the anchor signal (WnW §2.3, Eq. 2);
 //! * gathered sparse — a kv-head's dense resident rows, then its sparse slab rows (SWAN
 //!   rows recalled by the WnW store), continuing one softmax state, logits optionally kept;
-//! * quantized — dense int8 / int4 / scaled-fp8 rows, decoded a tile at a time into
-//!   per-thread scratch and streamed through the f32 dense tile kernel;
-//! * coded hybrid — coded SWAN rows (bitmask or list × float or integer values), expanded a
-//!   tile at a time the same way, then the dense buffer, under one softmax state.
+//! * quantized — dense int8 / int4 / scaled-fp8 rows read in place by the coded-row
+//!   kernels of [`super::codes`] (rows whose width those kernels cannot read are decoded
+//!   a tile at a time into per-thread scratch and streamed through the f32 dense kernel);
+//! * coded hybrid — coded SWAN rows (bitmask or list indices); with fp8 or int8 values
+//!   each tile's rows are placed into per-thread code rows and read by the coded-row
+//!   kernels, other value codes are expanded to `f32` as above; then the dense buffer,
+//!   under one softmax state.
+//!
+//! Every segment prefetches the rows of the tile after the one it computes.
 
-use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
+use kv_sparse::ValueFormat;
+use kv_sparse::coded::{CodedView, IndexCode, IndexKind, ValueCode, ValueKind};
 use kv_sparse::hybrid::{CodedHybridView, HybridView};
-use kv_sparse::quant::DenseCodec;
+use kv_sparse::quant::{DenseCodec, DenseFormat};
 use kv_sparse::{SparseIndex, Value};
 
+use super::codes::{CodeRow, Codes, Fp8Codes, I8Codes, Q4Blocks, Q8Blocks, block_scale};
 use super::engine::{Item, ItemSource, Job};
 use super::segment::{
-    Scratch, SlabRows, Slot, SparsePair, SparseRows, dense_segment, scaled_queries, sparse_segment,
-    transpose_in, transpose_out, transposed_queries,
+    Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, scaled_queries,
+    sparse_segment, transpose_in, transpose_out, transposed_queries,
 };
-use super::tile::{Kernels, TILE};
+use super::tile::{Kernels, TILE, prefetch};
 use crate::views::{
     CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
 };
@@ -308,7 +315,7 @@ fn decoded_segment<const W: usize>(
 /// Dense quantized keys/values of every kv-head.
 pub(crate) struct QuantSrc<'s, 'a, C>(pub &'s [QuantKv<'a, C>]);
 
-impl<C: DenseCodec> ItemSource for QuantSrc<'_, '_, C> {
+impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
     fn rows(&self, kv: usize) -> usize {
         self.0[kv].num_rows()
     }
@@ -322,11 +329,195 @@ impl<C: DenseCodec> ItemSource for QuantSrc<'_, '_, C> {
         slot: &mut Slot,
     ) {
         let kv = &self.0[item.kv];
-        let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-            C::decode(kv.keys.row(j).expect("validated row"), ko);
-            C::decode(kv.values.row(j).expect("validated row"), vo);
+        let d = job.cfg.head_dim();
+        let row = |j: usize| kv.keys.row(j).zip(kv.values.row(j)).expect("validated row");
+        let range = item.rows.clone();
+        match C::FORMAT {
+            DenseFormat::Int8 if Q8Blocks::supports(d) => {
+                let rows = |j| {
+                    let (kr, vr) = row(j);
+                    (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
+                };
+                code_segment::<Q8Blocks, W>(k, job, item, range, sc, slot, rows);
+            }
+            DenseFormat::Int4 if Q4Blocks::supports(d) => {
+                let rows = |j| {
+                    let (kr, vr) = row(j);
+                    (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
+                };
+                code_segment::<Q4Blocks, W>(k, job, item, range, sc, slot, rows);
+            }
+            DenseFormat::Fp8 if Fp8Codes::supports(d) => {
+                // A scaled-fp8 row: its f16 scale, then `d` codes.
+                let scaled = |r: &'a [u8]| CodeRow { bytes: &r[2..], scale: block_scale(r) };
+                let rows = |j| {
+                    let (kr, vr) = row(j);
+                    (scaled(kr), scaled(vr))
+                };
+                code_segment::<Fp8Codes, W>(k, job, item, range, sc, slot, rows);
+            }
+            _ => {
+                let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                    let (kr, vr) = row(j);
+                    C::decode(kr, ko);
+                    C::decode(vr, vo);
+                };
+                decoded_segment::<W>(k, job, item, range, sc, slot, decode);
+            }
+        }
+    }
+}
+
+/// Streams rows `range` of coded rows (`row(j)` = key and value row `j`) through `slot`,
+/// [`TILE`] at a time, read in place by the coded-row kernels.
+fn code_segment<'r, C: Codes, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    range: std::ops::Range<usize>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+    row: impl Fn(usize) -> (CodeRow<'r>, CodeRow<'r>),
+) {
+    let d = job.cfg.head_dim();
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let (mut kr, mut vr) = ([CodeRow::EMPTY; TILE], [CodeRow::EMPTY; TILE]);
+    let mut r = range.start;
+    while r < range.end {
+        let n = TILE.min(range.end - r);
+        for t in 0..n {
+            (kr[t], vr[t]) = row(r + t);
+        }
+        for j in r + n..(r + 2 * n).min(range.end) {
+            let (kn, vn) = row(j);
+            prefetch(kn.bytes);
+            prefetch(vn.bytes);
+        }
+        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+        r += n;
+    }
+}
+
+/// Byte ranges of consecutive rows of a coded view, walked without a division per row
+/// (the block and the row inside it advance by counting).
+struct RowWalk<'v, 'a, X, Y> {
+    view: &'v CodedView<'a, X, Y>,
+    block: usize,
+    local: usize,
+    j: usize,
+}
+
+impl<'v, 'a, X: IndexCode, Y: ValueCode> RowWalk<'v, 'a, X, Y> {
+    /// A walk starting at row `j`.
+    fn at(view: &'v CodedView<'a, X, Y>, j: usize) -> Self {
+        let rpb = view.rows_per_block();
+        Self { view, block: j / rpb, local: j % rpb, j }
+    }
+
+    /// The bytes of the next row (index part, then value part), relative to
+    /// `view.bytes()`, and its number of kept entries.
+    fn next_row(&mut self) -> (std::ops::Range<usize>, usize) {
+        let v = self.view;
+        let base = v.block_bases()[self.block] as usize;
+        let start = base + usize::from(v.offsets()[self.j]);
+        let end = if self.local + 1 == v.rows_per_block() || self.j + 1 == v.num_rows() {
+            v.block_bases().get(self.block + 1).map_or(v.bytes().len(), |&e| e as usize)
+        } else {
+            base + usize::from(v.offsets()[self.j + 1])
         };
-        decoded_segment::<W>(k, job, item, item.rows.clone(), sc, slot, decode);
+        self.j += 1;
+        self.local += 1;
+        if self.local == v.rows_per_block() {
+            (self.local, self.block) = (0, self.block + 1);
+        }
+        let d = v.head_dim();
+        let kept = (end - start)
+            .checked_sub(X::fixed_bytes(d))
+            .and_then(|rest| Y::k_for(rest, X::ENTRY_BYTES))
+            .filter(|&k| k <= d)
+            .unwrap_or(0);
+        (start..end, kept)
+    }
+}
+
+/// Places the coded row at `at` (keeping `kept` entries) of `view` into `out` (`head_dim`
+/// codes: the kept codes at their components, zeros elsewhere) and returns the factor its
+/// values carry (row scale times `head_scale`).
+fn place<X: IndexCode, Y: ValueCode>(
+    k: Kernels,
+    view: &CodedView<'_, X, Y>,
+    (at, kept): (std::ops::Range<usize>, usize),
+    head_scale: f32,
+    out: &mut [u8],
+) -> f32 {
+    let d = view.head_dim();
+    let bytes = &view.bytes()[at.clone()];
+    let index_bytes = X::bytes(kept, d);
+    let (index, value) = bytes.split_at(index_bytes);
+    let (scale, codes_at) = if Y::SCALE_BYTES > 0 && kept > 0 {
+        (block_scale(value), index_bytes + Y::SCALE_BYTES)
+    } else {
+        (1.0, index_bytes)
+    };
+    if X::KIND == IndexKind::Bitmask {
+        // Read from the whole byte buffer, so the shuffle's 16-byte loads may run past the
+        // row into its successors (never past the buffer).
+        k.place_masked(index, view.bytes(), at.start + codes_at, out);
+    } else {
+        out.fill(0);
+        let codes = &bytes[codes_at..];
+        X::for_each_rev(index, kept, |e, i| out[i] = codes[e]);
+    }
+    scale * head_scale
+}
+
+/// Streams the coded sparse rows `range` of `view` (8-bit codes `C`) through `slot`: each
+/// tile's key and value rows are placed into per-thread code rows, then read by the
+/// coded-row kernels.
+#[allow(clippy::too_many_arguments)]
+fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    view: &CodedHybridView<'_, X, Y, D>,
+    range: std::ops::Range<usize>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let d = job.cfg.head_dim();
+    let Scratch { q: qbuf, kcode, vcode, .. } = sc;
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), qbuf);
+    for buf in [&mut *kcode, &mut *vcode] {
+        if buf.len() < TILE * d {
+            buf.resize(TILE * d, 0);
+        }
+    }
+    let (sk, sv) = view.value_scale;
+    let (mut ks, mut vs) = ([0.0f32; TILE], [0.0f32; TILE]);
+    let (keys, values) = (&view.sparse_keys, &view.sparse_values);
+    let (mut kw, mut vw) = (RowWalk::at(keys, range.start), RowWalk::at(values, range.start));
+    let ahead = (range.start + TILE).min(range.end);
+    let (mut ka, mut va) = (RowWalk::at(keys, ahead), RowWalk::at(values, ahead));
+    let mut r = range.start;
+    while r < range.end {
+        let n = TILE.min(range.end - r);
+        for _ in r + n..(r + 2 * n).min(range.end) {
+            prefetch(&keys.bytes()[ka.next_row().0]);
+            prefetch(&values.bytes()[va.next_row().0]);
+        }
+        let kc = kcode[..n * d].chunks_exact_mut(d);
+        let vc = vcode[..n * d].chunks_exact_mut(d);
+        for (t, (ko, vo)) in kc.zip(vc).enumerate() {
+            ks[t] = place(k, keys, kw.next_row(), sk, ko);
+            vs[t] = place(k, values, vw.next_row(), sv, vo);
+        }
+        let (mut kr, mut vr) = ([CodeRow::EMPTY; TILE], [CodeRow::EMPTY; TILE]);
+        for t in 0..n {
+            kr[t] = CodeRow { bytes: &kcode[t * d..(t + 1) * d], scale: ks[t] };
+            vr[t] = CodeRow { bytes: &vcode[t * d..(t + 1) * d], scale: vs[t] };
+        }
+        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+        r += n;
     }
 }
 
@@ -371,7 +562,30 @@ where
         let view: CodedHybridView<'_, X, Y, D> = self.heads[item.kv].coded_view();
         let split = view.sparse_len();
         let (start, end) = (item.rows.start, item.rows.end);
-        if start < split {
+        let d = job.cfg.head_dim();
+        let fp8 = Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d);
+        let int8 = Y::KIND == ValueKind::Int8 && I8Codes::supports(d);
+        if start < split && fp8 {
+            placed_segment::<X, Y, D, Fp8Codes, W>(
+                k,
+                job,
+                item,
+                &view,
+                start..end.min(split),
+                sc,
+                slot,
+            );
+        } else if start < split && int8 {
+            placed_segment::<X, Y, D, I8Codes, W>(
+                k,
+                job,
+                item,
+                &view,
+                start..end.min(split),
+                sc,
+                slot,
+            );
+        } else if start < split {
             let (sk, sv) = view.value_scale;
             let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
                 expand_scaled(&view.sparse_keys, j, sk, ko);

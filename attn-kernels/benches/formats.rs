@@ -1,0 +1,155 @@
+//! Criterion benches of one decode step over the encoded formats, each beside dense f16
+//! measured in the same run: dense int8 (q8_0 blocks), int4 (q4_0 blocks) and fp8 rows
+//! with a per-token scale, and SWAN hybrid caches with bitmask rows (fp8 or int8 values,
+//! k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
+//! L ∈ {4k, 32k}. `Throughput::Bytes` is the bytes each step reads as stored (scales,
+//! masks, offsets and block bases included), so criterion reports bandwidth.
+//!
+//! `cargo bench -p attn-kernels --bench formats` (single-threaded); `ATTN_BENCH_THREADS=2`
+//! for two threads, `ATTN_BENCH_QUICK=1` for a short smoke run (d = 64, L = 4k).
+
+use std::time::Duration;
+
+use attn_kernels::synth;
+use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, QuantKv};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use half::f16;
+use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int8Values, ValueCode};
+use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+
+const Q_HEADS: usize = 32;
+const KV_HEADS: usize = 8;
+const BUFFER: usize = 128;
+
+fn quick() -> bool {
+    std::env::var_os("ATTN_BENCH_QUICK").is_some()
+}
+
+fn grid() -> (Vec<usize>, Vec<usize>) {
+    if quick() { (vec![64], vec![4096]) } else { (vec![64, 128], vec![4096, 32768]) }
+}
+
+fn keys_values(len: usize, d: usize, h: u64) -> (Vec<f32>, Vec<f32>) {
+    (synth::values(len * d, 2 * h + 11), synth::values(len * d, 2 * h + 12))
+}
+
+fn dense_f16(c: &mut Criterion, attn: &mut CpuAttention, d: usize, len: usize, q: &[f32]) {
+    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
+    let data: Vec<(Vec<f16>, Vec<f16>)> = (0..KV_HEADS as u64)
+        .map(|h| {
+            let (k, v) = keys_values(len, d, h);
+            (
+                k.iter().map(|&x| f16::from_f32(x)).collect(),
+                v.iter().map(|&x| f16::from_f32(x)).collect(),
+            )
+        })
+        .collect();
+    let kv: Vec<DenseKv<'_, f16>> = data.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+    let mut out = vec![0.0; cfg.q_len()];
+    let mut g = c.benchmark_group(format!("dense_f16_d{d}"));
+    g.throughput(Throughput::Bytes((2 * KV_HEADS * len * d * 2) as u64));
+    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
+        b.iter(|| attn.dense(&cfg, q, &kv, &mut out).expect("decode"))
+    });
+    g.finish();
+}
+
+fn quant<C: DenseCodec>(
+    c: &mut Criterion,
+    attn: &mut CpuAttention,
+    (d, len): (usize, usize),
+    q: &[f32],
+    label: &str,
+) {
+    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
+    let rows = |x: &[f32]| {
+        let mut r = QuantRows::<C>::new(d).expect("head_dim");
+        r.push(x).expect("finite rows");
+        r
+    };
+    let heads: Vec<(QuantRows<C>, QuantRows<C>)> = (0..KV_HEADS as u64)
+        .map(|h| {
+            let (k, v) = keys_values(len, d, h);
+            (rows(&k), rows(&v))
+        })
+        .collect();
+    let bytes: usize =
+        heads.iter().map(|(k, v)| k.memory().held_bytes() + v.memory().held_bytes()).sum();
+    let kv: Vec<QuantKv<'_, C>> =
+        heads.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
+    let mut out = vec![0.0; cfg.q_len()];
+    let mut g = c.benchmark_group(format!("dense_{label}_d{d}"));
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
+        b.iter(|| attn.quantized(&cfg, q, &kv, &mut out).expect("decode"))
+    });
+    g.finish();
+}
+
+fn bitmask<Y: ValueCode>(
+    c: &mut Criterion,
+    attn: &mut CpuAttention,
+    (d, len): (usize, usize),
+    q: &[f32],
+    label: &str,
+) {
+    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
+    let k = d / 2;
+    let caches: Vec<CodedHybridCache<Bitmask, Y, f16>> = (0..KV_HEADS as u64)
+        .map(|h| {
+            let hc = HybridConfig::new(d, BUFFER, k).for_store::<CodedStore<Bitmask, Y>>();
+            let mut cache = CodedHybridCache::<Bitmask, Y, f16>::new(hc).expect("config");
+            let (keys, values) = keys_values(len, d, h);
+            cache.extend(&keys, &values).expect("finite rows");
+            cache
+        })
+        .collect();
+    let bytes: usize = caches.iter().map(|c| c.memory().held_bytes()).sum();
+    let mut out = vec![0.0; cfg.q_len()];
+    let mut g = c.benchmark_group(format!("bitmask_{label}_d{d}_k{k}"));
+    g.throughput(Throughput::Bytes(bytes as u64));
+    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
+        b.iter(|| attn.coded_hybrid(&cfg, q, &caches, &mut out).expect("decode"))
+    });
+    g.finish();
+}
+
+fn formats(c: &mut Criterion) {
+    let threads =
+        std::env::var("ATTN_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    let mut attn = CpuAttention::new(threads).expect("thread pool");
+    let (dims, lens) = grid();
+    for d in dims {
+        let q = synth::values(Q_HEADS * d, 1);
+        for &len in &lens {
+            dense_f16(c, &mut attn, d, len, &q);
+            quant::<Int8Blocks>(c, &mut attn, (d, len), &q, "int8");
+            quant::<Int4Blocks>(c, &mut attn, (d, len), &q, "int4");
+            quant::<Fp8Rows>(c, &mut attn, (d, len), &q, "fp8");
+            bitmask::<Elems<Fp8E4M3>>(c, &mut attn, (d, len), &q, "fp8");
+            bitmask::<Int8Values>(c, &mut attn, (d, len), &q, "int8");
+        }
+    }
+}
+
+fn config() -> Criterion {
+    let c = Criterion::default().configure_from_args();
+    if quick() {
+        c.sample_size(10)
+            .warm_up_time(Duration::from_millis(100))
+            .measurement_time(Duration::from_millis(300))
+    } else {
+        c.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1))
+    }
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = formats
+}
+criterion_main!(benches);

@@ -1,0 +1,308 @@
+//! Tile kernels over byte-coded rows, read as they are stored: dense quantized rows (int8
+//! and int4 in blocks of 32 with an f16 scale — llama.cpp's `q8_0` / `q4_0` layouts — and
+//! fp8 rows with a per-token scale) and SWAN's coded sparse rows with fp8 or int8 values.
+//!
+//! A coded sparse row (bitmask or index list, then the kept codes) is first *placed*: its
+//! `k` codes are written at their components of a per-thread row of `d` codes, zeros
+//! elsewhere. A bitmask places eight components per mask byte with one byte shuffle (the
+//! byte selects a shuffle pattern from [`MASK_SHUFFLE`]; unkept lanes come out zero). The
+//! placed row then goes through the same kernel as a dense fp8 / int8 row, its row scale
+//! folded into the scores and weights. So a sparse row costs one shuffle per eight
+//! components more than a dense 8-bit row while reading only its kept codes — the
+//! sparse-dense products of SWAN's method section (scores `q̂·k_j`, output `Σ a_j v_j`)
+//! over the bitmask format of the frontier formats. Codes are never widened to `f32` in
+//! memory: the kernels decode eight at a time in registers.
+//!
+//! Layouts of [`CodeRow::bytes`] per [`CodeKind`] (`d` a multiple of 8; of 32 for blocks):
+//! * [`CodeKind::Fp8`]: `d` fp8 E4M3FN codes; value `i` = `decode(code_i) · scale`;
+//! * [`CodeKind::I8`]: `d` `i8` codes; value `i` = `code_i · scale`;
+//! * [`CodeKind::Q8Blocks`]: `d/32` blocks of an f16 scale `s_b` and 32 `i8` codes;
+//!   value = `code · s_b · scale`;
+//! * [`CodeKind::Q4Blocks`]: `d/32` blocks of an f16 scale `s_b` and 16 bytes, element `j`
+//!   of the block in the low nibble of byte `j` and element `j + 16` in its high nibble;
+//!   value = `(nibble − 8) · s_b · scale`.
+
+use kv_sparse::fp8::DECODE_TABLE;
+
+use super::tile::{DENSE_PASS, Kernels};
+
+/// Elements per scale block of the blocked formats.
+pub(crate) const BLOCK: usize = 32;
+
+/// How a [`CodeRow`]'s bytes hold its values (see the [module docs](self)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CodeKind {
+    /// fp8 E4M3FN codes, one per component.
+    Fp8,
+    /// `i8` codes, one per component.
+    I8,
+    /// `q8_0` blocks.
+    Q8Blocks,
+    /// `q4_0` blocks.
+    Q4Blocks,
+}
+
+/// A row format as a type, so that kernels are compiled per format (no branch on the
+/// format inside a loop).
+pub(crate) trait Codes: Copy + Send + Sync + 'static {
+    /// The layout.
+    const KIND: CodeKind;
+
+    /// Bytes of a row of `d` components.
+    fn row_bytes(d: usize) -> usize {
+        match Self::KIND {
+            CodeKind::Fp8 | CodeKind::I8 => d,
+            CodeKind::Q8Blocks => d / BLOCK * (2 + BLOCK),
+            CodeKind::Q4Blocks => d / BLOCK * (2 + BLOCK / 2),
+        }
+    }
+
+    /// Whether rows of `d` components can be read by these kernels.
+    fn supports(d: usize) -> bool {
+        match Self::KIND {
+            CodeKind::Fp8 | CodeKind::I8 => d > 0 && d.is_multiple_of(8),
+            CodeKind::Q8Blocks | CodeKind::Q4Blocks => d > 0 && d.is_multiple_of(BLOCK),
+        }
+    }
+}
+
+/// [`CodeKind::Fp8`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fp8Codes;
+/// [`CodeKind::I8`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct I8Codes;
+/// [`CodeKind::Q8Blocks`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Q8Blocks;
+/// [`CodeKind::Q4Blocks`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Q4Blocks;
+
+impl Codes for Fp8Codes {
+    const KIND: CodeKind = CodeKind::Fp8;
+}
+impl Codes for I8Codes {
+    const KIND: CodeKind = CodeKind::I8;
+}
+impl Codes for Q8Blocks {
+    const KIND: CodeKind = CodeKind::Q8Blocks;
+}
+impl Codes for Q4Blocks {
+    const KIND: CodeKind = CodeKind::Q4Blocks;
+}
+
+/// One coded row: its bytes and the factor every decoded value carries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CodeRow<'a> {
+    /// The row's bytes, laid out as its [`CodeKind`] says.
+    pub bytes: &'a [u8],
+    /// Factor of every value (row scale times the head's value scale).
+    pub scale: f32,
+}
+
+impl CodeRow<'_> {
+    /// An empty row (placeholder in tile arrays).
+    pub const EMPTY: CodeRow<'static> = CodeRow { bytes: &[], scale: 0.0 };
+}
+
+/// Shuffle patterns placing a bitmask byte's kept codes: for mask byte `m`, byte `i` of
+/// entry `m` is the rank of bit `i` among the set bits of `m` when bit `i` is set, else
+/// `0x80` (a shuffle writes zero there).
+pub(crate) static MASK_SHUFFLE: [u64; 256] = mask_shuffle_table();
+
+const fn mask_shuffle_table() -> [u64; 256] {
+    let mut table = [0u64; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut pattern, mut rank, mut i) = (0u64, 0u64, 0);
+        while i < 8 {
+            let lane = if (m >> i) & 1 == 1 {
+                rank += 1;
+                rank - 1
+            } else {
+                0x80
+            };
+            pattern |= lane << (8 * i);
+            i += 1;
+        }
+        table[m] = pattern;
+        m += 1;
+    }
+    table
+}
+
+macro_rules! dispatch_codes {
+    ($k:expr, $f:ident $(::<$($g:ident),*>)? ( $($arg:expr),* $(,)? )) => {
+        match $k {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an `Avx2Token` exists only after `Isa::Avx2.is_available()` returned
+            // true, so the CPU supports every feature the `avx2` functions enable.
+            Kernels::Avx2(_) => unsafe { super::avx2_codes::$f$(::<$($g),*>)?($($arg),*) },
+            _ => $f$(::<$($g),*>)?($($arg),*),
+        }
+    };
+}
+
+fn check_rows<C: Codes>(d: usize, rows: &[CodeRow<'_>]) {
+    assert!(C::supports(d), "head_dim {d} is not readable as {:?}", C::KIND);
+    let need = C::row_bytes(d);
+    assert!(rows.iter().all(|r| r.bytes.len() >= need), "a coded row is shorter than its layout");
+}
+
+impl Kernels {
+    /// `s[t][lane0 + h] = q_h · value(rows[t])` for the `heads` (≤ [`DENSE_PASS`])
+    /// head-major queries in `q` (`heads × d`).
+    pub fn code_scores<C: Codes, const W: usize>(
+        self,
+        q: &[f32],
+        d: usize,
+        rows: &[CodeRow<'_>],
+        lane0: usize,
+        s: &mut [[f32; W]],
+    ) {
+        let heads = q.len() / d;
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && s.len() >= rows.len());
+        assert!(q.len() == heads * d);
+        check_rows::<C>(d, rows);
+        dispatch_codes!(self, code_scores::<C, W>(q, d, rows, lane0, s))
+    }
+
+    /// `acc_h = factor[lane0 + h] · acc_h + Σ_t p[t][lane0 + h] · value(rows[t])` for the
+    /// `heads` head-major accumulators in `acc` (`heads × d`).
+    pub fn code_accumulate<C: Codes, const W: usize>(
+        self,
+        p: &[[f32; W]],
+        rows: &[CodeRow<'_>],
+        lane0: usize,
+        factor: &[f32; W],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        let heads = acc.len() / d;
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && p.len() >= rows.len());
+        assert!(acc.len() == heads * d);
+        check_rows::<C>(d, rows);
+        dispatch_codes!(self, code_accumulate::<C, W>(p, rows, lane0, factor, acc, d))
+    }
+
+    /// Places the codes of a bitmask row: `out[8b..8b + 8]` receives, for mask byte
+    /// `mask[b]`, the next `popcount(mask[b])` codes of `src` (starting at `src[at]`) at the
+    /// byte's set bits, zeros at its clear bits. `out.len() == 8 · mask.len()`; codes
+    /// beyond `src` read as zero (only a malformed row reaches them).
+    pub fn place_masked(self, mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
+        assert_eq!(out.len(), 8 * mask.len(), "placed row length");
+        dispatch_codes!(self, place_masked(mask, src, at, out))
+    }
+}
+
+/// Value `i` of a row (without the row's `scale`).
+fn value<C: Codes>(bytes: &[u8], i: usize) -> f32 {
+    match C::KIND {
+        CodeKind::Fp8 => DECODE_TABLE[usize::from(bytes[i])],
+        CodeKind::I8 => f32::from(bytes[i] as i8),
+        CodeKind::Q8Blocks => {
+            let b = &bytes[i / BLOCK * (2 + BLOCK)..];
+            f32::from(b[2 + i % BLOCK] as i8) * block_scale(b)
+        }
+        CodeKind::Q4Blocks => {
+            let b = &bytes[i / BLOCK * (2 + BLOCK / 2)..];
+            let (j, high) = (i % BLOCK % (BLOCK / 2), i % BLOCK >= BLOCK / 2);
+            let nibble = if high { b[2 + j] >> 4 } else { b[2 + j] & 0x0f };
+            f32::from(nibble as i8 - 8) * block_scale(b)
+        }
+    }
+}
+
+/// The f16 scale at the start of a block.
+pub(crate) fn block_scale(block: &[u8]) -> f32 {
+    half::f16::from_le_bytes([block[0], block[1]]).to_f32()
+}
+
+fn code_scores<C: Codes, const W: usize>(
+    q: &[f32],
+    d: usize,
+    rows: &[CodeRow<'_>],
+    lane0: usize,
+    s: &mut [[f32; W]],
+) {
+    for (row, st) in rows.iter().zip(s.iter_mut()) {
+        for (h, qh) in q.chunks_exact(d).enumerate() {
+            let dot: f32 = qh.iter().enumerate().map(|(i, x)| x * value::<C>(row.bytes, i)).sum();
+            st[lane0 + h] = dot * row.scale;
+        }
+    }
+}
+
+fn code_accumulate<C: Codes, const W: usize>(
+    p: &[[f32; W]],
+    rows: &[CodeRow<'_>],
+    lane0: usize,
+    factor: &[f32; W],
+    acc: &mut [f32],
+    d: usize,
+) {
+    for (h, acc_h) in acc.chunks_exact_mut(d).enumerate() {
+        let f = factor[lane0 + h];
+        acc_h.iter_mut().for_each(|a| *a *= f);
+        for (pt, row) in p.iter().zip(rows) {
+            let w = pt[lane0 + h] * row.scale;
+            for (i, a) in acc_h.iter_mut().enumerate() {
+                *a += w * value::<C>(row.bytes, i);
+            }
+        }
+    }
+}
+
+fn place_masked(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
+    let mut pos = at;
+    for (&m, o) in mask.iter().zip(out.chunks_exact_mut(8)) {
+        for (i, x) in o.iter_mut().enumerate() {
+            *x = if (m >> i) & 1 == 1 {
+                pos += 1;
+                src.get(pos - 1).copied().unwrap_or(0)
+            } else {
+                0
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shuffle_patterns_place_ranks() {
+        for (m, pattern) in MASK_SHUFFLE.iter().enumerate() {
+            let p = pattern.to_le_bytes();
+            let mut rank = 0u8;
+            for (i, &lane) in p.iter().enumerate() {
+                if (m >> i) & 1 == 1 {
+                    assert_eq!(lane, rank);
+                    rank += 1;
+                } else {
+                    assert_eq!(lane, 0x80);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn placing_every_mask_byte_matches_the_scalar_rule() {
+        let src: Vec<u8> = (1..=40).collect();
+        for isa in crate::Isa::available() {
+            let k = Kernels::new(isa).expect("available");
+            for m in 0..256usize {
+                let mask = [m as u8, !(m as u8), 0x81];
+                for at in [0, 3, 30, 39] {
+                    let mut got = [0xffu8; 24];
+                    k.place_masked(&mask, &src, at, &mut got);
+                    let mut want = [0xffu8; 24];
+                    place_masked(&mask, &src, at, &mut want);
+                    assert_eq!(got, want, "{isa} mask {m:#04x} at {at}");
+                }
+            }
+        }
+    }
+}
