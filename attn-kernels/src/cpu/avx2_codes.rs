@@ -349,9 +349,39 @@ fn load_codes<const N: usize>(src: &[u8], pos: usize) -> __m128i {
 }
 
 /// Places two mask bytes (16 components) per shuffle: the second byte's pattern is
-/// offset by the first byte's popcount (its unkept lanes stay ≥ `0x80`, so zero).
-#[target_feature(enable = "avx2,fma,f16c")]
+/// offset by the first byte's popcount (its unkept lanes stay ≥ `0x80`, so zero). When
+/// every load of the row stays inside `src` (the usual case: later rows follow), the loop
+/// runs without a bounds test per load.
+#[target_feature(enable = "avx2,fma,f16c,popcnt")]
 pub(super) fn place_masked(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
+    // A row's codes never extend past `at + 8 · mask.len()`.
+    let inside = at.checked_add(8 * mask.len() + 16).is_some_and(|end| end <= src.len());
+    if inside {
+        // SAFETY: every load starts at `pos ≤ at + 8 · mask.len()` and reads 16 bytes, so
+        // it ends at or before `at + 8 · mask.len() + 16 ≤ src.len()`.
+        unsafe {
+            place_pairs(mask, src.as_ptr(), at, out, |p, pos| _mm_loadu_si128(p.add(pos).cast()))
+        }
+    } else {
+        // SAFETY: `load_codes` checks every load against `src`.
+        unsafe { place_pairs(mask, src.as_ptr(), at, out, |_, pos| load_codes::<16>(src, pos)) }
+    }
+}
+
+/// The loop of [`place_masked`], with the code load as a parameter.
+///
+/// # Safety
+/// `load(src, pos)` must be sound for every `pos` in `at ..= at + 8 · mask.len()`;
+/// `out.len() == 8 · mask.len()`.
+#[target_feature(enable = "avx2,fma,f16c,popcnt")]
+#[inline]
+unsafe fn place_pairs(
+    mask: &[u8],
+    src: *const u8,
+    at: usize,
+    out: &mut [u8],
+    load: impl Fn(*const u8, usize) -> __m128i,
+) {
     const ONES: u64 = 0x0101_0101_0101_0101;
     let mut pos = at;
     let (pairs, rest) = mask.as_chunks::<2>();
@@ -360,15 +390,15 @@ pub(super) fn place_masked(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
         let lo = MASK_SHUFFLE[usize::from(m0)];
         let hi = MASK_SHUFFLE[usize::from(m1)] + u64::from(c0) * ONES;
         let pattern = _mm_set_epi64x(hi as i64, lo as i64);
-        let placed = _mm_shuffle_epi8(load_codes::<16>(src, pos), pattern);
-        // SAFETY: `Kernels::place_masked` asserted `out.len() == 8 · mask.len()`, so bytes
+        let placed = _mm_shuffle_epi8(load(src, pos), pattern);
+        // SAFETY: `out.len() == 8 · mask.len()` (the caller's contract), so bytes
         // `16p .. 16p + 16` are inside `out`.
         unsafe { _mm_storeu_si128(out.as_mut_ptr().add(16 * p).cast(), placed) };
         pos += (c0 + m1.count_ones()) as usize;
     }
     if let [m] = *rest {
         let pattern = _mm_cvtsi64_si128(MASK_SHUFFLE[usize::from(m)] as i64);
-        let placed = _mm_shuffle_epi8(load_codes::<8>(src, pos), pattern);
+        let placed = _mm_shuffle_epi8(load(src, pos), pattern);
         // SAFETY: as above; the last 8 bytes of `out`.
         unsafe { _mm_storel_epi64(out.as_mut_ptr().add(16 * pairs.len()).cast(), placed) };
     }

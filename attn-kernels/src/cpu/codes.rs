@@ -214,9 +214,11 @@ fn value<C: Codes>(bytes: &[u8], i: usize) -> f32 {
     }
 }
 
-/// The f16 scale at the start of a block.
+/// The f16 scale at the start of a block (converted inline, without `half`'s run-time
+/// dispatch: it is read once per row in the hot loop).
+#[inline]
 pub(crate) fn block_scale(block: &[u8]) -> f32 {
-    half::f16::from_le_bytes([block[0], block[1]]).to_f32()
+    half::f16::from_le_bytes([block[0], block[1]]).to_f32_const()
 }
 
 fn code_scores<C: Codes, const W: usize>(

@@ -1,7 +1,7 @@
 //! Instruction-set selection for the optimized CPU kernels, detected at run time.
 //!
 //! The decode kernels (SWAN's sparse-dense products, method section; dense attention as
-//! the baseline) have an AVX2 + FMA + F16C implementation and a portable one with the same
+//! the baseline) have an AVX2 + FMA + F16C (+ POPCNT) implementation and a portable one with the same
 //! results up to the [`crate::accuracy`] tolerances. [`Isa::detect`] picks the best one
 //! this CPU supports; [`Isa::Portable`] can be forced for comparisons and tests.
 
@@ -37,6 +37,7 @@ impl Isa {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
                     && std::arch::is_x86_feature_detected!("f16c")
+                    && std::arch::is_x86_feature_detected!("popcnt")
             }
             #[cfg(not(target_arch = "x86_64"))]
             Self::Avx2 => false,

@@ -77,7 +77,7 @@ impl<I> SparseTile<'_, I> {
     }
 }
 
-/// Proof that this CPU runs AVX2 + FMA + F16C code: only [`Kernels::new`] makes one, after
+/// Proof that this CPU runs AVX2 + FMA + F16C + POPCNT code: only [`Kernels::new`] makes one, after
 /// run-time detection.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2Token(());
@@ -85,7 +85,7 @@ pub(crate) struct Avx2Token(());
 /// The implementation the tile kernels dispatch to.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kernels {
-    /// AVX2 + FMA + F16C, proven available by the token.
+    /// AVX2 + FMA + F16C + POPCNT, proven available by the token.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Avx2(Avx2Token),
     /// Portable Rust.
