@@ -332,20 +332,17 @@ impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
         let d = job.cfg.head_dim();
         let row = |j: usize| kv.keys.row(j).zip(kv.values.row(j)).expect("validated row");
         let range = item.rows.clone();
+        // Blocked rows carry their scales inside; the row factor is 1.
+        let plain = |j| {
+            let (kr, vr) = row(j);
+            (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
+        };
         match C::FORMAT {
             DenseFormat::Int8 if Q8Blocks::supports(d) => {
-                let rows = |j| {
-                    let (kr, vr) = row(j);
-                    (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
-                };
-                code_segment::<Q8Blocks, W>(k, job, item, range, sc, slot, rows);
+                code_segment::<Q8Blocks, W>(k, job, item, range, sc, slot, plain);
             }
             DenseFormat::Int4 if Q4Blocks::supports(d) => {
-                let rows = |j| {
-                    let (kr, vr) = row(j);
-                    (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
-                };
-                code_segment::<Q4Blocks, W>(k, job, item, range, sc, slot, rows);
+                code_segment::<Q4Blocks, W>(k, job, item, range, sc, slot, plain);
             }
             DenseFormat::Fp8 if Fp8Codes::supports(d) => {
                 // A scaled-fp8 row: its f16 scale, then `d` codes.
@@ -563,35 +560,36 @@ where
         let split = view.sparse_len();
         let (start, end) = (item.rows.start, item.rows.end);
         let d = job.cfg.head_dim();
-        let fp8 = Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d);
-        let int8 = Y::KIND == ValueKind::Int8 && I8Codes::supports(d);
-        if start < split && fp8 {
-            placed_segment::<X, Y, D, Fp8Codes, W>(
-                k,
-                job,
-                item,
-                &view,
-                start..end.min(split),
-                sc,
-                slot,
-            );
-        } else if start < split && int8 {
-            placed_segment::<X, Y, D, I8Codes, W>(
-                k,
-                job,
-                item,
-                &view,
-                start..end.min(split),
-                sc,
-                slot,
-            );
-        } else if start < split {
-            let (sk, sv) = view.value_scale;
-            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-                expand_scaled(&view.sparse_keys, j, sk, ko);
-                expand_scaled(&view.sparse_values, j, sv, vo);
+        type Placed<'v, X, Y, D> = fn(
+            Kernels,
+            &Job<'_>,
+            &Item,
+            &CodedHybridView<'v, X, Y, D>,
+            std::ops::Range<usize>,
+            &mut Scratch,
+            &mut Slot,
+        );
+        // 8-bit value codes are placed and read in place; the type picks the kernels.
+        let placed: Option<Placed<'_, X, Y, D>> =
+            if Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d) {
+                Some(placed_segment::<X, Y, D, Fp8Codes, W>)
+            } else if Y::KIND == ValueKind::Int8 && I8Codes::supports(d) {
+                Some(placed_segment::<X, Y, D, I8Codes, W>)
+            } else {
+                None
             };
-            decoded_segment::<W>(k, job, item, start..end.min(split), sc, slot, decode);
+        if start < split {
+            let sparse = start..end.min(split);
+            if let Some(placed) = placed {
+                placed(k, job, item, &view, sparse, sc, slot);
+            } else {
+                let (sk, sv) = view.value_scale;
+                let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                    expand_scaled(&view.sparse_keys, j, sk, ko);
+                    expand_scaled(&view.sparse_values, j, sv, vo);
+                };
+                decoded_segment::<W>(k, job, item, sparse, sc, slot, decode);
+            }
         }
         if end > split {
             let (keys, values) = (view.buffer_keys, view.buffer_values);
