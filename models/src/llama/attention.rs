@@ -1,8 +1,9 @@
 //! Grouped-query self-attention of a Llama/Qwen2 block.
 //!
 //! Prefill runs the whole prompt through libtorch (`softmax(QKᵀ/√d + causal mask)·V`,
-//! q/k/v from one fused matmul, GQA served without repeating K/V) and hands the RoPE'd
-//! K and V to the cache. Decode computes one token's q/k/v with libtorch, RoPEs them on
+//! q/k/v from one fused matmul, GQA served without repeating K/V; libtorch's fused
+//! scaled-dot-product attention unless an observer asks for the probabilities) and hands
+//! the RoPE'd K and V to the cache. Decode computes one token's q/k/v with libtorch, RoPEs them on
 //! the host and lets the [`KvCache`] append and attend (`papers/swan.txt`, decode step);
 //! the cache's output goes back through `W_O` without a copy ([`HostTensor`]). Gemma 3
 //! layers add the per-head q/k norms before RoPE, their own softmax scale and, on local
@@ -288,6 +289,28 @@ impl Attention {
             .op("softmax")
     }
 
+    /// Per-head outputs `[q_heads, tokens, head_dim]` of causal attention (within the
+    /// layer's window) without materialising the probabilities: libtorch's fused
+    /// scaled-dot-product attention, GQA served without repeating K/V. The same values as
+    /// `context(probs(q, k), v)` up to f32 rounding, in O(tokens) memory per head instead of
+    /// O(tokens²) (a 2k-token prompt's score matrices are ~140 MB per layer, allocated and
+    /// page-faulted afresh by every layer).
+    fn fused(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let t = q.size()[1];
+        let windowed = self.window.is_some_and(|w| (w as i64) < t);
+        let mask = if windowed {
+            Some(attention_mask(t, self.window)?.f_logical_not().op("attend mask")?)
+        } else {
+            None
+        };
+        let (q, k, v) = (q.f_unsqueeze(0), k.f_unsqueeze(0), v.f_unsqueeze(0));
+        let (q, k, v) = (q.op("batch q")?, k.op("batch k")?, v.op("batch v")?);
+        Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, !windowed, self.scale, true)
+            .op("fused attention")?
+            .f_squeeze_dim(0)
+            .op("unbatch")
+    }
+
     /// Per-head outputs `[q_heads, tokens, head_dim]` of `probs · V`.
     fn context(&self, probs: &Tensor, v: &Tensor) -> Result<Tensor> {
         let t = probs.size()[1];
@@ -316,12 +339,13 @@ impl Attention {
         request: Option<&AttentionRequest>,
     ) -> Result<(Tensor, AttentionTensors, Option<Tensor>)> {
         let (q, k, v) = self.heads(x, rope, cos, sin)?;
-        let probs = self.probs(&q, &k)?;
-        let received = match request {
-            Some(r) => Some(received(&probs, r)?),
-            None => None,
+        let (o, received) = match request {
+            Some(r) => {
+                let probs = self.probs(&q, &k)?;
+                (self.context(&probs, &v)?, Some(received(&probs, r)?))
+            }
+            None => (self.fused(&q, &k, &v)?, None),
         };
-        let o = self.context(&probs, &v)?;
         Ok((self.merge_heads(&o)?, AttentionTensors { q, k, v, o }, received))
     }
 
