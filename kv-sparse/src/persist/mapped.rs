@@ -56,6 +56,9 @@ struct Head {
     checked: OnceLock<std::result::Result<(), Arc<Error>>>,
 }
 
+// The allocation bound documented on `MappedCache`: one record per directory entry.
+const _: () = assert!(std::mem::size_of::<Head>() <= 512);
+
 /// A cache file: its structure validated on open, each head's contents on first use,
 /// giving zero-copy views of every head.
 ///
