@@ -7,6 +7,7 @@
 //! cache).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::ValueFormat;
 
@@ -239,7 +240,7 @@ pub enum Error {
     /// A checksum did not match.
     #[error("open: {what} checksum mismatch: stored {expected:#010x}, computed {got:#010x}")]
     ChecksumMismatch {
-        /// `"header"` or `"payload"`.
+        /// `"header"`, `"payload"` (versions 1 and 2), `"directory"` or `"head"` (version 3).
         what: &'static str,
         /// Stored checksum.
         expected: u32,
@@ -255,6 +256,21 @@ pub enum Error {
         what: &'static str,
         /// The code found.
         code: u32,
+    },
+    /// One head of a cache file failed its content check (checksum, rows) when it was
+    /// first used; the other heads stay usable. Every later use of the head gives the same
+    /// cause.
+    #[error("{op}: layer {layer} kv head {kv_head} is invalid: {source}")]
+    BadHead {
+        /// Operation that used the head.
+        op: &'static str,
+        /// Layer of the head.
+        layer: usize,
+        /// KV head within the layer.
+        kv_head: usize,
+        /// What the check found (`ChecksumMismatch`, `Corrupt`, …), shared by every use.
+        #[source]
+        source: Arc<Error>,
     },
     /// The file is structurally invalid (inconsistent counts, offsets or contents).
     #[error("open: corrupt cache file: {reason}")]

@@ -26,13 +26,24 @@ fn put_u32(bytes: &mut [u8], at: usize, v: u32) {
     bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
 
-/// Recomputes the payload and header CRC-32s after an edit.
+/// Recomputes every checksum after an edit.
 fn fix_crcs(bytes: &mut [u8]) {
-    let payload = crc32fast::hash(&bytes[128..]);
-    bytes[64..68].copy_from_slice(&payload.to_le_bytes());
-    bytes[68..72].fill(0);
-    let header = crc32fast::hash(&bytes[..128]);
-    bytes[68..72].copy_from_slice(&header.to_le_bytes());
+    kv_sparse::persist::reseal(bytes);
+}
+
+/// Opens an image and checks every head's contents (what `open` defers to first use).
+fn validated(bytes: &[u8]) -> Result<MappedCache, Error> {
+    let file = MappedCache::from_bytes(bytes)?;
+    file.validate_all()?;
+    Ok(file)
+}
+
+/// The cause behind a head's `BadHead`, or the error itself.
+fn cause(e: &Error) -> &Error {
+    match e {
+        Error::BadHead { source, .. } => source,
+        e => e,
+    }
 }
 
 fn coded_heads<X: IndexCode, Y: ValueCode, D: Value>(
@@ -103,7 +114,7 @@ fn coded_round_trip<X: IndexCode, Y: ValueCode, D: Value>(cfg: HybridConfig) -> 
     // SAFETY: the file lives in a private temporary directory nobody else writes.
     let mapped = unsafe { MappedCache::open(&path) }.unwrap();
     for file in [MappedCache::from_bytes(&image).unwrap(), mapped] {
-        assert_eq!(file.version(), 2);
+        assert_eq!(file.version(), kv_sparse::persist::VERSION);
         let layout = CacheLayout::Coded { index: X::KIND, value: Y::KIND, dense: D::FORMAT };
         assert_eq!(file.layout(), layout);
         assert_eq!(file.identity(), b"model:abc proj:def spec:swan");
@@ -280,11 +291,11 @@ fn version_1_files_still_open_and_read_the_same_rows() {
         expected.view().value_into(t, &mut b).unwrap();
         assert_eq!(a, b);
     }
-    // Re-saving a v1 file writes version 2 with the same rows.
+    // Re-saving a v1 file writes the current version with the same rows.
     let resaved =
         kv_sparse::persist::encode_views(1, 1, &[(file.config(0, 0).unwrap(), view)]).unwrap();
     let again = MappedCache::from_bytes(&resaved).unwrap();
-    assert_eq!(again.version(), 2);
+    assert_eq!(again.version(), kv_sparse::persist::VERSION);
     assert_eq!(
         again.view::<u8, Fp8E4M3, f16>(0, 0).unwrap().sparse_keys.indices(),
         view.sparse_keys.indices()
@@ -321,9 +332,9 @@ fn every_truncation_and_flipped_byte_of_a_v2_file_is_a_typed_error() {
     for at in 0..bytes.len() {
         let mut bad = bytes.clone();
         bad[at] ^= 0x5a;
-        let e = MappedCache::from_bytes(&bad).unwrap_err();
+        let e = validated(&bad).unwrap_err();
         let typed = matches!(
-            e,
+            cause(&e),
             Error::ChecksumMismatch { .. }
                 | Error::BadMagic { .. }
                 | Error::VersionMismatch { .. }
@@ -349,9 +360,9 @@ fn unknown_codes_and_bad_rows_behind_valid_checksums_are_typed_errors() {
         let mut bad = coded_image();
         put_u32(&mut bad, 24, value);
         fix_crcs(&mut bad);
-        assert!(MappedCache::from_bytes(&bad).is_err(), "index kind {value}");
+        assert!(validated(&bad).is_err(), "index kind {value}");
     }
-    // Reserved header words must stay zero in version 2.
+    // Reserved header words must stay zero since version 2.
     let mut bad = coded_image();
     bad[100] = 1;
     fix_crcs(&mut bad);
@@ -364,7 +375,7 @@ fn unknown_codes_and_bad_rows_behind_valid_checksums_are_typed_errors() {
     let at = image.len() - 34; // value rows: the last 34-byte q8_0 block; scale first
     image[at..at + 2].fill(0);
     fix_crcs(&mut image);
-    let e = MappedCache::from_bytes(&image).unwrap_err();
+    let e = validated(&image).unwrap_err();
     assert!(e.to_string().contains("scale"), "{e}");
     // A non-finite dense row.
     let k = [f16::from_f32(1.0); 8];
@@ -372,7 +383,8 @@ fn unknown_codes_and_bad_rows_behind_valid_checksums_are_typed_errors() {
     let n = image.len();
     image[n - 2..].copy_from_slice(&f16::NAN.to_le_bytes());
     fix_crcs(&mut image);
-    assert!(matches!(MappedCache::from_bytes(&image), Err(Error::Corrupt { .. })));
+    let e = validated(&image).unwrap_err();
+    assert!(matches!(cause(&e), Error::Corrupt { .. }), "{e}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! Fuzz harness for the `kv-sparse` on-disk cache format ([`MappedCache::from_bytes`]).
 //!
-//! Oracle: a file image (format version 1 or 2, any layout) either gives a typed error, or
-//! a cache whose every head can be viewed (types taken from the file's layout), decoded
+//! Oracle: a file image (format version 1, 2 or 3, any layout) either gives a typed error
+//! at open, or a cache whose heads each either fail their first use with a typed
+//! `BadHead` error (and fail every later use the same way) or can be viewed (types taken from the file's layout), decoded
 //! token by token to finite values, loaded into an owned cache (CSR or coded hybrid, or
 //! quantized rows) that accepts a further append, and re-encoded — with the file's
 //! identity and extra blocks — into an image that parses again and re-encodes to the same
@@ -9,7 +10,8 @@
 //!
 //! Every image is tried twice: as given, and with its checksums and length field
 //! recomputed ([`with_valid_checksums`]) so that mutations reach the validation behind
-//! the CRC-32s (directory, section layout, CSR invariants).
+//! the CRC-32s (directory, section layout, CSR invariants). The oracle exercises a file
+//! only once `validate_all` accepts every head.
 
 use half::{bf16, f16};
 use kv_sparse::coded::{
@@ -24,14 +26,10 @@ use kv_sparse::persist::{self, CacheImage, CacheLayout, MappedCache};
 use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
 use kv_sparse::{SparseIndex, Value, ValueFormat};
 
-/// Header size (format versions 1 and 2).
+/// Header size (every format version).
 const HEADER_BYTES: usize = 128;
 /// Byte offset of the header's `file_bytes` field (u64).
 const FILE_BYTES_AT: usize = 56;
-/// Byte offset of the header's `payload_crc32` field (u32).
-const PAYLOAD_CRC_AT: usize = 64;
-/// Byte offset of the header's `header_crc32` field (u32).
-const HEADER_CRC_AT: usize = 68;
 
 /// Runs the oracle on `data` as given and with repaired checksums.
 pub fn check(data: &[u8]) {
@@ -41,28 +39,42 @@ pub fn check(data: &[u8]) {
     }
 }
 
-/// `data` with the header's length field and both CRC-32s recomputed (`None` when it is
-/// shorter than a header).
+/// `data` with the header's length field and every CRC-32 recomputed
+/// ([`persist::reseal`]; `None` when it is shorter than a header).
 pub fn with_valid_checksums(data: &[u8]) -> Option<Vec<u8>> {
     if data.len() < HEADER_BYTES {
         return None;
     }
     let mut v = data.to_vec();
     v[FILE_BYTES_AT..FILE_BYTES_AT + 8].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    let payload = crc32fast::hash(&v[HEADER_BYTES..]);
-    v[PAYLOAD_CRC_AT..PAYLOAD_CRC_AT + 4].copy_from_slice(&payload.to_le_bytes());
-    v[HEADER_CRC_AT..HEADER_CRC_AT + 4].fill(0);
-    let header = crc32fast::hash(&v[..HEADER_BYTES]);
-    v[HEADER_CRC_AT..HEADER_CRC_AT + 4].copy_from_slice(&header.to_le_bytes());
+    persist::reseal(&mut v);
     Some(v)
 }
 
 /// Parses one image and, if it is accepted, exercises everything a reader can do with it.
 pub fn check_image(data: &[u8]) {
     match MappedCache::from_bytes(data) {
-        Ok(cache) => exercise(&cache),
+        Ok(cache) => match cache.validate_all() {
+            Ok(()) => exercise(&cache),
+            Err(e) => check_bad_heads(&cache, &e),
+        },
         Err(e) => assert!(!e.to_string().is_empty()),
     }
+}
+
+/// A file that opened but holds invalid heads: each head fails every use the same way or
+/// passes, and the first failing one is what `validate_all` reported.
+fn check_bad_heads(cache: &MappedCache, first: &kv_sparse::Error) {
+    assert!(matches!(first, kv_sparse::Error::BadHead { .. }), "validate_all: {first}");
+    let (layers, kv_heads) = (cache.num_layers(), cache.kv_heads());
+    let outcomes: Vec<_> = (0..layers * kv_heads)
+        .map(|h| cache.validate_head(h / kv_heads, h % kv_heads).map_err(|e| e.to_string()))
+        .collect();
+    let again: Vec<_> = (0..layers * kv_heads)
+        .map(|h| cache.validate_head(h / kv_heads, h % kv_heads).map_err(|e| e.to_string()))
+        .collect();
+    assert!(outcomes == again, "a head's check changed between uses");
+    assert!(outcomes.iter().any(Result::is_err), "validate_all failed but no head does");
 }
 
 /// Dispatches on the file's layout and formats.

@@ -6,7 +6,9 @@
 //! sparse history's counts and the dense buffer's fill, plus each head's configuration —
 //! and, since version 2, the row counts of dense and dense-quantized caches, the
 //! [`CacheLayout`] naming which of these a file holds, and the lengths of two opaque
-//! blocks the caller fills (identity and state).
+//! blocks the caller fills (identity and state). Since version 3 the header's payload
+//! checksum covers only the metadata (directory, head-checksum table, blocks); each head's
+//! bytes have their own CRC-32 in the table after the directory.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -17,8 +19,8 @@ use crate::{Error, Result, ValueFormat};
 
 /// File magic: the first eight bytes of every cache file.
 pub const MAGIC: [u8; 8] = *b"KVSPARSE";
-/// The format version this build writes.
-pub const VERSION: u32 = 2;
+/// The format version this build writes (3: per-head checksums).
+pub const VERSION: u32 = 3;
 /// The oldest format version this build still reads (version 1: CSR hybrid caches only).
 pub const OLDEST_VERSION: u32 = 1;
 /// Byte order marker, written natively: reads back differently on a foreign-endian host.
@@ -34,6 +36,9 @@ const OP: &str = "MappedCache::open";
 
 /// The 128-byte file header. Version 1 wrote `layout`, `identity_bytes` and
 /// `extra_bytes` as zero (reserved), which reads as a CSR file without blocks.
+/// `payload_crc32` covers every byte after the header in versions 1 and 2, and the bytes
+/// from the header's end to the end of the extra block (directory, head-checksum table,
+/// identity and extra blocks) in version 3.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub(crate) struct FileHeader {
@@ -258,6 +263,18 @@ pub(crate) struct FileFormat {
     pub extra_bytes: u64,
 }
 
+impl FileFormat {
+    /// Whether the file has a per-head checksum table (version 3 on).
+    pub(crate) fn has_head_crcs(&self) -> bool {
+        self.version >= 3
+    }
+
+    /// Number of (layer, kv-head) entries.
+    pub(crate) fn heads(&self) -> u64 {
+        self.num_layers as u64 * self.kv_heads as u64
+    }
+}
+
 impl FileHeader {
     /// The header's CRC-32, computed with the `header_crc32` field zeroed.
     pub(crate) fn crc(&self) -> u32 {
@@ -303,6 +320,22 @@ impl FileHeader {
             });
         };
         let h: FileHeader = bytemuck::pod_read_unaligned(raw);
+        h.check_identity()?;
+        let computed = h.crc();
+        if computed != h.header_crc32 {
+            return Err(Error::ChecksumMismatch {
+                what: "header",
+                expected: h.header_crc32,
+                got: computed,
+            });
+        }
+        h.check_constants()?;
+        Ok((h, h.format()?))
+    }
+
+    /// Magic, version and byte order: what says the bytes are a cache file this build reads.
+    fn check_identity(&self) -> Result<()> {
+        let h = self;
         if h.magic != MAGIC {
             return Err(Error::BadMagic { got: h.magic });
         }
@@ -315,14 +348,12 @@ impl FileHeader {
                 h.endian
             )));
         }
-        let computed = h.crc();
-        if computed != h.header_crc32 {
-            return Err(Error::ChecksumMismatch {
-                what: "header",
-                expected: h.header_crc32,
-                got: computed,
-            });
-        }
+        Ok(())
+    }
+
+    /// The sizes every version fixes (header, entry, alignment).
+    fn check_constants(&self) -> Result<()> {
+        let h = self;
         let constants = [
             ("header size", h.header_bytes, HEADER_BYTES as u32),
             ("entry size", h.entry_bytes, ENTRY_BYTES as u32),
@@ -333,7 +364,16 @@ impl FileHeader {
                 return Err(corrupt(format!("{what} is {got}, expected {expected}")));
             }
         }
-        Ok((h, h.format()?))
+        Ok(())
+    }
+
+    /// The header and format of `bytes` without checking the header's own CRC (for
+    /// re-sealing an edited image); `None` when they do not parse.
+    pub(crate) fn parse_unsealed(bytes: &[u8]) -> Option<(Self, FileFormat)> {
+        let h: FileHeader = bytemuck::pod_read_unaligned(bytes.get(..HEADER_BYTES)?);
+        h.check_identity().ok()?;
+        h.check_constants().ok()?;
+        Some((h, h.format().ok()?))
     }
 
     fn format(&self) -> Result<FileFormat> {

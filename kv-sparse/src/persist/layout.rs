@@ -11,12 +11,54 @@
 //!   (same three), buffer keys, buffer values;
 //! * dense or quantized rows: key rows, value rows.
 //!
-//! Before the heads, after the directory: the identity block and the extra block.
+//! Before the heads, after the directory: the head-checksum table (version 3 on: one
+//! little-endian `u32` CRC-32 per head), the identity block and the extra block. Head `h`'s
+//! checksum covers the bytes from the end of head `h - 1` (or of the extra block) to the
+//! end of its last section, padding included, so the heads' spans tile the file after the
+//! metadata and a reader can check one head without reading the others.
 
 use std::ops::Range;
 
-use super::header::{CacheLayout, FileFormat, HeadEntry, SECTION_ALIGN, corrupt};
+use super::header::{
+    CacheLayout, ENTRY_BYTES, FileFormat, HEADER_BYTES, HeadEntry, SECTION_ALIGN, corrupt,
+};
 use crate::Result;
+
+/// Where the metadata after the header lies: directory, head-checksum table and blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct MetaLayout {
+    /// The directory (one entry per head).
+    pub directory: Range<usize>,
+    /// The head-checksum table (empty before version 3).
+    pub head_crcs: Range<usize>,
+    /// The identity block.
+    pub identity: Range<usize>,
+    /// The extra block.
+    pub extra: Range<usize>,
+    /// The end of the metadata, where the first head's span starts.
+    pub end: u64,
+}
+
+/// Places the metadata of `format` within `limit` bytes (checked arithmetic).
+pub(crate) fn place_meta(format: &FileFormat, limit: u64) -> Result<MetaLayout> {
+    let heads = format.heads();
+    let dir_end =
+        heads.checked_mul(ENTRY_BYTES as u64).and_then(|d| d.checked_add(HEADER_BYTES as u64));
+    let Some(dir_end) = dir_end.filter(|&end| end <= limit) else {
+        return Err(corrupt(format!(
+            "a directory of {heads} heads does not fit the {limit}-byte file"
+        )));
+    };
+    let mut p = Placer { cursor: dir_end, limit };
+    let crcs = if format.has_head_crcs() { heads } else { 0 };
+    let head_crcs = p.place("head checksums", crcs, 4)?;
+    let identity = p.place("identity block", format.identity_bytes, 1)?;
+    let extra = p.place("extra block", format.extra_bytes, 1)?;
+    // `dir_end <= limit <= usize::MAX` (the limit is a real buffer's length, or u64::MAX
+    // for a writer's plan, whose directory is a real Vec).
+    let directory = HEADER_BYTES..dir_end as usize;
+    Ok(MetaLayout { directory, head_crcs, identity, extra, end: p.cursor })
+}
 
 /// Byte ranges of one side's sparse rows. CSR rows use all four; coded rows keep their
 /// bytes in `values` and leave `indices` empty; dense heads leave all four empty.

@@ -4,7 +4,9 @@
 //! [`HybridView`]/[`CodedHybridView`]/[`QuantView`] types the in-memory caches give, so
 //! decode kernels run on a mapped prefix unchanged.
 
+use std::ops::Range;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::Mmap;
 
@@ -12,7 +14,7 @@ use super::header::{
     CacheLayout, ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry, corrupt,
 };
 use super::kinds::{with_codec, with_coded, with_value};
-use super::layout::{HeadLayout, Placer, RowSections, place_head};
+use super::layout::{HeadLayout, MetaLayout, RowSections, place_head, place_meta};
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode, ValueKind};
 use crate::csr::{CsrStore, CsrView};
 use crate::fp8::Fp8E4M3;
@@ -40,22 +42,40 @@ impl Backing {
     }
 }
 
-/// One head's validated directory entry, hybrid config (hybrid layouts) and sections.
-#[derive(Clone, Debug)]
+/// One head's validated directory entry, hybrid config (hybrid layouts) and sections, and
+/// the outcome of its content check, run on first use.
+#[derive(Debug)]
 struct Head {
     entry: HeadEntry,
     config: Option<HybridConfig>,
     layout: HeadLayout,
+    /// The bytes the head's checksum covers (its sections and the padding before them).
+    span: Range<usize>,
+    /// The head's stored CRC-32 (version 3 on).
+    crc: Option<u32>,
+    checked: OnceLock<std::result::Result<(), Arc<Error>>>,
 }
 
-/// A cache file, fully validated on open, giving zero-copy views of every head.
+// The allocation bound documented on `MappedCache`: one record per directory entry.
+const _: () = assert!(std::mem::size_of::<Head>() <= 512);
+
+/// A cache file: its structure validated on open, each head's contents on first use,
+/// giving zero-copy views of every head.
 ///
-/// Opening checks, before anything is trusted: magic, version (1 or 2), byte order,
-/// header CRC, layout and formats (an unknown code is [`Error::UnknownCode`]) and
-/// head_dim, the file length against the header, that the directory and the identity and
-/// extra blocks fit the file, the payload CRC, every head's config, that every section
-/// derived from the counts lies inside the file and that the sections tile it, then the
-/// rows themselves through the validators an in-memory cache uses:
+/// **Opening** reads only the header and the metadata after it, so it costs
+/// O(header + directory) whatever the size of the rows. It checks, before anything is
+/// trusted: magic, version (1, 2 or 3), byte order, header CRC, layout and formats (an
+/// unknown code is [`Error::UnknownCode`]) and head_dim, the file length against the
+/// header, that the directory, the head-checksum table and the identity and extra blocks
+/// fit the file, the metadata CRC (version 3: directory, table and blocks; versions 1 and
+/// 2 have one CRC over the whole payload, so opening them reads every byte), every head's
+/// config, and that every section derived from the counts lies inside the file and that
+/// the sections tile it.
+///
+/// **First use of a head** (any view, row accessor or load of it, or
+/// [`MappedCache::validate_head`] / [`MappedCache::validate_all`]) checks its contents
+/// once: the head's CRC-32 (version 3), then the rows through the validators an in-memory
+/// cache uses:
 /// * CSR rows: [`CsrView::from_parts`] (offsets, block extents, strictly ascending indices
 ///   below head_dim, finite values);
 /// * coded rows: [`CodedView::from_parts`] (block extents, row lengths that fit a `k`,
@@ -65,7 +85,10 @@ struct Head {
 /// * dense rows and hybrid buffers: finite values; buffered rows that fit the sparse
 ///   encoding once evicted, and sparse values that stay finite once scaled.
 ///
-/// Any failure is a typed [`Error`] — never a panic or UB.
+/// A head that fails is [`Error::BadHead`] (naming the head, with the cause) on that and
+/// every later use; the other heads stay usable. The directory-only accessors
+/// ([`MappedCache::config`], [`MappedCache::tokens`], the shape and blocks) need no head
+/// check. Any failure is a typed [`Error`] — never a panic or UB.
 ///
 /// **Allocation bound**: besides the mapping (or, for [`MappedCache::read`], one buffer of
 /// the file's actual size), opening allocates one small record (≤ 512 bytes) per 64-byte
@@ -80,8 +103,8 @@ struct Head {
 pub struct MappedCache {
     backing: Backing,
     format: FileFormat,
-    identity: std::ops::Range<usize>,
-    extra: std::ops::Range<usize>,
+    identity: Range<usize>,
+    extra: Range<usize>,
     heads: Vec<Head>,
 }
 
@@ -97,7 +120,8 @@ impl std::fmt::Debug for MappedCache {
 const OP: &str = "MappedCache";
 
 impl MappedCache {
-    /// Memory-maps and validates a cache file (zero-copy).
+    /// Memory-maps a cache file and validates its structure (zero-copy; reads the header
+    /// and directory only — see [`MappedCache`] for what is checked when).
     ///
     /// # Safety
     /// The file must not be modified or truncated (by this or any other process) while the
@@ -105,7 +129,7 @@ impl MappedCache {
     /// [type-level safety section](MappedCache#safety-of-mapped-files).
     ///
     /// # Errors
-    /// [`Error::Io`] when the file cannot be opened or mapped; the validation errors listed
+    /// [`Error::Io`] when the file cannot be opened or mapped; the structure errors listed
     /// on [`MappedCache`] (`Truncated`, `BadMagic`, `VersionMismatch`, `UnknownCode`,
     /// `ChecksumMismatch`, `Corrupt`).
     pub unsafe fn open(path: impl AsRef<Path>) -> Result<Self> {
@@ -123,7 +147,8 @@ impl MappedCache {
         Self::validate(Backing::Mapped(map))
     }
 
-    /// Reads a cache file into memory and validates it (safe; one copy of the file).
+    /// Reads a cache file into memory and validates its structure (safe; one copy of the
+    /// file).
     ///
     /// # Errors
     /// As [`MappedCache::open`].
@@ -137,7 +162,8 @@ impl MappedCache {
         Self::from_bytes(&bytes)
     }
 
-    /// Validates a file image held in memory (copied into an aligned buffer).
+    /// Validates the structure of a file image held in memory (copied into an aligned
+    /// buffer).
     ///
     /// # Errors
     /// As [`MappedCache::open`], minus I/O.
@@ -145,6 +171,48 @@ impl MappedCache {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(bytes);
         Self::validate(Backing::Owned(words, bytes.len()))
+    }
+
+    /// Checks every head's contents now (what first use would check), so that no later
+    /// use can fail on them.
+    ///
+    /// # Errors
+    /// [`Error::BadHead`] for the first head, layer-major, that fails.
+    pub fn validate_all(&self) -> Result<()> {
+        (0..self.heads.len()).try_for_each(|h| self.checked("MappedCache::validate_all", h))
+    }
+
+    /// Checks the contents of (`layer`, `kv_head`) now, if no use has yet.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for a bad layer or head; [`Error::BadHead`] when its
+    /// contents are invalid.
+    pub fn validate_head(&self, layer: usize, kv_head: usize) -> Result<()> {
+        let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::validate_head", h)
+    }
+
+    /// The outcome of head `h`'s content check, run on its first use.
+    fn checked(&self, op: &'static str, h: usize) -> Result<()> {
+        let outcome = self.heads[h].checked.get_or_init(|| self.check_head(h).map_err(Arc::new));
+        outcome.clone().map_err(|source| Error::BadHead {
+            op,
+            layer: h / self.format.kv_heads,
+            kv_head: h % self.format.kv_heads,
+            source,
+        })
+    }
+
+    /// Head `h`'s checksum (version 3), then its rows.
+    fn check_head(&self, h: usize) -> Result<()> {
+        let head = &self.heads[h];
+        if let Some(expected) = head.crc {
+            let got = crc32fast::hash(&self.backing.bytes()[head.span.clone()]);
+            if got != expected {
+                return Err(Error::ChecksumMismatch { what: "head", expected, got });
+            }
+        }
+        self.check_head_contents(h)
     }
 
     fn validate(backing: Backing) -> Result<Self> {
@@ -157,35 +225,29 @@ impl MappedCache {
         if actual > header.file_bytes {
             return Err(corrupt(format!("{actual} bytes, header says {}", header.file_bytes)));
         }
-        let heads = (format.num_layers as u64) * (format.kv_heads as u64);
-        let dir_end =
-            heads.checked_mul(ENTRY_BYTES as u64).and_then(|d| d.checked_add(HEADER_BYTES as u64));
-        let Some(dir_end) = dir_end.filter(|&end| end <= actual) else {
-            return Err(corrupt(format!(
-                "a directory of {heads} heads does not fit the {actual}-byte file"
-            )));
+        let meta = place_meta(&format, actual)?;
+        // `meta.end <= actual`: placement stays inside the file.
+        let (what, covered) = if format.has_head_crcs() {
+            ("directory", &bytes[HEADER_BYTES..meta.end as usize])
+        } else {
+            ("payload", &bytes[HEADER_BYTES..])
         };
-        let computed = crc32fast::hash(&bytes[HEADER_BYTES..]);
+        let computed = crc32fast::hash(covered);
         if computed != header.payload_crc32 {
             return Err(Error::ChecksumMismatch {
-                what: "payload",
+                what,
                 expected: header.payload_crc32,
                 got: computed,
             });
         }
-        let mut placer = Placer { cursor: dir_end, limit: actual };
-        let identity = placer.place("identity block", format.identity_bytes, 1)?;
-        let extra = placer.place("extra block", format.extra_bytes, 1)?;
-        let heads = Self::directory(bytes, &format, heads as usize, placer.cursor)?;
-        let cache = Self { backing, format, identity, extra, heads };
-        for h in 0..cache.heads.len() {
-            cache.check_head_contents(h).map_err(|e| corrupt(format!("head {h}: {e}")))?;
-        }
-        Ok(cache)
+        let heads = Self::directory(bytes, &format, &meta)?;
+        let (identity, extra) = (meta.identity, meta.extra);
+        Ok(Self { backing, format, identity, extra, heads })
     }
 
-    /// Parses the directory: configs and section layouts, which must tile the file.
-    fn directory(bytes: &[u8], format: &FileFormat, heads: usize, start: u64) -> Result<Vec<Head>> {
+    /// Parses the directory: configs and section layouts, which must tile the file, and
+    /// the head checksums (version 3).
+    fn directory(bytes: &[u8], format: &FileFormat, meta: &MetaLayout) -> Result<Vec<Head>> {
         fn coded_config<X: IndexCode, Y: ValueCode>(
             entry: &HeadEntry,
             format: &FileFormat,
@@ -193,11 +255,14 @@ impl MappedCache {
             entry.config::<CodedStore<X, Y>>(format)
         }
         let limit = bytes.len() as u64;
-        let mut cursor = start;
-        let mut out = Vec::with_capacity(heads);
-        for h in 0..heads {
-            let at = HEADER_BYTES + h * ENTRY_BYTES;
-            let entry: HeadEntry = bytemuck::pod_read_unaligned(&bytes[at..at + ENTRY_BYTES]);
+        let entries = bytes[meta.directory.clone()].chunks_exact(ENTRY_BYTES);
+        let mut crcs = bytes[meta.head_crcs.clone()]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let mut cursor = meta.end;
+        let mut out = Vec::with_capacity(entries.len());
+        for (h, raw) in entries.enumerate() {
+            let entry: HeadEntry = bytemuck::pod_read_unaligned(raw);
             let context = |e: Error| corrupt(format!("head {h}: {e}"));
             let config = match format.layout {
                 CacheLayout::Csr { index_bytes: 1, .. } => {
@@ -214,7 +279,16 @@ impl MappedCache {
             };
             let config = config.transpose().map_err(context)?;
             let (layout, end) = place_head(&entry, format, cursor, limit).map_err(context)?;
-            out.push(Head { entry, config, layout });
+            // Both ends lie inside the file (placement checked them against `limit`).
+            let span = cursor as usize..end as usize;
+            out.push(Head {
+                entry,
+                config,
+                layout,
+                span,
+                crc: crcs.next(),
+                checked: OnceLock::new(),
+            });
             cursor = end;
         }
         if cursor != limit {
@@ -332,7 +406,7 @@ impl MappedCache {
     }
 
     fn check_buffers(&self, h: usize, dense: ValueFormat) -> Result<()> {
-        fn finite<D: Value>(c: &MappedCache, range: &std::ops::Range<usize>) -> Result<bool> {
+        fn finite<D: Value>(c: &MappedCache, range: &Range<usize>) -> Result<bool> {
             Ok(all_finite::<D>(c.section(range)?))
         }
         let layout = &self.heads[h].layout;
@@ -354,7 +428,7 @@ impl MappedCache {
     ) -> Result<()> {
         fn fit<S: crate::hybrid::RowStore, D: Value>(
             c: &MappedCache,
-            range: &std::ops::Range<usize>,
+            range: &Range<usize>,
             keeps: bool,
             scale: f32,
         ) -> Result<()> {
@@ -415,7 +489,7 @@ impl MappedCache {
 
     /// A typed slice of the file (ranges are validated to lie inside the file and to be
     /// aligned: sections start at multiples of 64 and both backings are 8-aligned).
-    fn section<T: bytemuck::Pod>(&self, range: &std::ops::Range<usize>) -> Result<&[T]> {
+    fn section<T: bytemuck::Pod>(&self, range: &Range<usize>) -> Result<&[T]> {
         let bytes = self.backing.bytes().get(range.clone());
         let bytes = bytes.ok_or_else(|| corrupt(format!("section {range:?} outside the file")))?;
         bytemuck::try_cast_slice(bytes).map_err(|e| corrupt(format!("section {range:?}: {e}")))
@@ -426,7 +500,8 @@ impl MappedCache {
     ///
     /// # Errors
     /// [`Error::FormatMismatch`] when the file's layout is not CSR or `I`, `V` or `D`
-    /// differ from its formats; [`Error::OutOfRange`] for a bad layer or head.
+    /// differ from its formats; [`Error::OutOfRange`] for a bad layer or head;
+    /// [`Error::BadHead`] when the head's contents fail their check (first use).
     pub fn view<I: SparseIndex, V: Value, D: Value>(
         &self,
         layer: usize,
@@ -436,6 +511,7 @@ impl MappedCache {
             CacheLayout::Csr { index_bytes: I::BYTES, value: V::FORMAT, dense: D::FORMAT };
         self.check_layout(expected)?;
         let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::view", h)?;
         let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
         Ok(HybridView {
             head_dim: cfg.head_dim,
@@ -452,7 +528,8 @@ impl MappedCache {
     ///
     /// # Errors
     /// [`Error::FormatMismatch`] when the layout is not coded rows of `X`, `Y` with a `D`
-    /// buffer; [`Error::OutOfRange`] for a bad layer or head.
+    /// buffer; [`Error::OutOfRange`] for a bad layer or head; [`Error::BadHead`] when the
+    /// head's contents fail their check (first use).
     pub fn coded_view<X: IndexCode, Y: ValueCode, D: Value>(
         &self,
         layer: usize,
@@ -461,6 +538,7 @@ impl MappedCache {
         let expected = CacheLayout::Coded { index: X::KIND, value: Y::KIND, dense: D::FORMAT };
         self.check_layout(expected)?;
         let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::coded_view", h)?;
         let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
         Ok(CodedHybridView {
             head_dim: cfg.head_dim,
@@ -476,10 +554,13 @@ impl MappedCache {
     /// dense file, borrowed from the file.
     ///
     /// # Errors
-    /// [`Error::FormatMismatch`] when the layout is not dense `D`; [`Error::OutOfRange`].
+    /// [`Error::FormatMismatch`] when the layout is not dense `D`; [`Error::OutOfRange`];
+    /// [`Error::BadHead`] when the head's contents fail their check (first use).
     pub fn dense_rows<D: Value>(&self, layer: usize, kv_head: usize) -> Result<(&[D], &[D])> {
         self.check_layout(CacheLayout::Dense { format: D::FORMAT })?;
-        let layout = &self.heads[self.head_index(layer, kv_head)?].layout;
+        let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::dense_rows", h)?;
+        let layout = &self.heads[h].layout;
         Ok((self.section(&layout.dense_keys)?, self.section(&layout.dense_values)?))
     }
 
@@ -488,14 +569,17 @@ impl MappedCache {
     ///
     /// # Errors
     /// [`Error::FormatMismatch`] when the layout is not rows of codec `C`;
-    /// [`Error::OutOfRange`].
+    /// [`Error::OutOfRange`]; [`Error::BadHead`] when the head's contents fail their check
+    /// (first use).
     pub fn quant_rows<C: DenseCodec>(
         &self,
         layer: usize,
         kv_head: usize,
     ) -> Result<(QuantView<'_, C>, QuantView<'_, C>)> {
         self.check_layout(CacheLayout::Quant { format: C::FORMAT })?;
-        let layout = &self.heads[self.head_index(layer, kv_head)?].layout;
+        let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::quant_rows", h)?;
+        let layout = &self.heads[h].layout;
         let d = self.format.head_dim;
         Ok((
             QuantView::from_bytes_unchecked(d, self.section(&layout.dense_keys)?),

@@ -7,12 +7,12 @@
 //! quantized rows).
 
 use std::fs::File;
-use std::io::{BufWriter, Seek, Write};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use super::header::{CacheLayout, ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry};
-use super::layout::{HeadLayout, Placer, place_head};
+use super::header::{CacheLayout, FileFormat, FileHeader, HEADER_BYTES, HeadEntry};
+use super::layout::{HeadLayout, MetaLayout, place_head, place_meta};
 use crate::coded::{CodedStore, IndexCode, ValueCode};
 use crate::csr::CsrStore;
 use crate::hybrid::{
@@ -58,10 +58,26 @@ pub struct CacheImage<'a> {
 
 /// Where everything of an image lies.
 struct Plan {
-    identity: Range<usize>,
-    extra: Range<usize>,
+    meta: MetaLayout,
     layouts: Vec<HeadLayout>,
     file_bytes: u64,
+}
+
+/// Writes sections in file order, zero-padding up to each one's start.
+struct Emitter<'s> {
+    pos: usize,
+    sink: &'s mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+}
+
+impl Emitter<'_> {
+    fn section(&mut self, range: &Range<usize>, parts: [&[u8]; 2]) -> std::io::Result<()> {
+        debug_assert_eq!(range.len(), parts[0].len() + parts[1].len());
+        (self.sink)(&[0u8; 64][..range.start - self.pos])?;
+        (self.sink)(parts[0])?;
+        (self.sink)(parts[1])?;
+        self.pos = range.end;
+        Ok(())
+    }
 }
 
 fn check_count(num_layers: usize, kv_heads: usize, got: usize) -> Result<()> {
@@ -255,49 +271,81 @@ impl<'a> CacheImage<'a> {
     }
 
     fn plan(&self) -> Result<Plan> {
-        let dir_end = (HEADER_BYTES + ENTRY_BYTES * self.entries.len()) as u64;
-        let mut p = Placer { cursor: dir_end, limit: u64::MAX };
-        let identity = p.place("identity block", self.identity.len() as u64, 1)?;
-        let extra = p.place("extra block", self.extra.len() as u64, 1)?;
-        let mut cursor = p.cursor;
+        let meta = place_meta(&self.format, u64::MAX)?;
+        let mut cursor = meta.end;
         let mut layouts = Vec::with_capacity(self.entries.len());
         for entry in &self.entries {
             let (layout, end) = place_head(entry, &self.format, cursor, u64::MAX)?;
             layouts.push(layout);
             cursor = end;
         }
-        Ok(Plan { identity, extra, layouts, file_bytes: cursor })
+        Ok(Plan { meta, layouts, file_bytes: cursor })
     }
 
-    /// Feeds everything after the header (directory, blocks, padding, sections) to `sink`.
-    fn emit(
+    /// Feeds the metadata after the header (directory, head-checksum table `crcs`, blocks)
+    /// to `sink`.
+    fn emit_meta(
+        &self,
+        plan: &Plan,
+        crcs: &[u32],
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let entries: &[u8] = bytemuck::cast_slice(&self.entries);
+        let table: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+        let mut e = Emitter { pos: HEADER_BYTES, sink };
+        e.section(&plan.meta.directory, [entries, &[]])?;
+        e.section(&plan.meta.head_crcs, [&table, &[]])?;
+        e.section(&plan.meta.identity, [self.identity, &[]])?;
+        e.section(&plan.meta.extra, [self.extra, &[]])
+    }
+
+    /// Feeds head `h`'s span (padding and sections, starting where head `h - 1` or the
+    /// metadata ends) to `sink`.
+    fn emit_head(
+        &self,
+        plan: &Plan,
+        h: usize,
+        start: usize,
+        sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> std::io::Result<usize> {
+        let ranges = plan.layouts[h].ordered(&self.format.layout);
+        debug_assert_eq!(ranges.len(), self.parts[h].len());
+        let mut e = Emitter { pos: start, sink };
+        for (range, part) in ranges.iter().zip(&self.parts[h]) {
+            e.section(range, *part)?;
+        }
+        Ok(e.pos)
+    }
+
+    /// Streams every head to `sink`, returning each head's CRC-32.
+    fn emit_heads(
         &self,
         plan: &Plan,
         sink: &mut dyn FnMut(&[u8]) -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let mut pos = HEADER_BYTES;
-        for entry in &self.entries {
-            sink(bytemuck::bytes_of(entry))?;
-            pos += ENTRY_BYTES;
+    ) -> std::io::Result<Vec<u32>> {
+        // `meta.end` is a real offset in a file whose size fits a `u64` (the plan's).
+        let mut pos = plan.meta.end as usize;
+        let mut crcs = Vec::with_capacity(plan.layouts.len());
+        for h in 0..plan.layouts.len() {
+            let mut hasher = crc32fast::Hasher::new();
+            pos = self.emit_head(plan, h, pos, &mut |b| {
+                hasher.update(b);
+                sink(b)
+            })?;
+            crcs.push(hasher.finalize());
         }
-        let mut section = |range: &Range<usize>, parts: [&[u8]; 2]| -> std::io::Result<()> {
-            debug_assert_eq!(range.len(), parts[0].len() + parts[1].len());
-            sink(&[0u8; 64][..range.start - pos])?;
-            sink(parts[0])?;
-            sink(parts[1])?;
-            pos = range.end;
+        Ok(crcs)
+    }
+
+    /// The metadata CRC-32 once the head checksums are known.
+    fn meta_crc(&self, plan: &Plan, crcs: &[u32]) -> u32 {
+        let mut hasher = crc32fast::Hasher::new();
+        self.emit_meta(plan, crcs, &mut |b| {
+            hasher.update(b);
             Ok(())
-        };
-        section(&plan.identity, [self.identity, &[]])?;
-        section(&plan.extra, [self.extra, &[]])?;
-        for (layout, parts) in plan.layouts.iter().zip(&self.parts) {
-            let ranges = layout.ordered(&self.format.layout);
-            debug_assert_eq!(ranges.len(), parts.len());
-            for (range, part) in ranges.iter().zip(parts) {
-                section(range, *part)?;
-            }
-        }
-        Ok(())
+        })
+        .expect("hashing cannot fail");
+        hasher.finalize()
     }
 
     /// The file image in memory (what [`CacheImage::write`] writes).
@@ -308,20 +356,23 @@ impl<'a> CacheImage<'a> {
         let plan = self.plan()?;
         let mut out = Vec::with_capacity(plan.file_bytes as usize);
         out.extend_from_slice(&[0u8; HEADER_BYTES]);
-        self.emit(&plan, &mut |b| {
+        let mut push = |b: &[u8]| {
             out.extend_from_slice(b);
             Ok(())
-        })
-        .expect("writing to a Vec cannot fail");
-        let crc = crc32fast::hash(&out[HEADER_BYTES..]);
-        let header = FileHeader::new(&self.format, plan.file_bytes, crc);
+        };
+        let zeros = vec![0u32; self.entries.len()];
+        self.emit_meta(&plan, &zeros, &mut push).expect("writing to a Vec cannot fail");
+        let crcs = self.emit_heads(&plan, &mut push).expect("writing to a Vec cannot fail");
+        out[plan.meta.head_crcs.clone()]
+            .copy_from_slice(&crcs.iter().flat_map(|c| c.to_le_bytes()).collect::<Vec<_>>());
+        let header = FileHeader::new(&self.format, plan.file_bytes, self.meta_crc(&plan, &crcs));
         out[..HEADER_BYTES].copy_from_slice(bytemuck::bytes_of(&header));
         Ok(out)
     }
 
-    /// Writes the file to a temporary sibling of `path` in one pass (the payload CRC is
-    /// computed while streaming, the header written last) and renames it into place, so a
-    /// reader never sees a half-written file.
+    /// Writes the file to a temporary sibling of `path` in one pass (the head checksums are
+    /// computed while streaming; the checksum table and the header are written last) and
+    /// renames it into place, so a reader never sees a half-written file.
     ///
     /// # Errors
     /// [`Error::Io`] on file-system errors.
@@ -344,13 +395,13 @@ impl<'a> CacheImage<'a> {
         let file = File::create(tmp).map_err(err)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
         w.write_all(&[0u8; HEADER_BYTES]).map_err(err)?;
-        let mut hasher = crc32fast::Hasher::new();
-        self.emit(plan, &mut |b| {
-            hasher.update(b);
-            w.write_all(b)
-        })
-        .map_err(err)?;
-        let header = FileHeader::new(&self.format, plan.file_bytes, hasher.finalize());
+        let zeros = vec![0u32; self.entries.len()];
+        self.emit_meta(plan, &zeros, &mut |b| w.write_all(b)).map_err(err)?;
+        let crcs = self.emit_heads(plan, &mut |b| w.write_all(b)).map_err(err)?;
+        let table: Vec<u8> = crcs.iter().flat_map(|c| c.to_le_bytes()).collect();
+        w.seek(SeekFrom::Start(plan.meta.head_crcs.start as u64)).map_err(err)?;
+        w.write_all(&table).map_err(err)?;
+        let header = FileHeader::new(&self.format, plan.file_bytes, self.meta_crc(plan, &crcs));
         w.rewind().map_err(err)?;
         w.write_all(bytemuck::bytes_of(&header)).map_err(err)?;
         let file = w.into_inner().map_err(|e| err(e.into_error()))?;

@@ -165,8 +165,8 @@ fn resume(
     ids: &[u32],
 ) -> Result<(Prefix, f64)> {
     let t = Instant::now();
-    // SAFETY: the map is read only inside this function: `resume` validates it and the
-    // cache copies every row out before `file` is dropped here. kvtide replaces cache
+    // SAFETY: the map is read only inside this function: `resume` validates what it reads
+    // and the cache copies every row out before `file` is dropped here. kvtide replaces cache
     // files only by renaming a new file over them, which leaves this mapping's inode
     // intact; the remaining hazard, another program truncating or rewriting the file in
     // place during these milliseconds, is excluded by the documented use of the flag.

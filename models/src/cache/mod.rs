@@ -323,7 +323,8 @@ pub trait KvCache: Send {
         Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() })
     }
 
-    /// Replaces the cache's state by a validated file's (every layer, every kv-head).
+    /// Replaces the cache's state by an opened file's (every layer, every kv-head; each
+    /// head's contents are validated as it is read).
     /// The file is checked against this cache — layout and formats, shape, per-head
     /// configuration, equal token counts across layers — before anything changes, so on
     /// error the cache holds what it held before.

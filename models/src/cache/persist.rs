@@ -1,7 +1,7 @@
 //! Prefix reuse: a whole model cache (every layer, every kv-head) saved after a prompt
 //! and reopened, memory-mapped and validated, to continue decoding without the prefill.
 //!
-//! The file is `kv-sparse`'s persisted-cache format (`kv_sparse::persist`, version 2):
+//! The file is `kv-sparse`'s persisted-cache format (`kv_sparse::persist`, version 3):
 //! dense f16/bf16/f32 rows, dense int8/int4/fp8 quantized rows, or SWAN's hybrid cache
 //! (`papers/swan.txt`, method section and Algorithm 1: CSR or coded sparse history plus
 //! dense buffer). Its identity block holds a [`CacheIdentity`] — model fingerprint,
@@ -9,11 +9,13 @@
 //! reopening it; its extra block holds the [`Prefix`] (the prompt's token ids and the
 //! logits of its last position, so the first new token needs no forward pass).
 //!
-//! What is copied on load: `kv_sparse::persist::MappedCache` validates the mapped file in
-//! place; each cache then copies its validated sections once into the storage it decodes
-//! with (one `memcpy` per section, no re-encoding), because every decode step appends to
-//! each head's rows (the SWAN buffer also evicts onto the end of its sparse history) and
-//! the kernels read one contiguous store per head.
+//! What is copied on load: `kv_sparse::persist::MappedCache` checks the mapped file's
+//! header and directory on open and each head's checksum and rows in place when the load
+//! first reads that head; each cache then copies the head's validated sections once into
+//! the storage it decodes with (one `memcpy` per section, no re-encoding), because every
+//! decode step appends to each head's rows (the SWAN buffer also evicts onto the end of its
+//! sparse history) and the kernels read one contiguous, owned store per head. A head that
+//! fails its check fails the whole load before the cache changes.
 
 use std::path::Path;
 
@@ -212,7 +214,7 @@ pub fn save(
     Ok(())
 }
 
-/// Checks a validated file's identity against `identity`, then replaces `cache`'s state
+/// Checks an opened file's identity against `identity`, then replaces `cache`'s state
 /// by the file's and returns the prefix. On error `cache` is unchanged.
 ///
 /// # Errors
