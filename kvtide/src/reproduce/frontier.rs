@@ -244,8 +244,16 @@ impl FrontierRun {
         };
         let cfg = self.swan_config(d, k);
         let sparse = tokens.saturating_sub(self.buffer);
-        let full = self.swan_config(d, d).sparse_token_bytes(d) / 2 - 2;
-        let rows_per_block = (u16::MAX as usize / full).min(256);
+        // Blocks of rows keep u16 offsets: a u8-list row of 16- or 8-bit floats lives in a
+        // CSR store (at most 65 535 entries a block), every other encoding in a coded store
+        // (at most 65 535 bytes of full rows a block).
+        let elems = matches!(self.values, "f16" | "bf16" | "fp8" | "f32");
+        let rows_per_block = if self.index == "list" && elems {
+            kv_sparse::csr::max_rows_per_block(d).min(256)
+        } else {
+            let full = self.swan_config(d, d).sparse_token_bytes(d) / 2 - 2;
+            (u16::MAX as usize / full).min(256)
+        };
         let blocks = 2 * sparse.div_ceil(rows_per_block);
         2 * tokens.min(self.buffer) * 2 * d + sparse * cfg.sparse_token_bytes(d) + 8 * blocks
     }
@@ -952,6 +960,17 @@ mod tests {
             (FrontierRun::swan("list", "int8", 64, 0), FrontierRun::swan("bitmask", "int8", 64, 0));
         let per = |r: &FrontierRun| r.head_bytes(256, 1000) as f64;
         assert!((per(&list) - per(&mask)) / 2000.0 - (64.0 - 32.0) < 0.1);
+        // u8-list fp8 rows page as CSR: 255 rows a block at d = 256 (3 blocks for 639 rows),
+        // where a coded store of full int8 rows holds 127 (6 blocks).
+        let (fp8, int8) = (
+            FrontierRun::swan("list", "fp8", 256, 128),
+            FrontierRun::swan("list", "int8", 256, 128),
+        );
+        let sparse = |r: &FrontierRun, per_row: usize| {
+            r.head_bytes(256, 767) - 2 * 128 * 2 * 256 - 639 * 2 * per_row
+        };
+        assert_eq!(sparse(&fp8, 256 + 256 + 2), 2 * 3 * 8);
+        assert_eq!(sparse(&int8, 256 + 256 + 2 + 2), 2 * 6 * 8);
     }
 
     #[test]
