@@ -411,6 +411,9 @@ fn mark_frontier(
     }
 }
 
+/// One way of counting a point's bytes (over dense f16).
+type Ratio = dyn Fn(&FrontierPoint) -> f64;
+
 fn budget_rows(points: &[FrontierPoint], windowed: bool) -> Vec<BudgetRow> {
     let best = |family: &str, ratio: &dyn Fn(&FrontierPoint) -> f64, budget: f64| {
         points
@@ -420,7 +423,7 @@ fn budget_rows(points: &[FrontierPoint], windowed: bool) -> Vec<BudgetRow> {
             .map(|p| (p.label.clone(), ratio(p), p.perplexity))
     };
     let mut out = Vec::new();
-    let mut measures: Vec<(&'static str, &dyn Fn(&FrontierPoint) -> f64)> = vec![
+    let mut measures: Vec<(&'static str, &Ratio)> = vec![
         ("window", &|p: &FrontierPoint| p.window_ratio),
         ("4096", &|p: &FrontierPoint| p.long_ratio),
     ];
@@ -538,11 +541,11 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     // window with it (in place of the window's first token).
     let specials = ctx.corpus.tokenizer().encode_with("", true)?;
     let plain = ctx.corpus.tokenizer().encode_with("", false)?;
-    if let (Some(&bos), true) = (specials.first(), plain.is_empty()) {
-        if windows.first().and_then(|w| w.first()) == Some(&bos) {
-            for w in &mut windows {
-                w[0] = bos;
-            }
+    if let (Some(&bos), true) = (specials.first(), plain.is_empty())
+        && windows.first().and_then(|w| w.first()) == Some(&bos)
+    {
+        for w in &mut windows {
+            w[0] = bos;
         }
     }
     let bm = ByteModel::of(ctx.model.config());
