@@ -18,6 +18,7 @@ fn memory_study_writes_a_complete_report() {
         out: out.clone(),
         model: Some(model),
         llama_cpp: None,
+        further_models_only: false,
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -41,6 +42,7 @@ fn unknown_study_is_a_typed_error() {
         out: std::env::temp_dir().join("kvtide-reproduce-unused"),
         model: Some("/nonexistent/model.gguf".into()),
         llama_cpp: None,
+        further_models_only: false,
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());

@@ -7,6 +7,9 @@ use std::path::PathBuf;
 /// File name of the default model.
 pub const DEFAULT_MODEL: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// File name of the Gemma 3 270M model (`scripts/setup.sh gemma`).
+pub const GEMMA_MODEL: &str = "gemma-3-270m-q4_k_m.gguf";
+
 /// Play used when no text is given.
 pub const DEFAULT_PLAY: &str = "hamlet.md";
 
@@ -22,6 +25,11 @@ pub fn cache_dir() -> PathBuf {
 /// The default model file.
 pub fn default_model() -> PathBuf {
     cache_dir().join("models").join(DEFAULT_MODEL)
+}
+
+/// The Gemma 3 270M model file (present once `scripts/setup.sh gemma` ran).
+pub fn gemma_model() -> PathBuf {
+    cache_dir().join("models").join(GEMMA_MODEL)
 }
 
 /// The directory of Shakespeare plays (markdown).

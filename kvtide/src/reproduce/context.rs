@@ -45,7 +45,13 @@ impl Context {
         let tokenizer = Tokenizer::from_gguf(source.file())?;
         let model = Llama::load(&source, &config)?;
         let plan = Plan::new(size, config.head_dim, config.num_layers * config.kv_heads);
-        let work = crate::paths::cache_dir().join("reproduce").join(size.name());
+        // One scratch directory per model: its projection file must not overwrite another's.
+        let mut scratch = size.name().to_owned();
+        if model_path.file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {
+            let stem = model_path.file_stem().map_or("model".into(), |s| s.to_string_lossy());
+            scratch = format!("{scratch}-{stem}");
+        }
+        let work = crate::paths::cache_dir().join("reproduce").join(scratch);
         std::fs::create_dir_all(&work).map_err(|source| Error::Io {
             op: "create directory",
             path: work.clone(),
@@ -66,6 +72,15 @@ impl Context {
             started: Instant::now(),
             progress,
         })
+    }
+
+    /// A context of the same size and progress bar for another model (a further leg of a
+    /// study that runs on every model set up).
+    ///
+    /// # Errors
+    /// As [`Context::new`].
+    pub fn for_model(&self, model_path: &Path) -> Result<Self> {
+        Self::new(model_path, self.plan.size, self.progress.clone())
     }
 
     /// Prints `msg` with the elapsed time (above the progress bar).

@@ -11,6 +11,14 @@
 //! a table per budget (0.15 … 0.5 × f16) gives the best dense and the best SWAN
 //! configuration at or under it, and the external check runs llama.cpp's own perplexity
 //! tool with `-ctk/-ctv f16, q8_0, q4_0` on the same text when its path is given.
+//!
+//! The study runs once per model the project has set up ([`legs`]): the run's own model
+//! (SmolLM2 by default) always, and Gemma 3 270M when `scripts/setup.sh gemma` fetched it —
+//! a missing model is a printed skip, never a silent one. On a model with sliding-window
+//! layers (Gemma 3) the caches serve the global layers and the local layers keep a dense
+//! f16 ring of their window; the budgets count both (ring bytes included, dense f16 of the
+//! same windowed model as the reference), and a third measure counts the global layers
+//! alone, the part a cache format changes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +39,140 @@ use models::cache::spec::CacheSpec;
 pub const LONG_CACHE: usize = 4096;
 /// The budgets (× dense f16 bytes) of the per-budget tables.
 pub const BUDGETS: [f64; 6] = [0.15, 0.2, 0.25, 0.3, 0.4, 0.5];
+
+/// The name of the Gemma 3 leg (suffix of its tables, figure and JSON record).
+pub const GEMMA_LEG: &str = "gemma3";
+
+/// One model the study runs on, or why it does not.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Leg {
+    /// `""` for the run's own model (its tables keep their plain names), else the suffix
+    /// of this leg's table, figure and record names.
+    pub tag: &'static str,
+    /// The model, as the report names it.
+    pub title: &'static str,
+    /// The GGUF file, or the reason the leg is skipped.
+    pub model: std::result::Result<PathBuf, String>,
+}
+
+impl Leg {
+    /// `name` with this leg's suffix (`frontier_points` → `frontier_points_gemma3`).
+    pub fn name(&self, name: &str) -> String {
+        if self.tag.is_empty() { name.to_owned() } else { format!("{name}_{}", self.tag) }
+    }
+
+    /// The line printed (and written into the report) when the leg is skipped.
+    pub fn skip_line(&self) -> Option<String> {
+        self.model
+            .as_ref()
+            .err()
+            .map(|why| format!("frontier: the {} leg is skipped: {why}", self.title))
+    }
+}
+
+/// The models the study runs on: `primary` (the run's `--model`) always, then Gemma 3 from
+/// `gemma` unless it is the primary model itself. A Gemma file that is absent gives a leg
+/// whose `model` is the reason (fetch it with `scripts/setup.sh gemma`); `only_further` drops
+/// the primary leg (to rerun the further models alone).
+pub fn legs(primary: &Path, gemma: &Path, only_further: bool) -> Vec<Leg> {
+    let mut out = Vec::new();
+    let same = primary == gemma
+        || (primary.file_name().is_some() && primary.file_name() == gemma.file_name());
+    if !only_further || same {
+        let title = if same { "Gemma 3 270M" } else { "the run's model" };
+        out.push(Leg { tag: "", title, model: Ok(primary.to_path_buf()) });
+    }
+    if !same {
+        let model = if gemma.is_file() {
+            Ok(gemma.to_path_buf())
+        } else {
+            Err(format!("{} not found (fetch it with scripts/setup.sh gemma)", gemma.display()))
+        };
+        out.push(Leg { tag: GEMMA_LEG, title: "Gemma 3 270M", model });
+    }
+    out
+}
+
+/// Tables and figures one leg's section holds.
+pub fn expected(leg: &Leg) -> (Vec<String>, Vec<String>) {
+    (
+        ["frontier_points", "frontier_budgets", "frontier_external"]
+            .iter()
+            .map(|t| leg.name(t))
+            .collect(),
+        vec![leg.name("frontier_ppl_vs_bytes")],
+    )
+}
+
+/// Local (sliding-window) layers of a model and the ring each keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LocalLayers {
+    /// Local layers.
+    pub layers: usize,
+    /// Global layers (the ones the cache under study serves).
+    pub global_layers: usize,
+    /// Positions a local layer's ring holds.
+    pub window: usize,
+}
+
+/// How bytes are counted on one model: `global_heads` (layer, kv-head) pairs served by the
+/// cache under study plus, for a windowed model, the local layers' f16 rings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ByteModel {
+    /// Head dimension.
+    pub head_dim: usize,
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// (layer, kv-head) pairs of the layers the cache under study serves.
+    pub global_heads: usize,
+    /// The local layers, if any.
+    pub local: Option<LocalLayers>,
+}
+
+impl ByteModel {
+    /// The byte model of `config`.
+    pub fn of(config: &models::load::config::ModelConfig) -> Self {
+        let local = config.local_attention.as_ref().map(|l| {
+            let layers = l.local.iter().filter(|&&x| x).count();
+            LocalLayers { layers, global_layers: l.local.len() - layers, window: l.window }
+        });
+        let global_layers = local.map_or(config.num_layers, |l| l.global_layers);
+        Self {
+            head_dim: config.head_dim,
+            kv_heads: config.kv_heads,
+            global_heads: global_layers * config.kv_heads,
+            local,
+        }
+    }
+
+    /// Bytes the local layers' f16 rings hold after `tokens` positions (0 without local layers).
+    pub fn ring_bytes(&self, tokens: usize) -> usize {
+        self.local
+            .map_or(0, |l| l.layers * self.kv_heads * 2 * tokens.min(l.window) * self.head_dim * 2)
+    }
+
+    /// Bytes `run` holds for `tokens` positions, every layer counted.
+    pub fn bytes(&self, run: &FrontierRun, tokens: usize) -> usize {
+        self.global_heads * run.head_bytes(self.head_dim, tokens) + self.ring_bytes(tokens)
+    }
+
+    /// Bytes dense f16 holds for `tokens` positions on this model (local rings included).
+    pub fn dense_f16(&self, tokens: usize) -> usize {
+        self.global_heads * 2 * tokens * 2 * self.head_dim + self.ring_bytes(tokens)
+    }
+
+    /// `run`'s bytes over dense f16's, every layer counted.
+    pub fn ratio(&self, run: &FrontierRun, tokens: usize) -> f64 {
+        self.bytes(run, tokens) as f64 / self.dense_f16(tokens) as f64
+    }
+
+    /// The same over the global layers alone (`None` for a model without local layers).
+    pub fn global_ratio(&self, run: &FrontierRun, tokens: usize) -> Option<f64> {
+        self.local.map(|_| {
+            run.head_bytes(self.head_dim, tokens) as f64 / (2 * tokens * 2 * self.head_dim) as f64
+        })
+    }
+}
 
 /// One configuration of the study.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -102,8 +244,16 @@ impl FrontierRun {
         };
         let cfg = self.swan_config(d, k);
         let sparse = tokens.saturating_sub(self.buffer);
-        let full = self.swan_config(d, d).sparse_token_bytes(d) / 2 - 2;
-        let rows_per_block = (u16::MAX as usize / full).min(256);
+        // Blocks of rows keep u16 offsets: a u8-list row of 16- or 8-bit floats lives in a
+        // CSR store (at most 65 535 entries a block), every other encoding in a coded store
+        // (at most 65 535 bytes of full rows a block).
+        let elems = matches!(self.values, "f16" | "bf16" | "fp8" | "f32");
+        let rows_per_block = if self.index == "list" && elems {
+            kv_sparse::csr::max_rows_per_block(d).min(256)
+        } else {
+            let full = self.swan_config(d, d).sparse_token_bytes(d) / 2 - 2;
+            (u16::MAX as usize / full).min(256)
+        };
         let blocks = 2 * sparse.div_ceil(rows_per_block);
         2 * tokens.min(self.buffer) * 2 * d + sparse * cfg.sparse_token_bytes(d) + 8 * blocks
     }
@@ -175,6 +325,9 @@ pub struct FrontierPoint {
     pub window_ratio: f64,
     /// Bytes per token of a 4096-token cache / dense f16.
     pub long_ratio: f64,
+    /// The same for the global layers alone (models with sliding-window layers only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub global_long_ratio: Option<f64>,
     /// Not dominated (fewer-or-equal bytes and lower-or-equal perplexity) at window bytes.
     pub frontier_window: bool,
     /// Not dominated at 4096-token bytes.
@@ -186,7 +339,7 @@ pub struct FrontierPoint {
 pub struct BudgetRow {
     /// Budget × dense f16.
     pub budget: f64,
-    /// `window` or `4096`.
+    /// `window`, `4096` or (windowed models) `4096 global`.
     pub measure: &'static str,
     /// Best dense quantized point at or under the budget: (label, ratio, perplexity).
     pub dense: Option<(String, f64, f64)>,
@@ -213,6 +366,11 @@ pub struct External {
 /// Everything the study measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontierStudy {
+    /// The model (its configuration's name) and its GGUF file name.
+    pub model: String,
+    /// The local (sliding-window) layers, whose rings every configuration keeps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalLayers>,
     /// Evaluation play.
     pub eval_play: &'static str,
     /// Windows × length, prefix prefilled (the rest scored through the decode path).
@@ -225,6 +383,9 @@ pub struct FrontierStudy {
     pub budgets: Vec<BudgetRow>,
     /// llama.cpp's own figures.
     pub external: External,
+    /// Dense f16 perplexity over the positions llama.cpp's tool scores (the second half of
+    /// each window but its first position).
+    pub dense_f16_llamacpp_positions: Option<f64>,
 }
 
 impl FrontierStudy {
@@ -253,7 +414,10 @@ fn mark_frontier(
     }
 }
 
-fn budget_rows(points: &[FrontierPoint]) -> Vec<BudgetRow> {
+/// One way of counting a point's bytes (over dense f16).
+type Ratio = dyn Fn(&FrontierPoint) -> f64;
+
+fn budget_rows(points: &[FrontierPoint], windowed: bool) -> Vec<BudgetRow> {
     let best = |family: &str, ratio: &dyn Fn(&FrontierPoint) -> f64, budget: f64| {
         points
             .iter()
@@ -262,10 +426,16 @@ fn budget_rows(points: &[FrontierPoint]) -> Vec<BudgetRow> {
             .map(|p| (p.label.clone(), ratio(p), p.perplexity))
     };
     let mut out = Vec::new();
-    for (measure, ratio) in [
-        ("window", &(|p: &FrontierPoint| p.window_ratio) as &dyn Fn(&FrontierPoint) -> f64),
+    let mut measures: Vec<(&'static str, &Ratio)> = vec![
+        ("window", &|p: &FrontierPoint| p.window_ratio),
         ("4096", &|p: &FrontierPoint| p.long_ratio),
-    ] {
+    ];
+    if windowed {
+        measures.push(("4096 global", &|p: &FrontierPoint| {
+            p.global_long_ratio.unwrap_or(f64::INFINITY)
+        }));
+    }
+    for (measure, ratio) in measures {
         for budget in BUDGETS {
             out.push(BudgetRow {
                 budget,
@@ -369,9 +539,20 @@ fn run_external(
 pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy> {
     let proj = ctx.projection()?.display().to_string();
     let (count, wlen, prefix) = ctx.plan.frontier_eval;
-    let windows = ctx.corpus.windows(SWAN_EVAL_PLAY, 0, wlen, count)?;
-    let d = ctx.model.config().head_dim;
-    let heads = ctx.model.config().num_layers * ctx.model.config().kv_heads;
+    let mut windows = ctx.corpus.windows(SWAN_EVAL_PLAY, 0, wlen, count)?;
+    // As llama.cpp's perplexity tool: a model that starts its text with BOS starts every
+    // window with it (in place of the window's first token).
+    let specials = ctx.corpus.tokenizer().encode_with("", true)?;
+    let plain = ctx.corpus.tokenizer().encode_with("", false)?;
+    if let (Some(&bos), true) = (specials.first(), plain.is_empty())
+        && windows.first().and_then(|w| w.first()) == Some(&bos)
+    {
+        for w in &mut windows {
+            w[0] = bos;
+        }
+    }
+    let bm = ByteModel::of(ctx.model.config());
+    let d = bm.head_dim;
     let runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
     let mut models = Vec::with_capacity(runs.len());
     let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(runs.len());
@@ -407,8 +588,18 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
         }
     }
     let tokens = wlen - 1;
-    let dense16 = ctx.dense_f16_bytes(tokens) as f64;
-    let long16 = (2 * LONG_CACHE * 2 * d) as f64;
+    let dense16 = bm.dense_f16(tokens) as f64;
+    // llama.cpp's perplexity tool predicts positions len/2 + 1 … len − 1 of each window;
+    // kvtide scores prefix … len − 1. Dense f16 on llama.cpp's positions alone:
+    let skip = (wlen / 2 + 1).saturating_sub(prefix);
+    let on_llamacpp_tokens =
+        runs.iter().position(|r| *r == FrontierRun::dense("f16", "none")).map(|i| {
+            let (sum, n) = traces[i].iter().fold((0.0, 0usize), |(s, n), t| {
+                let kept = t.nll.get(skip..).unwrap_or(&[]);
+                (s + kept.iter().sum::<f64>(), n + kept.len())
+            });
+            (sum / n.max(1) as f64).exp()
+        });
     let mut points: Vec<FrontierPoint> = runs
         .iter()
         .zip(traces)
@@ -428,9 +619,10 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
                 perplexity: (nll / n.max(1) as f64).exp(),
                 top1: hits as f64 / n.max(1) as f64,
                 window_bytes,
-                window_formula_bytes: (heads * run.head_bytes(d, tokens)) as f64,
+                window_formula_bytes: bm.bytes(run, tokens) as f64,
                 window_ratio: window_bytes / dense16,
-                long_ratio: run.head_bytes(d, LONG_CACHE) as f64 / long16,
+                long_ratio: bm.ratio(run, LONG_CACHE),
+                global_long_ratio: bm.global_ratio(run, LONG_CACHE),
                 frontier_window: false,
                 frontier_long: false,
             };
@@ -443,18 +635,22 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
         .collect();
     mark_frontier(&mut points, |p| p.window_ratio, |p, f| p.frontier_window = f);
     mark_frontier(&mut points, |p| p.long_ratio, |p, f| p.frontier_long = f);
-    let budgets = budget_rows(&points);
+    let budgets = budget_rows(&points, bm.local.is_some());
     let text = models::load::text::read_text(
         &crate::paths::plays_dir().join(format!("{SWAN_EVAL_PLAY}.md")),
     )?;
     let external = external(ctx, llama_cpp, &text, (count, wlen));
+    let file = ctx.model_path().file_name().map_or(String::new(), |f| f.to_string_lossy().into());
     Ok(FrontierStudy {
+        model: format!("{} ({file})", ctx.model.config().name),
+        local: bm.local,
         eval_play: SWAN_EVAL_PLAY,
         windows: (count, wlen, prefix),
         head_dim: d,
         points,
         budgets,
         external,
+        dense_f16_llamacpp_positions: on_llamacpp_tokens,
     })
 }
 
@@ -467,44 +663,55 @@ fn cell(x: &Option<(String, f64, f64)>, base: f64) -> [String; 3] {
     }
 }
 
-/// The tables and plot of the study.
-pub fn section(s: &FrontierStudy, out: &mut Section) {
+/// The tables and plot of one leg of the study (`leg` names them).
+pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     let base = s.dense_f16().map_or(f64::NAN, |p| p.perplexity);
     let (count, len, prefix) = s.windows;
     out.text(format!(
-        "{count} window(s) of {len} tokens of {}, {prefix} prefilled, the rest scored through the decode path; d_h = {}. Bytes count everything a cache holds (buffer, indices or masks, offsets, scales, block headers): at the end of each window, and per token of a {LONG_CACHE}-token cache from the formulas. ★ marks a non-dominated point.",
-        s.eval_play, s.head_dim
+        "Model: {}. {count} window(s) of {len} tokens of {}, {prefix} prefilled, the rest scored through the decode path; d_h = {}. Bytes count everything a cache holds (buffer, indices or masks, offsets, scales, block headers): at the end of each window, and per token of a {LONG_CACHE}-token cache from the formulas. ★ marks a non-dominated point.",
+        s.model, s.eval_play, s.head_dim
     ));
+    if let Some(l) = s.local {
+        out.text(format!(
+            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense f16 ring of its last {} positions in every configuration. The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (global layers dense f16 plus the rings); `4096 global` counts the global layers alone, the part a cache format changes. A {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
+            l.global_layers,
+            l.layers,
+            l.window,
+            num(
+                (l.layers * l.window) as f64 / (l.layers * l.window + l.global_layers * LONG_CACHE) as f64,
+                3
+            )
+        ));
+    }
+    let mut headers = vec!["configuration", "bytes / f16 (window)", "bytes / f16 (4096)"];
+    if s.local.is_some() {
+        headers.push("bytes / f16 (4096, global layers)");
+    }
+    headers.extend(["perplexity", "Δ vs f16", "top-1", "frontier (window / 4096)"]);
     let mut t = Table::new(
-        "frontier_points",
+        &leg.name("frontier_points"),
         "Perplexity vs KV bytes: dense quantized formats and SWAN encodings",
-        &[
-            "configuration",
-            "bytes / f16 (window)",
-            "bytes / f16 (4096)",
-            "perplexity",
-            "Δ vs f16",
-            "top-1",
-            "frontier (window / 4096)",
-        ],
+        &headers,
     );
     let mut pts: Vec<&FrontierPoint> = s.points.iter().collect();
     pts.sort_by(|a, b| a.long_ratio.total_cmp(&b.long_ratio));
     for p in pts {
         let star = |f: bool| if f { "★" } else { "" };
-        t.row(vec![
-            p.label.clone(),
-            num(p.window_ratio, 3),
-            num(p.long_ratio, 3),
+        let mut row = vec![p.label.clone(), num(p.window_ratio, 3), num(p.long_ratio, 3)];
+        if let Some(g) = p.global_long_ratio {
+            row.push(num(g, 3));
+        }
+        row.extend([
             num(p.perplexity, 3),
             pct(p.perplexity / base - 1.0, 2),
             pct(p.top1, 1),
             format!("{} / {}", star(p.frontier_window), star(p.frontier_long)),
         ]);
+        t.row(row);
     }
     out.table(t);
     let mut b = Table::new(
-        "frontier_budgets",
+        &leg.name("frontier_budgets"),
         "Best dense quantized vs best SWAN at or under each budget",
         &[
             "budget × f16",
@@ -527,7 +734,7 @@ pub fn section(s: &FrontierStudy, out: &mut Section) {
     }
     out.table(b);
     let mut e = Table::new(
-        "frontier_external",
+        &leg.name("frontier_external"),
         "External check: llama.cpp's perplexity tool on the same text (F32 weights)",
         &["KV cache", "perplexity", "vs its f16", "kvtide counterpart", "kvtide vs f16"],
     );
@@ -549,6 +756,27 @@ pub fn section(s: &FrontierStudy, out: &mut Section) {
     if s.external.rows.is_empty() {
         e.row(vec!["—".into(), s.external.status.clone(), "—".into(), "—".into(), "—".into()]);
     }
+    if let (Some(f16), Some(same)) = (f16, s.dense_f16_llamacpp_positions) {
+        e.note(format!(
+            "Dense f16 KV on llama.cpp's own scored positions ({} … {} of each window): kvtide {} vs llama.cpp {} ({} relative to llama.cpp).",
+            s.windows.1 / 2 + 1,
+            s.windows.1 - 1,
+            num(same, 4),
+            num(f16, 4),
+            pct(same / f16 - 1.0, 2),
+        ));
+    }
+    if let (Some(f16), Some(ours)) = (f16, s.dense_f16()) {
+        e.note(format!(
+            "Dense f16 KV, kvtide vs llama.cpp on the same windows: {} vs {} ({} relative to llama.cpp). llama.cpp scores the second half of each window but its first token ({} predictions per window), kvtide every token after the {} prefilled ({}).",
+            num(ours.perplexity, 4),
+            num(f16, 4),
+            pct(ours.perplexity / f16 - 1.0, 2),
+            s.windows.1 - s.windows.1 / 2 - 1,
+            s.windows.2,
+            s.windows.1 - s.windows.2,
+        ));
+    }
     out.table(e);
     let series = |family: &str, index: &str| -> Vec<(f64, f64)> {
         let mut v: Vec<(f64, f64)> = s
@@ -562,8 +790,12 @@ pub fn section(s: &FrontierStudy, out: &mut Section) {
     };
     out.plot(
         Plot::new(
-            "frontier_ppl_vs_bytes",
-            "Perplexity vs KV bytes (4096-token cache)",
+            &leg.name("frontier_ppl_vs_bytes"),
+            &if leg.tag.is_empty() {
+                "Perplexity vs KV bytes (4096-token cache)".to_owned()
+            } else {
+                format!("{}: perplexity vs KV bytes (4096-token cache)", leg.title)
+            },
             "KV bytes / dense f16",
             "perplexity",
         )
@@ -574,8 +806,19 @@ pub fn section(s: &FrontierStudy, out: &mut Section) {
     );
 }
 
-/// The study's claims (its quality-per-byte targets), measured.
-pub fn findings(s: &FrontierStudy) -> Vec<Finding> {
+/// The study's claims (its quality-per-byte targets), measured on one leg's model.
+pub fn findings(s: &FrontierStudy, leg: &Leg) -> Vec<Finding> {
+    let mut out = leg_findings(s);
+    if !leg.tag.is_empty() {
+        for f in &mut out {
+            f.id = leg.name(&f.id);
+            f.claim = format!("{}: {}", leg.title, f.claim);
+        }
+    }
+    out
+}
+
+fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
     let base = s.dense_f16().map_or(f64::NAN, |p| p.perplexity);
     let mut out = Vec::new();
     let lost: Vec<String> = s
@@ -607,14 +850,36 @@ pub fn findings(s: &FrontierStudy) -> Vec<Finding> {
             as f64
             / (2.0 * 2.0 * s.head_dim as f64);
         let dppl = p.perplexity / base - 1.0;
+        // On a windowed model the local rings are the same in every configuration: the
+        // 4096-token target is about the layers the cache serves.
+        let (long, which) = match p.global_long_ratio {
+            Some(g) => (g, " (global layers)"),
+            None => (p.long_ratio, ""),
+        };
         out.push(Finding::new(
             "frontier-bitmask-half-k",
             "SWAN bitmask, best 8-bit values, k = d_h/2, b = 128: ≤ 0.36 × f16 per sparse token, ≤ 0.40 × f16 for a 4096-token cache, ≤ +0.5 % perplexity",
-            sparse <= 0.36 && p.long_ratio <= 0.40 && dppl <= 0.005,
-            format!("{}: {:.3} × f16 per sparse token, {:.3} × f16 at 4096 tokens, {} perplexity", p.label, sparse, p.long_ratio, pct(dppl, 2)),
+            sparse <= 0.36 && long <= 0.40 && dppl <= 0.005,
+            format!("{}: {:.3} × f16 per sparse token, {:.3} × f16 at 4096 tokens{which}, {} perplexity", p.label, sparse, long, pct(dppl, 2)),
         ));
     }
     let ext = |ty: &str| s.external.rows.iter().find(|(t, _)| t == ty).map(|r| r.1);
+    if let (Some(f16), Some(ours), Some(same)) =
+        (ext("f16"), s.dense_f16(), s.dense_f16_llamacpp_positions)
+    {
+        let diff = same / f16 - 1.0;
+        out.push(Finding::new(
+            "frontier-llamacpp-dense",
+            "kvtide's dense f16 perplexity is within 1.5 % of llama.cpp's (f16 KV, F32 weights) on the same windows and scored positions",
+            diff.abs() <= 0.015,
+            format!(
+                "kvtide {same:.4} vs llama.cpp {f16:.4}: {} (kvtide over all its scored positions: {:.4}, {})",
+                pct(diff, 2),
+                ours.perplexity,
+                pct(ours.perplexity / f16 - 1.0, 2)
+            ),
+        ));
+    }
     if let (Some(f16), Some(q8), Some(q4)) = (ext("f16"), ext("q8_0"), ext("q4_0")) {
         let ours = |l: &str| s.find(l).map(|p| p.perplexity / base - 1.0);
         if let (Some(i8), Some(i4)) =
@@ -634,7 +899,7 @@ pub fn findings(s: &FrontierStudy) -> Vec<Finding> {
 
 /// The enforced check: every configuration's measured bytes equal its formula, and every
 /// perplexity is finite.
-pub fn formula_bytes(s: &FrontierStudy) -> Check {
+pub fn formula_bytes(s: &FrontierStudy, leg: &Leg) -> Check {
     let bad: Vec<String> = s
         .points
         .iter()
@@ -648,9 +913,109 @@ pub fn formula_bytes(s: &FrontierStudy) -> Check {
             )
         })
         .collect();
+    let name = "frontier: every format's held bytes equal its formula; perplexities finite";
     Check::new(
-        "frontier: every format's held bytes equal its formula; perplexities finite",
+        &if leg.tag.is_empty() { name.to_owned() } else { format!("{} ({})", name, leg.title) },
         bad.is_empty(),
         format!("{} configurations; mismatches: {bad:?}", s.points.len()),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_gemma_file_is_a_printed_skip() {
+        let dir = std::env::temp_dir().join(format!("kvtide-legs-{}", std::process::id()));
+        let (primary, gemma) = (dir.join("smollm2.gguf"), dir.join("gemma-3-270m-q4_k_m.gguf"));
+        let legs = legs(&primary, &gemma, false);
+        assert_eq!(legs.len(), 2);
+        assert_eq!((legs[0].tag, legs[0].model.as_ref().ok()), ("", Some(&primary)));
+        let line = legs[1].skip_line().expect("a skip line");
+        assert!(line.starts_with("frontier: the Gemma 3 270M leg is skipped: "), "{line}");
+        assert!(line.contains("scripts/setup.sh gemma"), "{line}");
+        let only = legs_only_further(&primary, &gemma);
+        assert_eq!(only.len(), 1);
+        assert!(only[0].model.is_err());
+    }
+
+    fn legs_only_further(primary: &Path, gemma: &Path) -> Vec<Leg> {
+        legs(primary, gemma, true)
+    }
+
+    #[test]
+    fn a_present_gemma_file_joins_and_names_its_tables() {
+        let dir = std::env::temp_dir().join(format!("kvtide-legs-present-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let gemma = dir.join("gemma-3-270m-q4_k_m.gguf");
+        std::fs::write(&gemma, b"not read").expect("write");
+        let legs = legs(&dir.join("smollm2.gguf"), &gemma, false);
+        assert_eq!(legs[1].model.as_ref().ok(), Some(&gemma));
+        assert_eq!(legs[1].skip_line(), None);
+        let (tables, plots) = expected(&legs[1]);
+        assert!(tables.contains(&"frontier_points_gemma3".to_owned()), "{tables:?}");
+        assert_eq!(plots, ["frontier_ppl_vs_bytes_gemma3"]);
+        assert_eq!(expected(&legs[0]).1, ["frontier_ppl_vs_bytes"]);
+        // The Gemma file as the run's own model: one leg, no duplicate.
+        let own = super::legs(&gemma, &gemma, true);
+        assert_eq!(own.len(), 1);
+        assert_eq!(own[0].tag, "");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// Gemma 3 270M: 15 local layers with 512-position rings, 3 global, one kv head, d = 256.
+    fn gemma() -> ByteModel {
+        ByteModel {
+            head_dim: 256,
+            kv_heads: 1,
+            global_heads: 3,
+            local: Some(LocalLayers { layers: 15, global_layers: 3, window: 512 }),
+        }
+    }
+
+    #[test]
+    fn windowed_budgets_count_the_rings_and_the_global_layers() {
+        let bm = gemma();
+        // The rings after 767 positions (the measured figure of the Gemma SWAN check).
+        assert_eq!(bm.ring_bytes(767), 7_864_320);
+        assert_eq!(bm.ring_bytes(100), 15 * 2 * 100 * 256 * 2);
+        let f16 = FrontierRun::dense("f16", "none");
+        assert_eq!(bm.dense_f16(767), 3 * 2 * 767 * 2 * 256 + 7_864_320);
+        assert_eq!(bm.bytes(&f16, 767), bm.dense_f16(767));
+        assert_eq!(bm.ratio(&f16, LONG_CACHE), 1.0);
+        assert_eq!(bm.global_ratio(&f16, LONG_CACHE), Some(1.0));
+        // SWAN at k = d_h with u8 indices and f16 values: larger than f16 on the global layers,
+        // less so once the rings count.
+        let swan = FrontierRun::swan("list", "f16", 256, 128);
+        let (g, all) = (bm.global_ratio(&swan, LONG_CACHE).unwrap_or(0.0), bm.ratio(&swan, 4096));
+        assert!(g > 1.0 && all > 1.0 && all < g, "{g} {all}");
+        // A bitmask row names its components in d/8 = 32 bytes.
+        let (list, mask) =
+            (FrontierRun::swan("list", "int8", 64, 0), FrontierRun::swan("bitmask", "int8", 64, 0));
+        let per = |r: &FrontierRun| r.head_bytes(256, 1000) as f64;
+        assert!((per(&list) - per(&mask)) / 2000.0 - (64.0 - 32.0) < 0.1);
+        // u8-list fp8 rows page as CSR: 255 rows a block at d = 256 (3 blocks for 639 rows),
+        // where a coded store of full int8 rows holds 127 (6 blocks).
+        let (fp8, int8) = (
+            FrontierRun::swan("list", "fp8", 256, 128),
+            FrontierRun::swan("list", "int8", 256, 128),
+        );
+        let sparse = |r: &FrontierRun, per_row: usize| {
+            r.head_bytes(256, 767) - 2 * 128 * 2 * 256 - 639 * 2 * per_row
+        };
+        assert_eq!(sparse(&fp8, 256 + 256 + 2), 2 * 3 * 8);
+        assert_eq!(sparse(&int8, 256 + 256 + 2 + 2), 2 * 6 * 8);
+    }
+
+    #[test]
+    fn without_local_layers_the_budget_is_the_per_head_formula() {
+        let bm = ByteModel { head_dim: 64, kv_heads: 3, global_heads: 90, local: None };
+        let run = FrontierRun::dense("int4", "hadamard");
+        assert_eq!(bm.ring_bytes(4096), 0);
+        assert_eq!(bm.global_ratio(&run, LONG_CACHE), None);
+        let per_head = run.head_bytes(64, LONG_CACHE) as f64 / (2 * LONG_CACHE * 2 * 64) as f64;
+        assert!((bm.ratio(&run, LONG_CACHE) - per_head).abs() < 1e-12);
+        assert_eq!(bm.bytes(&run, 1023), 90 * run.head_bytes(64, 1023));
+    }
 }

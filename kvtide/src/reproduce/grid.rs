@@ -478,6 +478,18 @@ impl Plan {
         }
     }
 
+    /// The frontier grid and windows of a model that joins the study besides the run's own
+    /// (Gemma 3): the quick and full sizes as for every model; the reduced size covers
+    /// k ∈ {d_h/8, d_h/4, d_h/2, d_h} at b = 128 on one window of 768 tokens with the second
+    /// half scored (a larger model with a 262 144-row output layer: about as many
+    /// multiply-adds as the reduced SmolLM2 leg).
+    pub fn further_model_frontier(&mut self, head_dim: usize) {
+        if self.size == Size::Reduced {
+            self.frontier = super::frontier::grid(head_dim, &[1, 2, 4, 8], &[128], false);
+            self.frontier_eval = (1, 768, 384);
+        }
+    }
+
     /// The reduced plan: the quick run's texts, most of the full grids.
     fn reduced(head_dim: usize, heads: usize) -> Self {
         let quick = Self::quick(head_dim, heads);

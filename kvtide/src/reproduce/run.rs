@@ -35,6 +35,11 @@ pub struct ReproduceArgs {
     /// study's external check; without it that row is skipped with a printed reason.
     #[arg(long)]
     pub llama_cpp: Option<PathBuf>,
+    /// The frontier study runs on the run's model and on every further model set up (Gemma 3
+    /// 270M once `scripts/setup.sh gemma` fetched it); with this flag, on the further models
+    /// only.
+    #[arg(long)]
+    pub further_models_only: bool,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -66,10 +71,8 @@ fn expected(study: &str) -> (&'static [&'static str], &'static [&'static str]) {
             &["fig1a_premise_per_position", "fig1b_premise_cumulative"],
         ),
         "swan" => (&["swan_main", "swan_projection", "swan_kv_split"], &["swan_ppl_vs_memory"]),
-        "frontier" => (
-            &["frontier_points", "frontier_budgets", "frontier_external"],
-            &["frontier_ppl_vs_bytes"],
-        ),
+        // Per model: the legs that ran (`frontier::expected`).
+        "frontier" => (&[], &[]),
         "wnw" => (
             &["wnw_main", "wnw_runs", "wnw_a1", "wnw_a3", "wnw_runtime"],
             &[
@@ -154,15 +157,62 @@ fn progress(total: usize) -> ProgressBar {
     pb
 }
 
-/// Runs one study and adds its section, findings and checks.
-fn study(
-    name: &str,
+/// The frontier study on one model (one leg): its section, findings, check and record.
+fn frontier_leg(
+    leg: &frontier::Leg,
     llama_cpp: Option<&std::path::Path>,
     ctx: &mut Context,
-    report: &mut Report,
-    findings: &mut Vec<Finding>,
-    checks: &mut Vec<Check>,
+    out: &mut Outputs<'_>,
 ) -> Result<()> {
+    if ctx.model_path().file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {
+        let d = ctx.model.config().head_dim;
+        ctx.plan.further_model_frontier(d);
+    }
+    let s = frontier::run(ctx, llama_cpp)?;
+    let title = if leg.tag.is_empty() {
+        "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
+    } else {
+        format!("Frontier on {}: perplexity vs KV bytes against quantized dense KV", leg.title)
+    };
+    frontier::section(&s, leg, out.report.section(&title));
+    out.findings.extend(frontier::findings(&s, leg));
+    out.checks.push(frontier::formula_bytes(&s, leg));
+    out.report.record(&leg.name("frontier"), &s)?;
+    out.legs.push(leg.clone());
+    Ok(())
+}
+
+/// What the studies add to: the report, findings, checks, and the frontier legs that ran.
+struct Outputs<'a> {
+    report: &'a mut Report,
+    findings: &'a mut Vec<Finding>,
+    checks: &'a mut Vec<Check>,
+    legs: Vec<frontier::Leg>,
+}
+
+/// Runs one study and adds its section, findings and checks.
+fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<'_>) -> Result<()> {
+    let llama_cpp = args.llama_cpp.as_deref();
+    if name == "frontier" {
+        let gemma = crate::paths::gemma_model();
+        for leg in frontier::legs(ctx.model_path(), &gemma, args.further_models_only) {
+            match (&leg.model, leg.tag.is_empty()) {
+                (Err(_), _) => {
+                    let line = leg.skip_line().unwrap_or_default();
+                    ctx.log(&line);
+                    out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
+                }
+                (Ok(_), true) => frontier_leg(&leg, llama_cpp, ctx, out)?,
+                (Ok(path), false) => {
+                    ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
+                    let mut further = ctx.for_model(path)?;
+                    frontier_leg(&leg, llama_cpp, &mut further, out)?;
+                }
+            }
+        }
+        return Ok(());
+    }
+    let (report, findings, checks) = (&mut *out.report, &mut *out.findings, &mut *out.checks);
     match name {
         "memory" => {
             let (plot, table) = memory::figure(&[ctx.model.config().head_dim, 128]);
@@ -190,16 +240,6 @@ fn study(
                 &s.lossless,
             ));
             report.record("swan", &s)?;
-        }
-        "frontier" => {
-            let s = frontier::run(ctx, llama_cpp)?;
-            frontier::section(
-                &s,
-                report.section("Frontier: perplexity vs KV bytes against quantized dense KV"),
-            );
-            findings.extend(frontier::findings(&s));
-            checks.push(frontier::formula_bytes(&s));
-            report.record("frontier", &s)?;
         }
         "wnw" => {
             let s = wnw_study::run(ctx)?;
@@ -240,11 +280,15 @@ fn study(
     Ok(())
 }
 
-/// Every expected table has rows and every expected figure has a line.
-fn completeness(report: &Report, studies: &[&str]) -> Check {
+/// Every expected table has rows and every expected figure has a line (the frontier's for
+/// each of its `legs` that ran).
+fn completeness(report: &Report, studies: &[&str], legs: &[frontier::Leg]) -> Check {
+    let owned = |x: &[&str]| x.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let mut names: Vec<(Vec<String>, Vec<String>)> =
+        studies.iter().map(|s| (owned(expected(s).0), owned(expected(s).1))).collect();
+    names.extend(legs.iter().map(frontier::expected));
     let mut missing = Vec::new();
-    for s in studies {
-        let (tables, plots) = expected(s);
+    for (tables, plots) in &names {
         for t in tables {
             if !report.tables().any(|x| x.name == *t && !x.rows.is_empty()) {
                 missing.push(format!("table {t}"));
@@ -256,7 +300,7 @@ fn completeness(report: &Report, studies: &[&str]) -> Check {
             }
         }
     }
-    let n: usize = studies.iter().map(|s| expected(s).0.len() + expected(s).1.len()).sum();
+    let n: usize = names.iter().map(|(t, p)| t.len() + p.len()).sum();
     Check::new(
         "every reported table and figure is present and non-empty",
         missing.is_empty(),
@@ -293,15 +337,22 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     let unix_start = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
+    let mut out = Outputs {
+        report: &mut report,
+        findings: &mut findings,
+        checks: &mut checks,
+        legs: Vec::new(),
+    };
     for name in &studies {
         ctx.tick(name);
         let t0 = ctx.elapsed();
-        study(name, args.llama_cpp.as_deref(), &mut ctx, &mut report, &mut findings, &mut checks)?;
+        study(name, args, &mut ctx, &mut out)?;
         times.push(((*name).to_owned(), ctx.elapsed() - t0));
         ctx.log(&format!("{name}: done in {:.0} s", ctx.elapsed() - t0));
     }
+    let legs = out.legs;
     pb.finish_and_clear();
-    checks.push(completeness(&report, &studies));
+    checks.push(completeness(&report, &studies, &legs));
     let (cpu, cores, memory_gib) = machine();
     let info = RunInfo {
         command: std::env::args().collect::<Vec<_>>().join(" "),
@@ -327,10 +378,11 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     report.record("run", &info)?;
     report.record("findings", &findings)?;
     report.record("checks", &checks)?;
-    let heading = format!(
-        "kvtide reproduce — SWAN and WnW on SmolLM2-135M-Instruct ({})",
-        args.size().name()
-    );
+    let heading = if args.further_models_only {
+        format!("kvtide reproduce — the frontier study on further models ({})", args.size().name())
+    } else {
+        format!("kvtide reproduce — SWAN and WnW on SmolLM2-135M-Instruct ({})", args.size().name())
+    };
     let written = report.write(&args.out, &heading)?;
     let unwritten: Vec<String> = written
         .files
