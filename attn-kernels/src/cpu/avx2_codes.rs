@@ -1,5 +1,7 @@
-//! AVX2 + FMA + F16C kernels over byte-coded rows (x86-64), same contracts as the portable
-//! ones in [`super::codes`], which also describes the layouts.
+//! AVX2 + FMA + F16C kernels over byte-coded rows (x86-64) — SWAN's sparse-dense products
+//! (method section) over placed bitmask rows, and the dense 8- and 4-bit baselines — with
+//! the same contracts as the portable ones in [`super::codes`], which also describes the
+//! layouts.
 //!
 //! Codes are widened eight at a time in registers: fp8 through the f16 converter
 //! ([`fp8x8_unscaled`]), `i8` by sign extension and one integer-to-float conversion,
