@@ -8,52 +8,24 @@
 //! `cargo bench -p attn-kernels --bench formats` (single-threaded); `ATTN_BENCH_THREADS=2`
 //! for two threads, `ATTN_BENCH_QUICK=1` for a short smoke run (d = 64, L = 4k).
 
+mod common;
+
 use std::time::Duration;
 
-use attn_kernels::synth;
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, QuantKv};
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use attn_kernels::{CpuAttention, EncodedAttention, QuantKv, synth};
+use common::{BUFFER, KV_HEADS, Q_HEADS};
+use criterion::{Criterion, criterion_group, criterion_main};
 use half::f16;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int8Values, ValueCode};
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
 
-const Q_HEADS: usize = 32;
-const KV_HEADS: usize = 8;
-const BUFFER: usize = 128;
-
-fn quick() -> bool {
-    std::env::var_os("ATTN_BENCH_QUICK").is_some()
-}
+/// Seed offset of the synthetic keys and values.
+const SEED: u64 = 11;
 
 fn grid() -> (Vec<usize>, Vec<usize>) {
-    if quick() { (vec![64], vec![4096]) } else { (vec![64, 128], vec![4096, 32768]) }
-}
-
-fn keys_values(len: usize, d: usize, h: u64) -> (Vec<f32>, Vec<f32>) {
-    (synth::values(len * d, 2 * h + 11), synth::values(len * d, 2 * h + 12))
-}
-
-fn dense_f16(c: &mut Criterion, attn: &mut CpuAttention, d: usize, len: usize, q: &[f32]) {
-    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
-    let data: Vec<(Vec<f16>, Vec<f16>)> = (0..KV_HEADS as u64)
-        .map(|h| {
-            let (k, v) = keys_values(len, d, h);
-            (
-                k.iter().map(|&x| f16::from_f32(x)).collect(),
-                v.iter().map(|&x| f16::from_f32(x)).collect(),
-            )
-        })
-        .collect();
-    let kv: Vec<DenseKv<'_, f16>> = data.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
-    let mut out = vec![0.0; cfg.q_len()];
-    let mut g = c.benchmark_group(format!("dense_f16_d{d}"));
-    g.throughput(Throughput::Bytes((2 * KV_HEADS * len * d * 2) as u64));
-    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
-        b.iter(|| attn.dense(&cfg, q, &kv, &mut out).expect("decode"))
-    });
-    g.finish();
+    if common::quick() { (vec![64], vec![4096]) } else { (vec![64, 128], vec![4096, 32768]) }
 }
 
 fn quant<C: DenseCodec>(
@@ -63,7 +35,7 @@ fn quant<C: DenseCodec>(
     q: &[f32],
     label: &str,
 ) {
-    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
+    let cfg = common::layout(d);
     let rows = |x: &[f32]| {
         let mut r = QuantRows::<C>::new(d).expect("head_dim");
         r.push(x).expect("finite rows");
@@ -71,7 +43,7 @@ fn quant<C: DenseCodec>(
     };
     let heads: Vec<(QuantRows<C>, QuantRows<C>)> = (0..KV_HEADS as u64)
         .map(|h| {
-            let (k, v) = keys_values(len, d, h);
+            let (k, v) = common::keys_values(len, d, h, SEED);
             (rows(&k), rows(&v))
         })
         .collect();
@@ -80,12 +52,9 @@ fn quant<C: DenseCodec>(
     let kv: Vec<QuantKv<'_, C>> =
         heads.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
     let mut out = vec![0.0; cfg.q_len()];
-    let mut g = c.benchmark_group(format!("dense_{label}_d{d}"));
-    g.throughput(Throughput::Bytes(bytes as u64));
-    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
-        b.iter(|| attn.quantized(&cfg, q, &kv, &mut out).expect("decode"))
+    common::time_step(c, format!("dense_{label}_d{d}"), len, bytes, || {
+        attn.quantized(&cfg, q, &kv, &mut out).expect("decode")
     });
-    g.finish();
 }
 
 fn bitmask<Y: ValueCode>(
@@ -95,36 +64,31 @@ fn bitmask<Y: ValueCode>(
     q: &[f32],
     label: &str,
 ) {
-    let cfg = AttnConfig::new(Q_HEADS, KV_HEADS, d).expect("layout");
+    let cfg = common::layout(d);
     let k = d / 2;
     let caches: Vec<CodedHybridCache<Bitmask, Y, f16>> = (0..KV_HEADS as u64)
         .map(|h| {
             let hc = HybridConfig::new(d, BUFFER, k).for_store::<CodedStore<Bitmask, Y>>();
             let mut cache = CodedHybridCache::<Bitmask, Y, f16>::new(hc).expect("config");
-            let (keys, values) = keys_values(len, d, h);
+            let (keys, values) = common::keys_values(len, d, h, SEED);
             cache.extend(&keys, &values).expect("finite rows");
             cache
         })
         .collect();
     let bytes: usize = caches.iter().map(|c| c.memory().held_bytes()).sum();
     let mut out = vec![0.0; cfg.q_len()];
-    let mut g = c.benchmark_group(format!("bitmask_{label}_d{d}_k{k}"));
-    g.throughput(Throughput::Bytes(bytes as u64));
-    g.bench_with_input(BenchmarkId::from_parameter(len), &len, |b, _| {
-        b.iter(|| attn.coded_hybrid(&cfg, q, &caches, &mut out).expect("decode"))
+    common::time_step(c, format!("bitmask_{label}_d{d}_k{k}"), len, bytes, || {
+        attn.coded_hybrid(&cfg, q, &caches, &mut out).expect("decode")
     });
-    g.finish();
 }
 
 fn formats(c: &mut Criterion) {
-    let threads =
-        std::env::var("ATTN_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let mut attn = CpuAttention::new(threads).expect("thread pool");
+    let mut attn = common::attention();
     let (dims, lens) = grid();
     for d in dims {
         let q = synth::values(Q_HEADS * d, 1);
         for &len in &lens {
-            dense_f16(c, &mut attn, d, len, &q);
+            common::dense_f16(c, &mut attn, (d, len), &q, SEED);
             quant::<Int8Blocks>(c, &mut attn, (d, len), &q, "int8");
             quant::<Int4Blocks>(c, &mut attn, (d, len), &q, "int4");
             quant::<Fp8Rows>(c, &mut attn, (d, len), &q, "fp8");
@@ -135,16 +99,7 @@ fn formats(c: &mut Criterion) {
 }
 
 fn config() -> Criterion {
-    let c = Criterion::default().configure_from_args();
-    if quick() {
-        c.sample_size(10)
-            .warm_up_time(Duration::from_millis(100))
-            .measurement_time(Duration::from_millis(300))
-    } else {
-        c.sample_size(10)
-            .warm_up_time(Duration::from_millis(300))
-            .measurement_time(Duration::from_secs(1))
-    }
+    common::config(10, Duration::from_millis(300), Duration::from_secs(1))
 }
 
 criterion_group! {
