@@ -232,6 +232,18 @@ pub struct BenchArgs {
     /// Output is always one JSON object; accepted for symmetry with the other commands.
     #[arg(long)]
     json: bool,
+    /// Head dimensions to time instead of the grid's (comma-separated, e.g. `64,128`).
+    #[arg(long, value_delimiter = ',')]
+    head_dims: Option<Vec<usize>>,
+    /// Cache lengths to time instead of the grid's (comma-separated tokens).
+    #[arg(long, value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
+    /// Thread counts instead of the grid's (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Interleaved timing rounds instead of the grid's (each figure is the best round).
+    #[arg(long)]
+    rounds: Option<usize>,
 }
 
 /// Runs `kvtide bench-attn` (`crate::bench_attn`).
@@ -240,6 +252,13 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         crate::bench_attn::BenchAttnOptions::quick()
     } else {
         crate::bench_attn::BenchAttnOptions::full()
+    };
+    let opts = crate::bench_attn::BenchAttnOptions {
+        head_dims: a.head_dims.clone().unwrap_or(opts.head_dims),
+        lengths: a.lengths.clone().unwrap_or(opts.lengths),
+        threads: a.threads.clone().unwrap_or(opts.threads),
+        rounds: a.rounds.unwrap_or(opts.rounds),
+        ..opts
     };
     let spinner = crate::cli::common::spinner("bench-attn: timing kernels");
     let out = crate::bench_attn::run(&opts);
