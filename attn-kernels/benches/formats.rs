@@ -3,7 +3,9 @@
 //! with a per-token scale, and SWAN hybrid caches with bitmask rows (fp8 or int8 values,
 //! k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
 //! L ∈ {4k, 32k}. `Throughput::Bytes` is the bytes each step reads as stored (scales,
-//! masks, offsets and block bases included), so criterion reports bandwidth.
+//! masks, offsets and block bases included), so criterion reports bandwidth. On CPUs with
+//! AVX-512 VBMI2 the bitmask rows are also timed with the AVX2 placement (`…_pshufb`), so
+//! the two placements compare in one run.
 //!
 //! `cargo bench -p attn-kernels --bench formats` (single-threaded); `ATTN_BENCH_THREADS=2`
 //! for two threads, `ATTN_BENCH_QUICK=1` for a short smoke run (d = 64, L = 4k).
@@ -12,7 +14,7 @@ mod common;
 
 use std::time::Duration;
 
-use attn_kernels::{CpuAttention, EncodedAttention, QuantKv, synth};
+use attn_kernels::{CpuAttention, EncodedAttention, Isa, QuantKv, synth};
 use common::{BUFFER, KV_HEADS, Q_HEADS};
 use criterion::{Criterion, criterion_group, criterion_main};
 use half::f16;
@@ -84,6 +86,9 @@ fn bitmask<Y: ValueCode>(
 
 fn formats(c: &mut Criterion) {
     let mut attn = common::attention();
+    // Where bitmask rows are placed by AVX-512 VBMI2, the AVX2 placement runs beside it.
+    let mut shuffled = (attn.isa() == Isa::Avx2Vbmi2)
+        .then(|| common::attention().with_isa(Isa::Avx2).expect("AVX2 under AVX-512"));
     let (dims, lens) = grid();
     for d in dims {
         let q = synth::values(Q_HEADS * d, 1);
@@ -94,6 +99,10 @@ fn formats(c: &mut Criterion) {
             quant::<Fp8Rows>(c, &mut attn, (d, len), &q, "fp8");
             bitmask::<Elems<Fp8E4M3>>(c, &mut attn, (d, len), &q, "fp8");
             bitmask::<Int8Values>(c, &mut attn, (d, len), &q, "int8");
+            if let Some(a) = &mut shuffled {
+                bitmask::<Elems<Fp8E4M3>>(c, a, (d, len), &q, "fp8_pshufb");
+                bitmask::<Int8Values>(c, a, (d, len), &q, "int8_pshufb");
+            }
         }
     }
 }

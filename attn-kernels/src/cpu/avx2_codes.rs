@@ -350,11 +350,37 @@ fn load_codes<const N: usize>(src: &[u8], pos: usize) -> __m128i {
     unsafe { _mm_loadu_si128(tail.as_ptr().cast()) }
 }
 
+/// The tile form of [`place_masked`] (see `Kernels::place_bitmask_rows`): one call per
+/// tile, the scale converted by F16C, every row placed by the inlined shuffle loop.
+#[target_feature(enable = "avx2,fma,f16c,popcnt")]
+pub(super) fn place_bitmask_rows(
+    bytes: &[u8],
+    starts: &[usize],
+    d: usize,
+    scale_bytes: usize,
+    factor: f32,
+    out: &mut [u8],
+    scales: &mut [f32],
+) {
+    use super::codes::{bitmask_row, bitmask_scale};
+    for ((&start, o), sc) in starts.iter().zip(out.chunks_exact_mut(d)).zip(scales) {
+        let Some((mask, at, any)) = bitmask_row(bytes, start, d, scale_bytes) else {
+            o.fill(0);
+            *sc = factor;
+            continue;
+        };
+        place_masked(mask, bytes, at, o);
+        let f16 = |b: [u8; 2]| f16_bits(u16::from_le_bytes(b));
+        *sc = bitmask_scale(bytes, at, scale_bytes, any, f16) * factor;
+    }
+}
+
 /// Places two mask bytes (16 components) per shuffle: the second byte's pattern is
 /// offset by the first byte's popcount (its unkept lanes stay ≥ `0x80`, so zero). When
 /// every load of the row stays inside `src` (the usual case: later rows follow), the loop
 /// runs without a bounds test per load.
 #[target_feature(enable = "avx2,fma,f16c,popcnt")]
+#[inline]
 pub(super) fn place_masked(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
     // A row's codes never extend past `at + 8 · mask.len()`.
     let inside = at.checked_add(8 * mask.len() + 16).is_some_and(|end| end <= src.len());

@@ -192,7 +192,113 @@ impl Kernels {
     /// beyond `src` read as zero (only a malformed row reaches them).
     pub fn place_masked(self, mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
         assert_eq!(out.len(), 8 * mask.len(), "placed row length");
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.vbmi2()
+        {
+            // SAFETY: a token with `vbmi2` exists only after `Isa::Avx2Vbmi2.is_available()`
+            // returned true, so the CPU supports AVX-512 F + BW + VBMI2 and POPCNT.
+            return unsafe { super::avx512_codes::place_masked(mask, src, at, out) };
+        }
         dispatch_codes!(self, place_masked(mask, src, at, out))
+    }
+
+    /// Places the bitmask rows of `bytes` that start at `starts` (each: `d/8` mask bytes,
+    /// an f16 scale of `scale_bytes` (0 or 2) bytes when the mask keeps any component, the
+    /// kept codes) into `out` (`d` codes per row, as [`Kernels::place_masked`] places one),
+    /// and writes row `t`'s scale (1 without one) times `factor` into `scales[t]`. A row
+    /// whose mask lies past `bytes` (only a malformed view has one) places as zeros.
+    #[allow(clippy::too_many_arguments)]
+    pub fn place_bitmask_rows(
+        self,
+        bytes: &[u8],
+        starts: &[usize],
+        d: usize,
+        scale_bytes: usize,
+        factor: f32,
+        out: &mut [u8],
+        scales: &mut [f32],
+    ) {
+        assert!(
+            d.is_multiple_of(8) && (scale_bytes == 0 || scale_bytes == 2),
+            "bitmask row layout"
+        );
+        assert!(out.len() >= starts.len() * d && scales.len() >= starts.len(), "placed rows");
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.vbmi2()
+        {
+            // SAFETY: a token with `vbmi2` exists only after `Isa::Avx2Vbmi2.is_available()`
+            // returned true, so the CPU supports AVX-512 F + BW + VBMI2, F16C and POPCNT.
+            return unsafe {
+                super::avx512_codes::place_bitmask_rows(
+                    bytes,
+                    starts,
+                    d,
+                    scale_bytes,
+                    factor,
+                    out,
+                    scales,
+                )
+            };
+        }
+        dispatch_codes!(
+            self,
+            place_bitmask_rows(bytes, starts, d, scale_bytes, factor, out, scales)
+        )
+    }
+}
+
+fn place_bitmask_rows(
+    bytes: &[u8],
+    starts: &[usize],
+    d: usize,
+    scale_bytes: usize,
+    factor: f32,
+    out: &mut [u8],
+    scales: &mut [f32],
+) {
+    for ((&start, o), sc) in starts.iter().zip(out.chunks_exact_mut(d)).zip(scales) {
+        let Some((mask, at, any)) = bitmask_row(bytes, start, d, scale_bytes) else {
+            o.fill(0);
+            *sc = factor;
+            continue;
+        };
+        place_masked(mask, bytes, at, o);
+        let f16 = |b| half::f16::from_le_bytes(b).to_f32();
+        *sc = bitmask_scale(bytes, at, scale_bytes, any, f16) * factor;
+    }
+}
+
+/// The parts of the bitmask row at `start` of `bytes` (`d/8` mask bytes, then an f16
+/// scale of `scale_bytes` (0 or 2) bytes when the mask keeps any component, then the kept
+/// codes): its mask (`None` past the buffer), the offset of its first code, and whether it
+/// keeps any component.
+#[inline]
+pub(crate) fn bitmask_row(
+    bytes: &[u8],
+    start: usize,
+    d: usize,
+    scale_bytes: usize,
+) -> Option<(&[u8], usize, bool)> {
+    let mask = bytes.get(start..start.checked_add(d / 8)?)?;
+    let any = mask.iter().any(|&m| m != 0);
+    Some((mask, start + d / 8 + scale_bytes, any))
+}
+
+/// The f16 scale of a bitmask row whose codes start at `codes_at` (1 without one, or for a
+/// row that keeps nothing, whose zeros must stay zeros).
+#[inline]
+pub(crate) fn bitmask_scale(
+    bytes: &[u8],
+    codes_at: usize,
+    scale_bytes: usize,
+    any: bool,
+    f16: impl Fn([u8; 2]) -> f32,
+) -> f32 {
+    match bytes.get(codes_at.wrapping_sub(2)..codes_at) {
+        Some(&[a, b]) if any && scale_bytes == 2 => f16([a, b]),
+        _ => 1.0,
     }
 }
 
@@ -303,6 +409,76 @@ mod tests {
                     let mut want = [0xffu8; 24];
                     place_masked(&mask, &src, at, &mut want);
                     assert_eq!(got, want, "{isa} mask {m:#04x} at {at}");
+                }
+            }
+        }
+    }
+
+    /// Tiles of bitmask rows placed at once equal rows placed one by one: rows that keep
+    /// nothing (their scale is 1 even where the next bytes spell an f16 NaN), rows with and
+    /// without a scale, and a start past the buffer (zeros).
+    #[test]
+    fn placing_a_tile_of_bitmask_rows_matches_row_by_row() {
+        let d = 24;
+        // Row 0 keeps 3 codes, row 1 nothing (followed by 0x7e 0x7f: an f16 NaN), row 2 two.
+        let mut bytes = vec![0b1000_0001, 0, 0b0001_0000, 0x00, 0x3c, 7, 8, 9];
+        bytes.extend([0, 0, 0, 0xff, 0x7f]);
+        bytes.extend([0, 0b0000_0011, 0, 0x00, 0x40, 5, 6]);
+        let starts = [0, 8, 13, 400];
+        for isa in crate::Isa::available() {
+            let k = Kernels::new(isa).expect("available");
+            for scale_bytes in [0, 2] {
+                let mut out = vec![0xeeu8; starts.len() * d];
+                let mut scales = [0.0f32; 4];
+                k.place_bitmask_rows(&bytes, &starts, d, scale_bytes, 0.5, &mut out, &mut scales);
+                for (t, &start) in starts.iter().enumerate() {
+                    let mut want = vec![0u8; d];
+                    let mut scale = 1.0;
+                    if let Some(mask) = bytes.get(start..start + d / 8) {
+                        place_masked(mask, &bytes, start + d / 8 + scale_bytes, &mut want);
+                        if scale_bytes == 2 && mask.iter().any(|&m| m != 0) {
+                            let b = [bytes[start + 3], bytes[start + 4]];
+                            scale = half::f16::from_le_bytes(b).to_f32();
+                        }
+                    }
+                    let got = &out[t * d..(t + 1) * d];
+                    assert_eq!(got, &want[..], "{isa}: row {t}, scale bytes {scale_bytes}");
+                    assert_eq!(scales[t], scale * 0.5, "{isa}: scale of row {t}");
+                }
+            }
+        }
+    }
+
+    /// Rows of every mask length up to 33 bytes (d = 264: whole 64-component chunks and
+    /// every tail), random masks, codes that run past `src` at every cut.
+    #[test]
+    fn placing_long_masks_matches_the_scalar_rule() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for isa in crate::Isa::available() {
+            let k = Kernels::new(isa).expect("available");
+            for bytes in 1..=33usize {
+                for trial in 0..24 {
+                    let mask: Vec<u8> = (0..bytes).map(|_| next() as u8).collect();
+                    let kept: usize = mask.iter().map(|m| m.count_ones() as usize).sum();
+                    let at = (next() % 5) as usize;
+                    // Full rows, rows cut at a random code, and a source shorter than `at`.
+                    let len = match trial % 3 {
+                        0 => at + kept + 64,
+                        1 => at + (next() as usize % (kept + 1)),
+                        _ => at / 2,
+                    };
+                    let src: Vec<u8> = (0..len).map(|i| (i % 251 + 1) as u8).collect();
+                    let mut got = vec![0xa5u8; 8 * bytes];
+                    k.place_masked(&mask, &src, at, &mut got);
+                    let mut want = vec![0x5au8; 8 * bytes];
+                    place_masked(&mask, &src, at, &mut want);
+                    assert_eq!(got, want, "{isa}: {bytes} mask bytes, at {at}, src {len}");
                 }
             }
         }

@@ -2,14 +2,20 @@
 //!
 //! The decode kernels (SWAN's sparse-dense products, method section; dense attention as
 //! the baseline) have an AVX2 + FMA + F16C (+ POPCNT) implementation and a portable one with the same
-//! results up to the [`crate::accuracy`] tolerances. [`Isa::detect`] picks the best one
-//! this CPU supports; [`Isa::Portable`] can be forced for comparisons and tests.
+//! results up to the [`crate::accuracy`] tolerances; on CPUs with AVX-512 VBMI2 the AVX2
+//! kernels place bitmask rows with its byte expansion instead of byte shuffles (the same
+//! bytes either way). [`Isa::detect`] picks the best one this CPU supports; a slower one can
+//! be forced for comparisons and tests.
 
 use std::fmt;
 
 /// An instruction set the optimized CPU kernels can run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Isa {
+    /// [`Isa::Avx2`]'s kernels, with bitmask rows placed by AVX-512 VBMI2's masked byte
+    /// expansion (`vpexpandb`: 64 components per instruction; needs AVX-512 F and BW too).
+    Avx2Vbmi2,
     /// x86-64 AVX2 with FMA and F16C (f16 → f32 conversion in hardware).
     Avx2,
     /// Plain Rust, any target.
@@ -25,7 +31,7 @@ impl Isa {
     /// assert!(isa.is_available());
     /// ```
     pub fn detect() -> Self {
-        if Self::Avx2.is_available() { Self::Avx2 } else { Self::Portable }
+        Self::available().next().unwrap_or(Self::Portable)
     }
 
     /// Whether this CPU can run kernels built for `self`.
@@ -39,20 +45,28 @@ impl Isa {
                     && std::arch::is_x86_feature_detected!("f16c")
                     && std::arch::is_x86_feature_detected!("popcnt")
             }
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2Vbmi2 => {
+                Self::Avx2.is_available()
+                    && std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vbmi2")
+            }
             #[cfg(not(target_arch = "x86_64"))]
-            Self::Avx2 => false,
+            Self::Avx2 | Self::Avx2Vbmi2 => false,
         }
     }
 
     /// Every instruction set this CPU supports (fastest first).
     pub fn available() -> impl Iterator<Item = Self> {
-        [Self::Avx2, Self::Portable].into_iter().filter(|i| i.is_available())
+        [Self::Avx2Vbmi2, Self::Avx2, Self::Portable].into_iter().filter(|i| i.is_available())
     }
 }
 
 impl fmt::Display for Isa {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::Avx2Vbmi2 => "avx2+fma+f16c+avx512vbmi2",
             Self::Avx2 => "avx2+fma+f16c",
             Self::Portable => "portable",
         })

@@ -31,7 +31,7 @@ use super::segment::{
     Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, scaled_queries,
     sparse_segment, transpose_in, transpose_out, transposed_queries,
 };
-use super::tile::{Kernels, TILE, prefetch};
+use super::tile::{Kernels, TILE, prefetch, prefetch_from};
 use crate::views::{
     CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
 };
@@ -411,6 +411,19 @@ impl<'v, 'a, X: IndexCode, Y: ValueCode> RowWalk<'v, 'a, X, Y> {
         Self { view, block: j / rpb, local: j % rpb, j }
     }
 
+    /// Where the next row starts in `view.bytes()` (a bitmask row's length follows from its
+    /// mask, so its end is not needed).
+    fn next_start(&mut self) -> usize {
+        let v = self.view;
+        let start = v.block_bases()[self.block] as usize + usize::from(v.offsets()[self.j]);
+        self.j += 1;
+        self.local += 1;
+        if self.local == v.rows_per_block() {
+            (self.local, self.block) = (0, self.block + 1);
+        }
+        start
+    }
+
     /// The bytes of the next row (index part, then value part), relative to
     /// `view.bytes()`, and its number of kept entries.
     fn next_row(&mut self) -> (std::ops::Range<usize>, usize) {
@@ -495,18 +508,36 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let (mut kw, mut vw) = (RowWalk::at(keys, range.start), RowWalk::at(values, range.start));
     let ahead = (range.start + TILE).min(range.end);
     let (mut ka, mut va) = (RowWalk::at(keys, ahead), RowWalk::at(values, ahead));
+    let bitmask = X::KIND == IndexKind::Bitmask;
+    let (mut kst, mut vst) = ([0usize; TILE], [0usize; TILE]);
     let mut r = range.start;
     while r < range.end {
         let n = TILE.min(range.end - r);
         for _ in r + n..(r + 2 * n).min(range.end) {
-            prefetch(&keys.bytes()[ka.next_row().0]);
-            prefetch(&values.bytes()[va.next_row().0]);
+            if bitmask {
+                // As many bytes as the longest row holds (mask, scale, every code).
+                let most = d / 8 + Y::SCALE_BYTES + d;
+                prefetch_from(keys.bytes(), ka.next_start(), most);
+                prefetch_from(values.bytes(), va.next_start(), most);
+            } else {
+                prefetch(&keys.bytes()[ka.next_row().0]);
+                prefetch(&values.bytes()[va.next_row().0]);
+            }
         }
-        let kc = kcode[..n * d].chunks_exact_mut(d);
-        let vc = vcode[..n * d].chunks_exact_mut(d);
-        for (t, (ko, vo)) in kc.zip(vc).enumerate() {
-            ks[t] = place(k, keys, kw.next_row(), sk, ko);
-            vs[t] = place(k, values, vw.next_row(), sv, vo);
+        if bitmask {
+            for t in 0..n {
+                (kst[t], vst[t]) = (kw.next_start(), vw.next_start());
+            }
+            let sb = Y::SCALE_BYTES;
+            k.place_bitmask_rows(keys.bytes(), &kst[..n], d, sb, sk, kcode, &mut ks);
+            k.place_bitmask_rows(values.bytes(), &vst[..n], d, sb, sv, vcode, &mut vs);
+        } else {
+            let kc = kcode[..n * d].chunks_exact_mut(d);
+            let vc = vcode[..n * d].chunks_exact_mut(d);
+            for (t, (ko, vo)) in kc.zip(vc).enumerate() {
+                ks[t] = place(k, keys, kw.next_row(), sk, ko);
+                vs[t] = place(k, values, vw.next_row(), sv, vo);
+            }
         }
         let (mut kr, mut vr) = ([CodeRow::EMPTY; TILE], [CodeRow::EMPTY; TILE]);
         for t in 0..n {

@@ -80,7 +80,17 @@ impl<I> SparseTile<'_, I> {
 /// Proof that this CPU runs AVX2 + FMA + F16C + POPCNT code: only [`Kernels::new`] makes one, after
 /// run-time detection.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Avx2Token(());
+pub(crate) struct Avx2Token {
+    /// The CPU also runs AVX-512 F + BW + VBMI2 code (checked likewise), and it was asked for.
+    vbmi2: bool,
+}
+
+impl Avx2Token {
+    /// Whether bitmask rows may be placed with AVX-512 VBMI2.
+    pub fn vbmi2(self) -> bool {
+        self.vbmi2
+    }
+}
 
 /// The implementation the tile kernels dispatch to.
 #[derive(Clone, Copy, Debug)]
@@ -97,13 +107,17 @@ impl Kernels {
     pub fn new(isa: crate::Isa) -> Option<Self> {
         match isa {
             crate::Isa::Portable => Some(Self::Portable),
-            crate::Isa::Avx2 => isa.is_available().then_some(Self::Avx2(Avx2Token(()))),
+            crate::Isa::Avx2 | crate::Isa::Avx2Vbmi2 => {
+                let vbmi2 = isa == crate::Isa::Avx2Vbmi2;
+                isa.is_available().then_some(Self::Avx2(Avx2Token { vbmi2 }))
+            }
         }
     }
 
     /// The instruction set these kernels use.
     pub fn isa(self) -> crate::Isa {
         match self {
+            Self::Avx2(t) if t.vbmi2 => crate::Isa::Avx2Vbmi2,
             Self::Avx2(_) => crate::Isa::Avx2,
             Self::Portable => crate::Isa::Portable,
         }
@@ -226,6 +240,14 @@ pub(crate) fn prefetch<T>(data: &[T]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// Prefetches the lines of `bytes[at..at + len]` (those inside `bytes`).
+pub(crate) fn prefetch_from(bytes: &[u8], at: usize, len: usize) {
+    let end = at.saturating_add(len).min(bytes.len());
+    if let Some(lines) = bytes.get(at..end) {
+        prefetch(lines);
+    }
 }
 
 /// `acc[i][·] *= factor[·]` over the first `rows` rows, skipped when every factor is 1.
