@@ -9,7 +9,13 @@
 //!   checksums and rows are checked on first use, so this is the time to a usable cache;
 //! * `open+validate_all`: the same, then `validate_all` — every head's CRC-32 and every
 //!   row through the validator its in-memory type uses (what opening cost before per-head
-//!   checks, and what a caller that wants everything checked up front pays).
+//!   checks, and what a caller that wants everything checked up front pays);
+//! * SWAN file only, the time to caches that can keep decoding (every head validated on
+//!   first use): `open+continue copied` copies each head's history and buffer into owned
+//!   stores (`MappedCache::load_coded`); `open+continue mapped` leaves each head's first
+//!   `rows − rows mod 256` history rows in the map and copies the rest and the buffer
+//!   (`CodedHybridCache::from_view_after`), as the `models` SWAN cache does when it
+//!   attends a reopened history where it lies.
 //!
 //! Throughput is the file's bytes per second (for `open` it only reads the metadata, so
 //! compare times, not throughputs).
@@ -102,6 +108,34 @@ fn open_validated(path: &Path) -> MappedCache {
     file
 }
 
+type Swan = CodedHybridCache<Bitmask, Int8Values, f16>;
+
+/// Opens the SWAN file and copies every head into an owned cache.
+fn continue_copied(path: &Path) -> MappedCache {
+    let file = open(path);
+    let heads: Vec<Swan> = (0..LAYERS * KV_HEADS)
+        .map(|h| file.load_coded(h / KV_HEADS, h % KV_HEADS).expect("valid head"))
+        .collect();
+    std::hint::black_box(&heads);
+    file
+}
+
+/// Opens the SWAN file and keeps every head's history in the map but its last rows.
+fn continue_mapped(path: &Path) -> MappedCache {
+    let file = open(path);
+    let heads: Vec<Swan> = (0..LAYERS * KV_HEADS)
+        .map(|h| {
+            let (l, kv) = (h / KV_HEADS, h % KV_HEADS);
+            let view = file.coded_view::<Bitmask, Int8Values, f16>(l, kv).expect("valid head");
+            let skip = view.sparse_len() - view.sparse_len() % 256;
+            let cfg = file.config(l, kv).expect("config");
+            Swan::from_view_after(cfg, view, skip).expect("continuable head")
+        })
+        .collect();
+    std::hint::black_box(&heads);
+    file
+}
+
 /// Times `run` on `path` with the file's pages in the page cache and dropped before each
 /// iteration.
 fn warm_and_cold(
@@ -148,6 +182,10 @@ fn reopen(c: &mut Criterion) {
         g.throughput(Throughput::Bytes(bytes));
         warm_and_cold(&mut g, "open", name, &path, open);
         warm_and_cold(&mut g, "open+validate_all", name, &path, open_validated);
+        if name.starts_with("swan") {
+            warm_and_cold(&mut g, "open+continue copied", name, &path, continue_copied);
+            warm_and_cold(&mut g, "open+continue mapped", name, &path, continue_mapped);
+        }
     }
     g.finish();
 }

@@ -211,6 +211,35 @@ impl<X: IndexCode, Y: ValueCode> CodedStore<X, Y> {
         Ok(())
     }
 
+    /// Appends a row of another store or view of the same encoding as it is encoded (no
+    /// re-quantization: the codes and the row scale are copied).
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the row's head_dim differs from the store's.
+    pub fn push_row(&mut self, row: CodedRow<'_, X, Y>) -> Result<()> {
+        if row.head_dim != self.head_dim {
+            let (expected, got) = (self.head_dim, row.head_dim);
+            return Err(Error::ShapeMismatch {
+                op: "CodedStore::push_row",
+                what: "head_dim",
+                expected,
+                got,
+            });
+        }
+        let (len, k) = (self.bytes.len(), row.k());
+        if self.offsets.len().is_multiple_of(self.rows_per_block) {
+            self.block_bases.push(len as u64);
+        }
+        let base = *self.block_bases.last().expect("a block was just ensured") as usize;
+        // A row of this encoding and head_dim is at most the largest row's bytes, and
+        // rows_per_block · that ≤ 65535, so a row start always fits u16.
+        self.offsets.push((len - base) as u16);
+        self.bytes.extend_from_slice(row.bytes);
+        self.entries += k;
+        self.nonempty += usize::from(k > 0);
+        Ok(())
+    }
+
     fn append_row(&mut self, indices: &[usize], values: &[f32]) {
         let (d, k) = (self.head_dim, indices.len());
         let len = self.bytes.len();
@@ -488,6 +517,22 @@ impl<'a, X: IndexCode, Y: ValueCode> CodedView<'a, X, Y> {
     /// Rows per block.
     pub fn rows_per_block(&self) -> usize {
         self.rows_per_block
+    }
+
+    /// The view of its first `rows` rows (all of them when `rows ≥ num_rows`), still
+    /// borrowed (see [`crate::csr::CsrView::first_rows`]).
+    pub fn first_rows(&self, rows: usize) -> Self {
+        let rows = rows.min(self.num_rows());
+        let end = match self.offsets.get(rows) {
+            Some(&o) => self.block_bases[rows / self.rows_per_block] as usize + usize::from(o),
+            None => self.bytes.len(),
+        };
+        Self {
+            block_bases: &self.block_bases[..rows.div_ceil(self.rows_per_block)],
+            offsets: &self.offsets[..rows],
+            bytes: &self.bytes[..end],
+            ..*self
+        }
     }
 
     /// Raw per-block byte bases.

@@ -174,6 +174,31 @@ impl<I: SparseIndex, V: Value> CsrStore<I, V> {
         Ok(())
     }
 
+    /// Appends a row of another store or view as it is stored (values copied, not
+    /// re-encoded).
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] when the row holds more values than indices or the
+    /// reverse; [`Error::InvalidSparseIndex`] for an index not ascending or not below
+    /// `head_dim`; [`Error::NonFinite`] for a value that is not finite. Unchanged on error.
+    pub fn push_row(&mut self, row: SparseRow<'_, I, V>) -> Result<()> {
+        const OP: &str = "CsrStore::push_row";
+        if row.indices.len() != row.values.len() {
+            let (expected, got) = (row.indices.len(), row.values.len());
+            return Err(Error::LengthMismatch { op: OP, what: "values", expected, got });
+        }
+        check_ascending(OP, row.indices.iter().map(|i| i.to_usize()), self.head_dim)?;
+        if let Some((position, v)) =
+            row.values.iter().map(|v| v.to_f32()).enumerate().find(|(_, v)| !v.is_finite())
+        {
+            return Err(Error::NonFinite { op: OP, position, value: v });
+        }
+        self.begin_row();
+        self.indices.extend_from_slice(row.indices);
+        self.values.extend_from_slice(row.values);
+        Ok(())
+    }
+
     fn check_indices(&self, op: &'static str, indices: &[usize]) -> Result<()> {
         check_ascending(op, indices.iter().copied(), self.head_dim)
     }

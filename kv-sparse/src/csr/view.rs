@@ -233,6 +233,33 @@ impl<'a, I: SparseIndex, V: Value> CsrView<'a, I, V> {
         (0..view.num_rows()).map(move |i| view.row(i).expect("row index in range"))
     }
 
+    /// The view of its first `rows` rows (all of them when `rows ≥ num_rows`), still
+    /// borrowed: e.g. the older part of a history attended where it is stored.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::csr::CsrView;
+    /// let v = CsrView::<u8, f32>::from_parts(4, 2, &[0, 3], &[0, 1, 0], &[2, 0, 3, 1], &[1.0; 4])?;
+    /// let head = v.first_rows(2);
+    /// assert_eq!((head.num_rows(), head.nnz()), (2, 3));
+    /// assert_eq!(head.row(1).unwrap().indices, &[0, 3]);
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn first_rows(&self, rows: usize) -> Self {
+        let rows = rows.min(self.num_rows());
+        let end = match self.offsets.get(rows) {
+            Some(&o) => self.block_bases[rows / self.rows_per_block] as usize + usize::from(o),
+            None => self.indices.len(),
+        };
+        Self {
+            block_bases: &self.block_bases[..rows.div_ceil(self.rows_per_block)],
+            offsets: &self.offsets[..rows],
+            indices: &self.indices[..end],
+            values: &self.values[..end],
+            ..*self
+        }
+    }
+
     /// Raw per-block bases (absolute entry offsets), for device uploads.
     pub fn block_bases(&self) -> &'a [u64] {
         self.block_bases

@@ -13,8 +13,8 @@ use super::buffer::DenseBuffer;
 use super::history::SparseHistory;
 use super::input::{check_limits, sanitize_into, scan};
 use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore};
-use crate::coded::{CodedStore, IndexCode, ValueCode};
-use crate::csr::CsrStore;
+use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
+use crate::csr::{CsrStore, CsrView};
 use crate::memory::MemoryReport;
 use crate::{Error, Result, SparseIndex, Value};
 
@@ -296,6 +296,34 @@ impl<I: SparseIndex, V: Value, D: Value> HybridCache<I, V, D> {
         Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
     }
 
+    /// Rebuilds an owned cache from a view's sparse rows from `skip` on and its buffer,
+    /// for a cache whose first `skip` history rows stay where the view reads them (e.g. a
+    /// mapped file attended as the history prefix of the rebuilt cache). The rows are
+    /// copied as stored; checks as [`HybridCache::from_view`].
+    ///
+    /// # Errors
+    /// As [`HybridCache::from_view`]; [`Error::OutOfRange`] when `skip` exceeds the
+    /// view's sparse rows.
+    pub fn from_view_after(
+        cfg: HybridConfig,
+        view: HybridView<'_, I, V, D>,
+        skip: usize,
+    ) -> Result<Self> {
+        const OP: &str = "HybridCache::from_view_after";
+        view.check_shape(OP)?;
+        let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+        let shape = (view.head_dim, rpb, view.buffer_len(), view.value_scale);
+        check_rebuild::<CsrStore<I, V>, D>(OP, &cfg, shape)?;
+        check_skip(OP, skip, view.sparse_len())?;
+        let copy = |rows: CsrView<'_, I, V>| -> Result<CsrStore<I, V>> {
+            let mut store = CsrStore::with_block_rows(cfg.head_dim, cfg.rows_per_block)?;
+            rows.rows().skip(skip).try_for_each(|row| store.push_row(row))?;
+            Ok(store)
+        };
+        let (k, v) = (copy(view.sparse_keys)?, copy(view.sparse_values)?);
+        Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
+    }
+
     /// The sparse key store.
     pub fn sparse_keys(&self) -> &CsrStore<I, V> {
         &self.sparse.keys
@@ -336,6 +364,31 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
         Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
     }
 
+    /// Rebuilds an owned cache from a coded view's sparse rows from `skip` on and its
+    /// buffer (see [`HybridCache::from_view_after`]).
+    ///
+    /// # Errors
+    /// As [`HybridCache::from_view_after`].
+    pub fn from_view_after(
+        cfg: HybridConfig,
+        view: CodedHybridView<'_, X, Y, D>,
+        skip: usize,
+    ) -> Result<Self> {
+        const OP: &str = "CodedHybridCache::from_view_after";
+        view.check_shape(OP)?;
+        let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
+        let shape = (view.head_dim, rpb, view.buffer_len(), view.value_scale);
+        check_rebuild::<CodedStore<X, Y>, D>(OP, &cfg, shape)?;
+        check_skip(OP, skip, view.sparse_len())?;
+        let copy = |rows: CodedView<'_, X, Y>| -> Result<CodedStore<X, Y>> {
+            let mut store = CodedStore::with_block_rows(cfg.head_dim, cfg.rows_per_block)?;
+            rows.rows().skip(skip).try_for_each(|row| store.push_row(row))?;
+            Ok(store)
+        };
+        let (k, v) = (copy(view.sparse_keys)?, copy(view.sparse_values)?);
+        Ok(Self::rebuilt(cfg, k, v, view.buffer_keys, view.buffer_values, view.buffer_len()))
+    }
+
     /// The sparse key store.
     pub fn sparse_keys(&self) -> &CodedStore<X, Y> {
         &self.sparse.keys
@@ -357,6 +410,14 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
             value_scale: self.cfg.scales(),
         }
     }
+}
+
+/// `skip` history rows must lie within the view's `rows`.
+fn check_skip(op: &'static str, skip: usize, rows: usize) -> Result<()> {
+    if skip > rows {
+        return Err(Error::OutOfRange { op, what: "skipped history rows", index: skip, len: rows });
+    }
+    Ok(())
 }
 
 /// Checks a view's (head_dim, rows per block of keys and values, buffer rows, scales)

@@ -6,6 +6,7 @@
 //! held in memory — and the full caches SWAN is compared with (dense float rows, dense
 //! quantized rows).
 
+use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::ops::Range;
@@ -13,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use super::header::{CacheLayout, FileFormat, FileHeader, HEADER_BYTES, HeadEntry};
 use super::layout::{HeadLayout, MetaLayout, place_head, place_meta};
-use crate::coded::{CodedStore, IndexCode, ValueCode};
-use crate::csr::CsrStore;
+use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
+use crate::csr::{CsrStore, CsrView};
 use crate::hybrid::{
     CodedHybridView, HybridCache, HybridConfig, HybridView, MultiHeadCache, RowStore,
 };
@@ -50,8 +51,9 @@ const OP: &str = "persist::write";
 pub struct CacheImage<'a> {
     format: FileFormat,
     entries: Vec<HeadEntry>,
-    /// Per head, one `[older, newer]` pair of byte slices per section, in file order.
-    parts: Vec<Vec<[&'a [u8]; 2]>>,
+    /// Per head, one `[older, newer]` pair of byte slices per section, in file order
+    /// (borrowed rows; owned only for the block tables of a continued history).
+    parts: Vec<Vec<Part<'a>>>,
     identity: &'a [u8],
     extra: &'a [u8],
 }
@@ -92,6 +94,70 @@ fn bytes_of<T: bytemuck::Pod>(x: &[T]) -> &[u8] {
     bytemuck::cast_slice(x)
 }
 
+/// One section's bytes, written `[0]` then `[1]`.
+type Part<'a> = [Cow<'a, [u8]>; 2];
+
+fn one(bytes: &[u8]) -> Part<'_> {
+    [Cow::Borrowed(bytes), Cow::Borrowed(&[])]
+}
+
+fn pair<'a>(older: &'a [u8], newer: &'a [u8]) -> Part<'a> {
+    [Cow::Borrowed(older), Cow::Borrowed(newer)]
+}
+
+const WHAT: &str = "CacheImage: continued history";
+
+/// A history's block bases and row offsets (`rows_per_block` rows per block) as its own
+/// arrays give them, or as one table over `older`'s rows followed by `newer`'s when the
+/// history is a prefix held elsewhere plus the rows added since. Each part is
+/// `(block bases, row offsets, stored units)`; `newer`'s rows start `older`'s unit count
+/// further on.
+fn block_tables<'a>(
+    rows_per_block: usize,
+    older: Option<(&[u64], &[u16], usize)>,
+    newer: (&'a [u64], &'a [u16]),
+) -> Result<[Part<'a>; 2]> {
+    let Some(older) = older else {
+        return Ok([one(bytes_of(newer.0)), one(bytes_of(newer.1))]);
+    };
+    fn starts<'t>(
+        (bases, offsets): (&'t [u64], &'t [u16]),
+        rows_per_block: usize,
+        shift: u64,
+    ) -> impl Iterator<Item = Result<u64>> + 't {
+        offsets.iter().enumerate().map(move |(r, &o)| {
+            let base = bases.get(r / rows_per_block).ok_or_else(|| Error::InvalidCsr {
+                op: WHAT,
+                reason: format!("row {r} has no block base"),
+            })?;
+            Ok(base + u64::from(o) + shift)
+        })
+    }
+    let rows = older.1.len() + newer.1.len();
+    let (mut bases, mut offsets) =
+        (Vec::with_capacity(rows.div_ceil(rows_per_block)), Vec::with_capacity(rows));
+    let mut base = 0;
+    let all = starts((older.0, older.1), rows_per_block, 0).chain(starts(
+        newer,
+        rows_per_block,
+        older.2 as u64,
+    ));
+    for (r, start) in all.enumerate() {
+        let start: u64 = start?;
+        if r % rows_per_block == 0 {
+            base = start;
+            bases.push(start);
+        }
+        let offset = start.checked_sub(base).and_then(|o| u16::try_from(o).ok());
+        offsets.push(offset.ok_or_else(|| Error::InvalidCsr {
+            op: WHAT,
+            reason: format!("row {r} starts {start}, outside its block at {base}"),
+        })?);
+    }
+    let owned = |b: &[u8]| [Cow::Owned(b.to_vec()), Cow::Borrowed(&[][..])];
+    Ok([owned(bytes_of(&bases)), owned(bytes_of(&offsets))])
+}
+
 impl<'a> CacheImage<'a> {
     fn new(layout: CacheLayout, num_layers: usize, kv_heads: usize, head_dim: usize) -> Self {
         let format = FileFormat {
@@ -123,27 +189,64 @@ impl<'a> CacheImage<'a> {
         kv_heads: usize,
         heads: &[(HybridConfig, HybridView<'a, I, V, D>)],
     ) -> Result<Self> {
+        let heads: Vec<_> = heads.iter().map(|(cfg, view)| (*cfg, None, *view)).collect();
+        Self::csr_continued(num_layers, kv_heads, &heads)
+    }
+
+    /// CSR hybrid heads whose sparse history may begin with older rows held elsewhere,
+    /// given as (config, older (keys, values), view) triples, layer-major: each head is
+    /// written as one history (the older rows, then the view's) and the view's buffer —
+    /// e.g. a reopened file's mapped history continued in memory, saved again without
+    /// copying either into one store. The rows are borrowed; only the block tables of a
+    /// continued history are rebuilt.
+    ///
+    /// # Errors
+    /// As [`CacheImage::csr`]; also when the older rows' head_dim or rows per block
+    /// differ from the config or their keys and values hold different numbers of rows.
+    #[allow(clippy::type_complexity)]
+    pub fn csr_continued<I: SparseIndex, V: Value, D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(
+            HybridConfig,
+            Option<(CsrView<'a, I, V>, CsrView<'a, I, V>)>,
+            HybridView<'a, I, V, D>,
+        )],
+    ) -> Result<Self> {
         check_count(num_layers, kv_heads, heads.len())?;
         let head_dim = heads[0].0.head_dim;
         let layout = CacheLayout::Csr { index_bytes: I::BYTES, value: V::FORMAT, dense: D::FORMAT };
         let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
-        for (cfg, view) in heads {
+        for (cfg, older, view) in heads {
             let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
             let scales = view.value_scale;
             check_hybrid::<CsrStore<I, V>, D>(head_dim, cfg, view.head_dim, rpb, scales)?;
             view.check_shape(OP)?;
             check_buffer(cfg, view.buffer_len())?;
-            let nnz = (view.sparse_keys.nnz(), view.sparse_values.nnz());
-            image.entries.push(HeadEntry::hybrid(cfg, view.sparse_len(), nnz, view.buffer_len()));
+            let mut nnz = (view.sparse_keys.nnz(), view.sparse_values.nnz());
+            let mut rows = view.sparse_len();
+            if let Some((k, v)) = older {
+                let shape =
+                    ([k.head_dim(), v.head_dim()], [k.rows_per_block(), v.rows_per_block()]);
+                check_older(cfg, shape, (k.num_rows(), v.num_rows()))?;
+                nnz = (nnz.0 + k.nnz(), nnz.1 + v.nnz());
+                rows += k.num_rows();
+            }
+            image.entries.push(HeadEntry::hybrid(cfg, rows, nnz, view.buffer_len()));
             let mut parts = Vec::with_capacity(10);
-            for csr in [view.sparse_keys, view.sparse_values] {
-                parts.push([bytes_of(csr.block_bases()), &[]]);
-                parts.push([bytes_of(csr.offsets()), &[]]);
-                parts.push([bytes_of(csr.indices()), &[]]);
-                parts.push([bytes_of(csr.values()), &[]]);
+            let sides =
+                [(older.map(|o| o.0), view.sparse_keys), (older.map(|o| o.1), view.sparse_values)];
+            for (older, csr) in sides {
+                let tables = older.map(|o| (o.block_bases(), o.offsets(), o.nnz()));
+                let newer = (csr.block_bases(), csr.offsets());
+                parts.extend(block_tables(cfg.rows_per_block, tables, newer)?);
+                let (oi, ov) = older
+                    .map_or((&[][..], &[][..]), |o| (bytes_of(o.indices()), bytes_of(o.values())));
+                parts.push(pair(oi, bytes_of(csr.indices())));
+                parts.push(pair(ov, bytes_of(csr.values())));
             }
             for (a, b) in [view.buffer_keys, view.buffer_values] {
-                parts.push([bytes_of(a), bytes_of(b)]);
+                parts.push(pair(bytes_of(a), bytes_of(b)));
             }
             image.parts.push(parts);
         }
@@ -160,26 +263,56 @@ impl<'a> CacheImage<'a> {
         kv_heads: usize,
         heads: &[(HybridConfig, CodedHybridView<'a, X, Y, D>)],
     ) -> Result<Self> {
+        let heads: Vec<_> = heads.iter().map(|(cfg, view)| (*cfg, None, *view)).collect();
+        Self::coded_continued(num_layers, kv_heads, &heads)
+    }
+
+    /// Coded hybrid heads whose sparse history may begin with older rows held elsewhere
+    /// (see [`CacheImage::csr_continued`]).
+    ///
+    /// # Errors
+    /// As [`CacheImage::csr_continued`].
+    #[allow(clippy::type_complexity)]
+    pub fn coded_continued<X: IndexCode, Y: ValueCode, D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(
+            HybridConfig,
+            Option<(CodedView<'a, X, Y>, CodedView<'a, X, Y>)>,
+            CodedHybridView<'a, X, Y, D>,
+        )],
+    ) -> Result<Self> {
         check_count(num_layers, kv_heads, heads.len())?;
         let head_dim = heads[0].0.head_dim;
         let layout = CacheLayout::Coded { index: X::KIND, value: Y::KIND, dense: D::FORMAT };
         let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
-        for (cfg, view) in heads {
+        for (cfg, older, view) in heads {
             let rpb = [view.sparse_keys.rows_per_block(), view.sparse_values.rows_per_block()];
             let scales = view.value_scale;
             check_hybrid::<CodedStore<X, Y>, D>(head_dim, cfg, view.head_dim, rpb, scales)?;
             view.check_shape(OP)?;
             check_buffer(cfg, view.buffer_len())?;
-            let nnz = (view.sparse_keys.bytes().len(), view.sparse_values.bytes().len());
-            image.entries.push(HeadEntry::hybrid(cfg, view.sparse_len(), nnz, view.buffer_len()));
+            let mut nnz = (view.sparse_keys.bytes().len(), view.sparse_values.bytes().len());
+            let mut rows = view.sparse_len();
+            if let Some((k, v)) = older {
+                let shape =
+                    ([k.head_dim(), v.head_dim()], [k.rows_per_block(), v.rows_per_block()]);
+                check_older(cfg, shape, (k.num_rows(), v.num_rows()))?;
+                nnz = (nnz.0 + k.bytes().len(), nnz.1 + v.bytes().len());
+                rows += k.num_rows();
+            }
+            image.entries.push(HeadEntry::hybrid(cfg, rows, nnz, view.buffer_len()));
             let mut parts = Vec::with_capacity(8);
-            for rows in [view.sparse_keys, view.sparse_values] {
-                parts.push([bytes_of(rows.block_bases()), &[]]);
-                parts.push([bytes_of(rows.offsets()), &[]]);
-                parts.push([rows.bytes(), &[]]);
+            let sides =
+                [(older.map(|o| o.0), view.sparse_keys), (older.map(|o| o.1), view.sparse_values)];
+            for (older, rows) in sides {
+                let tables = older.map(|o| (o.block_bases(), o.offsets(), o.bytes().len()));
+                let newer = (rows.block_bases(), rows.offsets());
+                parts.extend(block_tables(cfg.rows_per_block, tables, newer)?);
+                parts.push(pair(older.map_or(&[][..], |o| o.bytes()), rows.bytes()));
             }
             for (a, b) in [view.buffer_keys, view.buffer_values] {
-                parts.push([bytes_of(a), bytes_of(b)]);
+                parts.push(pair(bytes_of(a), bytes_of(b)));
             }
             image.parts.push(parts);
         }
@@ -215,7 +348,7 @@ impl<'a> CacheImage<'a> {
                 }
             }
             image.entries.push(HeadEntry::rows(rows));
-            image.parts.push(vec![[bytes_of(keys), &[]], [bytes_of(values), &[]]]);
+            image.parts.push(vec![one(bytes_of(keys)), one(bytes_of(values))]);
         }
         Ok(image)
     }
@@ -246,7 +379,7 @@ impl<'a> CacheImage<'a> {
                 }
             }
             image.entries.push(HeadEntry::rows(keys.num_rows()));
-            image.parts.push(vec![[keys.bytes(), &[]], [values.bytes(), &[]]]);
+            image.parts.push(vec![one(keys.bytes()), one(values.bytes())]);
         }
         Ok(image)
     }
@@ -312,7 +445,7 @@ impl<'a> CacheImage<'a> {
         debug_assert_eq!(ranges.len(), self.parts[h].len());
         let mut e = Emitter { pos: start, sink };
         for (range, part) in ranges.iter().zip(&self.parts[h]) {
-            e.section(range, *part)?;
+            e.section(range, [&part[0], &part[1]])?;
         }
         Ok(e.pos)
     }
@@ -509,6 +642,28 @@ fn check_hybrid<S: RowStore, D: Value>(
     }
     if scales != cfg.scales() {
         return Err(Error::ScaleMismatch { op: OP, expected: cfg.scales(), got: scales });
+    }
+    Ok(())
+}
+
+/// The older rows of a continued history must have the config's head_dim and rows per
+/// block, and as many key rows as value rows.
+fn check_older(
+    cfg: &HybridConfig,
+    (head_dims, rows_per_block): ([usize; 2], [usize; 2]),
+    (keys, values): (usize, usize),
+) -> Result<()> {
+    let checks = [
+        ("older key head_dim", cfg.head_dim, head_dims[0]),
+        ("older value head_dim", cfg.head_dim, head_dims[1]),
+        ("older key rows_per_block", cfg.rows_per_block, rows_per_block[0]),
+        ("older value rows_per_block", cfg.rows_per_block, rows_per_block[1]),
+        ("older value rows", keys, values),
+    ];
+    for (what, expected, got) in checks {
+        if expected != got {
+            return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+        }
     }
     Ok(())
 }
