@@ -65,6 +65,6 @@ pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;
 pub use views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
-    SparseSlab,
+    CodedHistoryPrefix, CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HistoryPrefix,
+    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, SparseKv, SparseSlab,
 };

@@ -297,11 +297,14 @@ impl DecodeAttention for Reference {
         const OP: &str = "Reference::hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view())?;
+            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view(), c.history_prefix().as_ref())?;
         }
         let heads = kv.iter().map(|c| {
             let v = c.hybrid_view();
             let mut rows = Decoded::new(cfg.head_dim());
+            if let Some((keys, values)) = c.history_prefix() {
+                rows.push_csr(&keys, &values, v.value_scale);
+            }
             rows.push_csr(&v.sparse_keys, &v.sparse_values, v.value_scale);
             rows.push_ring(v.buffer_keys, v.buffer_values);
             rows
@@ -416,11 +419,20 @@ impl EncodedAttention for Reference {
         const OP: &str = "Reference::coded_hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::coded_hybrid(OP, cfg.head_dim(), h, &c.coded_view())?;
+            validate::coded_hybrid(
+                OP,
+                cfg.head_dim(),
+                h,
+                &c.coded_view(),
+                c.history_prefix().as_ref(),
+            )?;
         }
         let heads = kv.iter().map(|c| {
             let v = c.coded_view();
             let mut rows = Decoded::new(cfg.head_dim());
+            if let Some((keys, values)) = c.history_prefix() {
+                rows.push_coded(&keys, &values, v.value_scale);
+            }
             rows.push_coded(&v.sparse_keys, &v.sparse_values, v.value_scale);
             rows.push_ring(v.buffer_keys, v.buffer_values);
             rows

@@ -13,7 +13,10 @@ use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
-use crate::views::{DenseKv, GatheredKv, GatheredSparseKv, QuantKv, SparseKv, SparseSlab};
+use crate::views::{
+    CodedHistoryPrefix, DenseKv, GatheredKv, GatheredSparseKv, HistoryPrefix, QuantKv, SparseKv,
+    SparseSlab,
+};
 
 /// Query and output lengths, the number of per-kv-head caches, a finite query.
 pub(crate) fn call(
@@ -141,15 +144,20 @@ pub(crate) fn sparse<I: SparseIndex, V: Value>(
     non_empty(op, kv_head, rows)
 }
 
-/// A hybrid kv-head; returns its rows (sparse + buffer).
+/// A hybrid kv-head and the older sparse rows before its history, if any; returns its
+/// rows (prefix + sparse + buffer).
 pub(crate) fn hybrid<I: SparseIndex, V: Value, D: Value>(
     op: &'static str,
     d: usize,
     kv_head: usize,
     view: &HybridView<'_, I, V, D>,
+    prefix: Option<&HistoryPrefix<'_, I, V>>,
 ) -> Result<usize> {
     head_dim(op, kv_head, d, view.head_dim)?;
-    let s = csr(op, d, kv_head, &view.sparse_keys, &view.sparse_values, view.value_scale)?;
+    let mut s = csr(op, d, kv_head, &view.sparse_keys, &view.sparse_values, view.value_scale)?;
+    if let Some((keys, values)) = prefix {
+        s += csr(op, d, kv_head, keys, values, view.value_scale)?;
+    }
     let k = ring_rows(op, kv_head, ["buffer_keys.0", "buffer_keys.1"], view.buffer_keys, d)?;
     let v = ring_rows(op, kv_head, ["buffer_values.0", "buffer_values.1"], view.buffer_values, d)?;
     non_empty(op, kv_head, s + same_rows(op, kv_head, "buffer", k, v)?)
@@ -168,20 +176,26 @@ pub(crate) fn quantized<C: DenseCodec>(
     non_empty(op, kv_head, rows)
 }
 
-/// A coded hybrid kv-head; returns its rows (sparse + buffer).
+/// A coded hybrid kv-head and the older coded rows before its history, if any; returns
+/// its rows (prefix + sparse + buffer).
 pub(crate) fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value>(
     op: &'static str,
     d: usize,
     kv_head: usize,
     view: &CodedHybridView<'_, X, Y, D>,
+    prefix: Option<&CodedHistoryPrefix<'_, X, Y>>,
 ) -> Result<usize> {
     head_dim(op, kv_head, d, view.head_dim)?;
-    head_dim(op, kv_head, d, view.sparse_keys.head_dim())?;
-    head_dim(op, kv_head, d, view.sparse_values.head_dim())?;
     scale(op, kv_head, "key", view.value_scale.0)?;
     scale(op, kv_head, "value", view.value_scale.1)?;
-    let (sk, sv) = (view.sparse_keys.num_rows(), view.sparse_values.num_rows());
-    let s = same_rows(op, kv_head, "sparse", sk, sv)?;
+    let mut s = 0;
+    let own = ("sparse", (&view.sparse_keys, &view.sparse_values));
+    let older = prefix.map(|(k, v)| ("sparse prefix", (k, v)));
+    for (what, (keys, values)) in std::iter::once(own).chain(older) {
+        head_dim(op, kv_head, d, keys.head_dim())?;
+        head_dim(op, kv_head, d, values.head_dim())?;
+        s += same_rows(op, kv_head, what, keys.num_rows(), values.num_rows())?;
+    }
     let k = ring_rows(op, kv_head, ["buffer_keys.0", "buffer_keys.1"], view.buffer_keys, d)?;
     let v = ring_rows(op, kv_head, ["buffer_values.0", "buffer_values.1"], view.buffer_values, d)?;
     non_empty(op, kv_head, s + same_rows(op, kv_head, "buffer", k, v)?)

@@ -7,7 +7,7 @@
 //! memory-mapped and tiered stores hand their bytes over without copying; the kernels
 //! validate them ([`crate::Error`]) before reading a row.
 
-use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
 use kv_sparse::csr::CsrView;
 use kv_sparse::hybrid::{CodedHybridCache, CodedHybridView, HybridCache, HybridView};
 use kv_sparse::quant::{DenseCodec, QuantView};
@@ -85,12 +85,28 @@ impl<'a, I: SparseIndex, V: Value> SparseKv<'a, I, V> {
     }
 }
 
+/// Sparse key and value rows older than a hybrid view's own history (see
+/// [`HybridSource::history_prefix`]).
+pub type HistoryPrefix<'a, I, V> = (CsrView<'a, I, V>, CsrView<'a, I, V>);
+
+/// Coded key and value rows older than a coded hybrid view's own history (see
+/// [`CodedHybridSource::history_prefix`]).
+pub type CodedHistoryPrefix<'a, X, Y> = (CodedView<'a, X, Y>, CodedView<'a, X, Y>);
+
 /// Anything that lends a `kv-sparse` hybrid view of one kv-head: the view itself, or a
 /// `HybridCache` (so a layer's `&[HybridCache]` from `MultiHeadCache::layer` goes straight
 /// into [`crate::DecodeAttention::hybrid`] without collecting views).
 pub trait HybridSource<I, V, D>: Sync {
     /// The borrowed view the kernels read.
     fn hybrid_view(&self) -> HybridView<'_, I, V, D>;
+
+    /// Sparse key and value rows older than the view's own sparse history, attended first
+    /// in the same softmax and scaled by the view's `value_scale`: e.g. the history of a
+    /// reopened cache read where it is mapped, while the rows evicted since grow in memory.
+    /// `None` (the default) for a single history.
+    fn history_prefix(&self) -> Option<HistoryPrefix<'_, I, V>> {
+        None
+    }
 }
 
 impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridView<'_, I, V, D> {
@@ -102,6 +118,97 @@ impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridView<'_
 impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridCache<I, V, D> {
     fn hybrid_view(&self) -> HybridView<'_, I, V, D> {
         self.view()
+    }
+}
+
+/// A hybrid view whose sparse history continues older rows held elsewhere: `prefix`
+/// (keys, values) are the oldest tokens, then `view`'s sparse rows and buffer, all in one
+/// softmax with `view`'s scales. This is how a cache reopened from a mapped file attends
+/// the file's history where it lies while the rows evicted since grow in memory.
+///
+/// The CPU kernels give bit-for-bit the output of one contiguous history when the
+/// prefix holds whole tiles and whole CSR blocks
+/// ([`crate::CpuAttention::exact_prefix_rows`]: their tiles then break where a
+/// contiguous history's do); otherwise the output differs by float rounding only.
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, PrefixedHybrid};
+/// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+/// let d = 4;
+/// let mut whole = HybridCache::<u8, f32, f32>::new(HybridConfig::new(d, 1, d))?;
+/// for t in 0..5 {
+///     whole.append(&[t as f32, 1.0, -1.0, 0.5], &[1.0, t as f32, 0.0, 2.0])?;
+/// }
+/// // The same history split after its first 2 rows: those stay in `whole`'s store.
+/// let view = whole.view();
+/// let cfg = *whole.config();
+/// let rest = HybridCache::from_view_after(cfg, view, 2)?;
+/// let split = PrefixedHybrid {
+///     prefix: (view.sparse_keys.first_rows(2), view.sparse_values.first_rows(2)),
+///     view: rest.view(),
+/// };
+/// let attn = AttnConfig::new(1, 1, d)?;
+/// let q = [0.3, -0.2, 0.5, 1.0];
+/// let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
+/// let mut kernel = CpuAttention::new(1)?;
+/// kernel.hybrid(&attn, &q, &[whole.view()], &mut a)?;
+/// kernel.hybrid(&attn, &q, &[split], &mut b)?;
+/// assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-6));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct PrefixedHybrid<'a, I, V, D> {
+    /// The oldest sparse key and value rows.
+    pub prefix: HistoryPrefix<'a, I, V>,
+    /// The rows after them: sparse history, then buffer.
+    pub view: HybridView<'a, I, V, D>,
+}
+
+impl<I, V, D> Clone for PrefixedHybrid<'_, I, V, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<I, V, D> Copy for PrefixedHybrid<'_, I, V, D> {}
+
+impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for PrefixedHybrid<'_, I, V, D> {
+    fn hybrid_view(&self) -> HybridView<'_, I, V, D> {
+        self.view
+    }
+
+    fn history_prefix(&self) -> Option<HistoryPrefix<'_, I, V>> {
+        Some(self.prefix)
+    }
+}
+
+/// A coded hybrid view whose sparse history continues older coded rows held elsewhere
+/// (see [`PrefixedHybrid`]; coded tiles do not end at blocks, so a prefix of whole tiles
+/// already attends bit for bit as the contiguous history).
+#[derive(Debug)]
+pub struct PrefixedCodedHybrid<'a, X, Y, D> {
+    /// The oldest sparse key and value rows.
+    pub prefix: CodedHistoryPrefix<'a, X, Y>,
+    /// The rows after them: sparse history, then buffer.
+    pub view: CodedHybridView<'a, X, Y, D>,
+}
+
+impl<X, Y, D> Clone for PrefixedCodedHybrid<'_, X, Y, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<X, Y, D> Copy for PrefixedCodedHybrid<'_, X, Y, D> {}
+
+impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridSource<X, Y, D>
+    for PrefixedCodedHybrid<'_, X, Y, D>
+{
+    fn coded_view(&self) -> CodedHybridView<'_, X, Y, D> {
+        self.view
+    }
+
+    fn history_prefix(&self) -> Option<CodedHistoryPrefix<'_, X, Y>> {
+        Some(self.prefix)
     }
 }
 
@@ -318,6 +425,12 @@ impl<'a, C: DenseCodec> QuantKv<'a, C> {
 pub trait CodedHybridSource<X, Y, D>: Sync {
     /// The borrowed view the kernels read.
     fn coded_view(&self) -> CodedHybridView<'_, X, Y, D>;
+
+    /// Coded key and value rows older than the view's own sparse history, attended first
+    /// (see [`HybridSource::history_prefix`]). `None` (the default) for a single history.
+    fn history_prefix(&self) -> Option<CodedHistoryPrefix<'_, X, Y>> {
+        None
+    }
 }
 
 impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridSource<X, Y, D>

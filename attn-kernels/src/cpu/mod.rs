@@ -67,6 +67,33 @@ impl CpuAttention {
     /// Rows per work item unless [`CpuAttention::with_split_rows`] says otherwise.
     pub const DEFAULT_SPLIT_ROWS: usize = 4096;
 
+    /// Rows per tile. A history split into a prefix and the rest
+    /// ([`crate::PrefixedHybrid`], [`crate::PrefixedCodedHybrid`]) attends bit for bit as
+    /// the contiguous history does when the prefix holds whole tiles (and, for CSR rows,
+    /// whole blocks: CSR tiles also end where a block does) and the rows per work item are
+    /// a multiple of this too (the default is); [`CpuAttention::exact_prefix_rows`].
+    pub const TILE_ROWS: usize = tile::TILE;
+
+    /// The longest prefix of a history of `rows` sparse rows stored `rows_per_block` to a
+    /// block that these kernels attend, split from the rest, bit for bit as the
+    /// contiguous history (a multiple of both [`CpuAttention::TILE_ROWS`] and
+    /// `rows_per_block`, 0 when `rows_per_block` is 0).
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::CpuAttention;
+    /// assert_eq!(CpuAttention::exact_prefix_rows(1000, 256), 768);
+    /// assert_eq!(CpuAttention::exact_prefix_rows(1000, 48), 960); // lcm(32, 48) = 96
+    /// ```
+    pub fn exact_prefix_rows(rows: usize, rows_per_block: usize) -> usize {
+        let (mut a, mut b) = (Self::TILE_ROWS, rows_per_block);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        let step = (Self::TILE_ROWS / a).saturating_mul(rows_per_block);
+        rows.checked_div(step).map_or(0, |n| n * step)
+    }
+
     /// Kernels on `threads` threads (the caller plus `threads − 1` workers), using the
     /// fastest instruction set this CPU supports.
     ///
@@ -199,7 +226,7 @@ impl DecodeAttention for CpuAttention {
         const OP: &str = "CpuAttention::hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view())?;
+            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view(), c.history_prefix().as_ref())?;
         }
         let job = Job { cfg, q, capture: false };
         let src = HybridSrc { heads: kv, types: std::marker::PhantomData };
@@ -276,7 +303,13 @@ impl EncodedAttention for CpuAttention {
         const OP: &str = "CpuAttention::coded_hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::coded_hybrid(OP, cfg.head_dim(), h, &c.coded_view())?;
+            validate::coded_hybrid(
+                OP,
+                cfg.head_dim(),
+                h,
+                &c.coded_view(),
+                c.history_prefix().as_ref(),
+            )?;
         }
         let job = Job { cfg, q, capture: false };
         let src = CodedHybridSrc { heads: kv, types: std::marker::PhantomData };

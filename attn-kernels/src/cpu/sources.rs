@@ -131,7 +131,8 @@ where
     H: HybridSource<I, V, D>,
 {
     fn rows(&self, kv: usize) -> usize {
-        self.heads[kv].hybrid_view().len()
+        let head = &self.heads[kv];
+        head.hybrid_view().len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
     }
 
     fn run<const W: usize>(
@@ -142,23 +143,69 @@ where
         sc: &mut Scratch,
         slot: &mut Slot,
     ) {
-        let view: HybridView<'_, I, V, D> = self.heads[item.kv].hybrid_view();
-        let split = view.sparse_len();
-        let (start, end) = (item.rows.start, item.rows.end);
-        if start < split {
-            let pair = SparsePair {
-                keys: view.sparse_keys,
-                values: view.sparse_values,
-                value_scale: view.value_scale.1,
-            };
-            let range = start..end.min(split);
-            let key_scale = view.value_scale.0;
-            run_sparse::<I, _, _, W>(k, job, item, &pair, key_scale, range, sc, (slot, None));
+        let head = &self.heads[item.kv];
+        let view: HybridView<'_, I, V, D> = head.hybrid_view();
+        match head.history_prefix() {
+            None => hybrid_rows::<I, V, D, W>(k, job, item, &view, sc, slot),
+            Some((sparse_keys, sparse_values)) => {
+                let older = HybridView { sparse_keys, sparse_values, ..empty_buffer(view) };
+                let (own, tail) = split_item(item, older.sparse_len());
+                if let Some(i) = own {
+                    hybrid_rows::<I, V, D, W>(k, job, &i, &older, sc, slot);
+                }
+                if let Some(i) = tail {
+                    hybrid_rows::<I, V, D, W>(k, job, &i, &view, sc, slot);
+                }
+            }
         }
-        if end > split {
-            let (keys, values) = (view.buffer_keys, view.buffer_values);
-            buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
-        }
+    }
+}
+
+/// `item`'s rows before `p` and, renumbered from 0, those from `p` (each `None` when empty).
+fn split_item(item: &Item, p: usize) -> (Option<Item>, Option<Item>) {
+    let std::ops::Range { start, end } = item.rows;
+    let (kv, block) = (item.kv, item.block);
+    let head = (start < p).then(|| Item { kv, block, rows: start..end.min(p) });
+    let tail = (end > p).then(|| Item { kv, block, rows: start.saturating_sub(p)..end - p });
+    (head, tail)
+}
+
+/// The view with an empty buffer: a history prefix takes its head dim and scales.
+fn empty_buffer<'a, I, V, D>(view: HybridView<'a, I, V, D>) -> HybridView<'a, I, V, D> {
+    HybridView { buffer_keys: (&[], &[]), buffer_values: (&[], &[]), ..view }
+}
+
+/// As [`empty_buffer`], for coded views.
+fn empty_coded_buffer<'a, X, Y, D>(
+    view: CodedHybridView<'a, X, Y, D>,
+) -> CodedHybridView<'a, X, Y, D> {
+    CodedHybridView { buffer_keys: (&[], &[]), buffer_values: (&[], &[]), ..view }
+}
+
+/// Streams rows `item.rows` of one hybrid view (sparse history, then buffer) through `slot`.
+fn hybrid_rows<I: SparseIndex, V: Value, D: Value, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    view: &HybridView<'_, I, V, D>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let split = view.sparse_len();
+    let (start, end) = (item.rows.start, item.rows.end);
+    if start < split {
+        let pair = SparsePair {
+            keys: view.sparse_keys,
+            values: view.sparse_values,
+            value_scale: view.value_scale.1,
+        };
+        let range = start..end.min(split);
+        let key_scale = view.value_scale.0;
+        run_sparse::<I, _, _, W>(k, job, item, &pair, key_scale, range, sc, (slot, None));
+    }
+    if end > split {
+        let (keys, values) = (view.buffer_keys, view.buffer_values);
+        buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
     }
 }
 
@@ -576,7 +623,8 @@ where
     H: CodedHybridSource<X, Y, D>,
 {
     fn rows(&self, kv: usize) -> usize {
-        self.heads[kv].coded_view().len()
+        let head = &self.heads[kv];
+        head.coded_view().len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
     }
 
     fn run<const W: usize>(
@@ -587,44 +635,72 @@ where
         sc: &mut Scratch,
         slot: &mut Slot,
     ) {
-        let view: CodedHybridView<'_, X, Y, D> = self.heads[item.kv].coded_view();
-        let split = view.sparse_len();
-        let (start, end) = (item.rows.start, item.rows.end);
-        let d = job.cfg.head_dim();
-        type Placed<'v, X, Y, D> = fn(
-            Kernels,
-            &Job<'_>,
-            &Item,
-            &CodedHybridView<'v, X, Y, D>,
-            std::ops::Range<usize>,
-            &mut Scratch,
-            &mut Slot,
-        );
-        // 8-bit value codes are placed and read in place; the type picks the kernels.
-        let placed: Option<Placed<'_, X, Y, D>> =
-            if Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d) {
-                Some(placed_segment::<X, Y, D, Fp8Codes, W>)
-            } else if Y::KIND == ValueKind::Int8 && I8Codes::supports(d) {
-                Some(placed_segment::<X, Y, D, I8Codes, W>)
-            } else {
-                None
-            };
-        if start < split {
-            let sparse = start..end.min(split);
-            if let Some(placed) = placed {
-                placed(k, job, item, &view, sparse, sc, slot);
-            } else {
-                let (sk, sv) = view.value_scale;
-                let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-                    expand_scaled(&view.sparse_keys, j, sk, ko);
-                    expand_scaled(&view.sparse_values, j, sv, vo);
-                };
-                decoded_segment::<W>(k, job, item, sparse, sc, slot, decode);
+        let head = &self.heads[item.kv];
+        let view: CodedHybridView<'_, X, Y, D> = head.coded_view();
+        match head.history_prefix() {
+            None => coded_hybrid_rows::<X, Y, D, W>(k, job, item, &view, sc, slot),
+            Some((sparse_keys, sparse_values)) => {
+                let older =
+                    CodedHybridView { sparse_keys, sparse_values, ..empty_coded_buffer(view) };
+                let (own, tail) = split_item(item, older.sparse_len());
+                if let Some(i) = own {
+                    coded_hybrid_rows::<X, Y, D, W>(k, job, &i, &older, sc, slot);
+                }
+                if let Some(i) = tail {
+                    coded_hybrid_rows::<X, Y, D, W>(k, job, &i, &view, sc, slot);
+                }
             }
         }
-        if end > split {
-            let (keys, values) = (view.buffer_keys, view.buffer_values);
-            buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
+    }
+}
+
+/// Streams rows `item.rows` of one coded hybrid view (sparse history, then buffer)
+/// through `slot`.
+fn coded_hybrid_rows<X: IndexCode, Y: ValueCode, D: Value, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    view: &CodedHybridView<'_, X, Y, D>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let view = *view;
+    let split = view.sparse_len();
+    let (start, end) = (item.rows.start, item.rows.end);
+    let d = job.cfg.head_dim();
+    type Placed<'v, X, Y, D> = fn(
+        Kernels,
+        &Job<'_>,
+        &Item,
+        &CodedHybridView<'v, X, Y, D>,
+        std::ops::Range<usize>,
+        &mut Scratch,
+        &mut Slot,
+    );
+    // 8-bit value codes are placed and read in place; the type picks the kernels.
+    let placed: Option<Placed<'_, X, Y, D>> =
+        if Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d) {
+            Some(placed_segment::<X, Y, D, Fp8Codes, W>)
+        } else if Y::KIND == ValueKind::Int8 && I8Codes::supports(d) {
+            Some(placed_segment::<X, Y, D, I8Codes, W>)
+        } else {
+            None
+        };
+    if start < split {
+        let sparse = start..end.min(split);
+        if let Some(placed) = placed {
+            placed(k, job, item, &view, sparse, sc, slot);
+        } else {
+            let (sk, sv) = view.value_scale;
+            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                expand_scaled(&view.sparse_keys, j, sk, ko);
+                expand_scaled(&view.sparse_values, j, sv, vo);
+            };
+            decoded_segment::<W>(k, job, item, sparse, sc, slot, decode);
         }
+    }
+    if end > split {
+        let (keys, values) = (view.buffer_keys, view.buffer_values);
+        buffer_segment::<D, W>(k, job, item, keys, values, split, sc, slot);
     }
 }

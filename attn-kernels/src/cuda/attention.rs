@@ -121,6 +121,12 @@ impl DecodeAttention for Gpu {
         kv: &[H],
         out: &mut [f32],
     ) -> Result<()> {
+        if kv.iter().any(|h| h.history_prefix().is_some()) {
+            return Err(Error::GpuUnsupported {
+                op: "Gpu::hybrid",
+                what: "a sparse history split into a prefix and the view's own rows".into(),
+            });
+        }
         let views: Vec<_> = kv.iter().map(HybridSource::hybrid_view).collect();
         let p = PackedHybrid::from_views(&views)?;
         self.decode(cfg, q, p.as_cache(), out, None)

@@ -1,0 +1,217 @@
+//! A hybrid history split into a prefix held elsewhere and the rest ([`PrefixedHybrid`],
+//! [`PrefixedCodedHybrid`]) attends as the contiguous history does: bit for bit on every
+//! instruction set when the prefix holds whole tiles (and whole blocks, for CSR rows),
+//! within rounding otherwise; the reference agrees; malformed prefixes are typed errors.
+
+mod common;
+
+use attn_kernels::accuracy::Kernel;
+use attn_kernels::{
+    AttnConfig, CpuAttention, DecodeAttention, EncodedAttention, Error, Isa, PrefixedCodedHybrid,
+    PrefixedHybrid, Reference, synth,
+};
+use common::{assert_close, cfg};
+use half::f16;
+use kv_sparse::ValueFormat;
+use kv_sparse::coded::{
+    Bitmask, CodedStore, Elems, IndexCode, Int4Values, Int8Values, List, ValueCode,
+};
+use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::hybrid::{CodedHybridCache, HybridCache, HybridConfig};
+
+const TILE: usize = CpuAttention::TILE_ROWS;
+
+/// Every instruction set, on 1 thread with the default split and on 2 threads with items
+/// of two tiles (so a prefix boundary also falls inside and between items).
+fn engines() -> Vec<(String, CpuAttention)> {
+    let mut out = Vec::new();
+    for isa in Isa::available() {
+        for (threads, split) in [(1, CpuAttention::DEFAULT_SPLIT_ROWS), (2, 2 * TILE)] {
+            let e = CpuAttention::new(threads).unwrap().with_isa(isa).unwrap();
+            out.push((format!("{isa}/{threads}t/split{split}"), e.with_split_rows(split).unwrap()));
+        }
+    }
+    out
+}
+
+/// Prefix lengths for a history of `rows`: none, whole tiles, a ragged cut, all of it.
+fn splits(rows: usize) -> Vec<usize> {
+    let mut s = vec![0, TILE, 2 * TILE, 3 * TILE, 45, rows];
+    s.retain(|&p| p <= rows);
+    s
+}
+
+fn bound(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// Checks a split attention against the contiguous one: equal bits when `exact`, the
+/// hybrid tolerance otherwise.
+fn check(got: &[f32], want: &[f32], exact: bool, max: f32, what: &str) {
+    if exact {
+        let (g, w): (Vec<u32>, Vec<u32>) =
+            (got.iter().map(|x| x.to_bits()).collect(), want.iter().map(|x| x.to_bits()).collect());
+        assert_eq!(g, w, "{what}: a prefix of whole tiles must not change a bit");
+    } else {
+        assert_close(Kernel::Hybrid, ValueFormat::F32, got, want, max, what);
+    }
+}
+
+fn csr_case(layout: (usize, usize), d: usize, (buffer, k, tokens): (usize, usize, usize)) {
+    let cfg: AttnConfig = cfg(layout, d);
+    let hybrid = HybridConfig { rows_per_block: 64, ..HybridConfig::new(d, buffer, k) };
+    let mut max = 0.0f32;
+    let whole: Vec<HybridCache<u8, f16, f16>> = (0..layout.1 as u64)
+        .map(|h| {
+            let mut c = HybridCache::new(hybrid).unwrap();
+            let (k, v) = (synth::values(tokens * d, 2 * h + 1), synth::values(tokens * d, 2 * h));
+            max = max.max(bound(&v));
+            c.extend(&k, &v).unwrap();
+            c
+        })
+        .collect();
+    let q = synth::values(cfg.q_len(), 77);
+    let mut want_ref = vec![0.0; cfg.q_len()];
+    Reference.hybrid(&cfg, &q, &whole, &mut want_ref).unwrap();
+    for p in splits(whole[0].sparse_len()) {
+        let rest: Vec<_> = whole
+            .iter()
+            .map(|c| HybridCache::from_view_after(hybrid, c.view(), p).unwrap())
+            .collect();
+        let split: Vec<_> = whole
+            .iter()
+            .zip(&rest)
+            .map(|(w, r)| {
+                let v = w.view();
+                PrefixedHybrid {
+                    prefix: (v.sparse_keys.first_rows(p), v.sparse_values.first_rows(p)),
+                    view: r.view(),
+                }
+            })
+            .collect();
+        let what = format!("csr {layout:?} d={d} b={buffer} k={k} L={tokens} prefix={p}");
+        let mut got_ref = vec![0.0; cfg.q_len()];
+        Reference.hybrid(&cfg, &q, &split, &mut got_ref).unwrap();
+        assert_eq!(got_ref, want_ref, "{what}: reference");
+        for (name, mut e) in engines() {
+            let (mut want, mut got) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+            e.hybrid(&cfg, &q, &whole, &mut want).unwrap();
+            e.hybrid(&cfg, &q, &split, &mut got).unwrap();
+            let exact = CpuAttention::exact_prefix_rows(p, hybrid.rows_per_block) == p;
+            check(&got, &want, exact, max, &format!("{name} {what}"));
+            assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want_ref, max, &what);
+        }
+    }
+}
+
+#[test]
+fn csr_prefix_matches_the_contiguous_history() {
+    for layout in [(2, 2), (8, 1), (12, 1)] {
+        for d in [64, 40, 12] {
+            csr_case(layout, d, (16, d / 2, 200));
+            csr_case(layout, d, (0, d / 4, 130));
+        }
+    }
+}
+
+fn coded_case<X: IndexCode, Y: ValueCode>(layout: (usize, usize), d: usize, tokens: usize) {
+    let cfg = cfg(layout, d);
+    let k = (d / 2) & !1;
+    let hybrid = HybridConfig { rows_per_block: 40, ..HybridConfig::new(d, 16, k) }
+        .for_store::<CodedStore<X, Y>>();
+    let mut max = 0.0f32;
+    let whole: Vec<CodedHybridCache<X, Y, f16>> = (0..layout.1 as u64)
+        .map(|h| {
+            let mut c = CodedHybridCache::new(hybrid).unwrap();
+            let (k, v) = (synth::values(tokens * d, 9 + h), synth::values(tokens * d, 19 + h));
+            max = max.max(bound(&v));
+            c.extend(&k, &v).unwrap();
+            c
+        })
+        .collect();
+    let q = synth::values(cfg.q_len(), 5);
+    let mut want_ref = vec![0.0; cfg.q_len()];
+    Reference.coded_hybrid(&cfg, &q, &whole, &mut want_ref).unwrap();
+    for p in splits(whole[0].sparse_len()) {
+        let rest: Vec<_> = whole
+            .iter()
+            .map(|c| CodedHybridCache::from_view_after(hybrid, c.view(), p).unwrap())
+            .collect();
+        let split: Vec<_> = whole
+            .iter()
+            .zip(&rest)
+            .map(|(w, r)| {
+                let v = w.view();
+                PrefixedCodedHybrid {
+                    prefix: (v.sparse_keys.first_rows(p), v.sparse_values.first_rows(p)),
+                    view: r.view(),
+                }
+            })
+            .collect();
+        let what = format!("{:?}×{:?} {layout:?} d={d} L={tokens} prefix={p}", X::KIND, Y::KIND);
+        let mut got_ref = vec![0.0; cfg.q_len()];
+        Reference.coded_hybrid(&cfg, &q, &split, &mut got_ref).unwrap();
+        assert_eq!(got_ref, want_ref, "{what}: reference");
+        for (name, mut e) in engines() {
+            let (mut want, mut got) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+            e.coded_hybrid(&cfg, &q, &whole, &mut want).unwrap();
+            e.coded_hybrid(&cfg, &q, &split, &mut got).unwrap();
+            check(&got, &want, p.is_multiple_of(TILE), max, &format!("{name} {what}"));
+        }
+    }
+}
+
+#[test]
+fn coded_prefix_matches_the_contiguous_history() {
+    for layout in [(2, 2), (8, 1)] {
+        // 64 and 40: the placing kernels (8-bit codes); 12: the expanding path.
+        for d in [64, 40, 12] {
+            coded_case::<Bitmask, Int8Values>(layout, d, 180);
+            coded_case::<Bitmask, Elems<Fp8E4M3>>(layout, d, 180);
+            coded_case::<List<u8>, Int8Values>(layout, d, 150);
+            coded_case::<List<u8>, Elems<f16>>(layout, d, 150);
+            coded_case::<Bitmask, Int4Values>(layout, d, 120);
+        }
+    }
+}
+
+#[test]
+fn malformed_prefixes_are_typed_errors() {
+    let (d, cfg) = (16, cfg((2, 1), 16));
+    let hybrid = HybridConfig::new(d, 4, 8);
+    let mut c = HybridCache::<u8, f16, f16>::new(hybrid).unwrap();
+    c.extend(&synth::values(40 * d, 1), &synth::values(40 * d, 2)).unwrap();
+    let v = c.view();
+    let q = synth::values(cfg.q_len(), 3);
+    let mut out = vec![0.0; cfg.q_len()];
+    // Keys and values of the prefix hold different numbers of rows.
+    let ragged = PrefixedHybrid {
+        prefix: (v.sparse_keys.first_rows(5), v.sparse_values.first_rows(4)),
+        view: v,
+    };
+    // A prefix of another head width.
+    let mut wide = HybridCache::<u8, f16, f16>::new(HybridConfig::new(2 * d, 4, 8)).unwrap();
+    wide.extend(&synth::values(20 * 2 * d, 4), &synth::values(20 * 2 * d, 5)).unwrap();
+    let w = wide.view();
+    let other = PrefixedHybrid { prefix: (w.sparse_keys, w.sparse_values), view: v };
+    for (name, mut e) in engines() {
+        let err = e.hybrid(&cfg, &q, &[ragged], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { kv_head: 0, .. }), "{name}: {err}");
+        let err = e.hybrid(&cfg, &q, &[other], &mut out).unwrap_err();
+        assert!(matches!(err, Error::HeadDimMismatch { kv_head: 0, .. }), "{name}: {err}");
+    }
+    assert!(Reference.hybrid(&cfg, &q, &[ragged], &mut out).is_err());
+
+    let coded = HybridConfig::new(d, 4, 8).for_store::<CodedStore<Bitmask, Int8Values>>();
+    let mut c = CodedHybridCache::<Bitmask, Int8Values, f16>::new(coded).unwrap();
+    c.extend(&synth::values(40 * d, 6), &synth::values(40 * d, 7)).unwrap();
+    let v = c.view();
+    let ragged = PrefixedCodedHybrid {
+        prefix: (v.sparse_keys.first_rows(3), v.sparse_values.first_rows(6)),
+        view: v,
+    };
+    for (name, mut e) in engines() {
+        let err = e.coded_hybrid(&cfg, &q, &[ragged], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { kv_head: 0, .. }), "{name}: {err}");
+    }
+}
