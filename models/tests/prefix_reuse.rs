@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::fixtures;
 use kv_sparse::persist::MappedCache;
 use models::cache::persist::{self, CacheIdentity, Prefix};
@@ -40,7 +42,9 @@ fn session(ckpt: &Checkpoint, spec: &str) -> (Session, CacheIdentity) {
 }
 
 /// Saves after the prefill of `prompt`, reopens through the memory map into a fresh
-/// session, and checks both continuations agree bit for bit. Returns the file's bytes.
+/// session, and checks both continuations agree bit for bit; then saves the reopened,
+/// continued cache again and checks a third session continuing from that file agrees
+/// too. Returns the first file's bytes.
 fn round_trip(ckpt: &Checkpoint, spec: &str, prompt: &[u32], steps: usize) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("prefix.kvs");
@@ -53,7 +57,7 @@ fn round_trip(ckpt: &Checkpoint, spec: &str, prompt: &[u32], steps: usize) -> Ve
     let (mut b, identity_b) = session(ckpt, spec);
     assert_eq!(identity, identity_b, "{spec}: the identity is a function of model, set and spec");
     // SAFETY: the file lives in a private temporary directory nothing else writes.
-    let file = unsafe { MappedCache::open(&path) }.unwrap();
+    let file = Arc::new(unsafe { MappedCache::open(&path) }.unwrap());
     let saved = b.resume(&file, &identity).unwrap_or_else(|e| panic!("{spec}: {e}"));
     drop(file);
     assert_eq!(saved, prefix);
@@ -64,11 +68,34 @@ fn round_trip(ckpt: &Checkpoint, spec: &str, prompt: &[u32], steps: usize) -> Ve
         let _ = c.prefill(prompt).unwrap();
         c.cache().bytes()
     });
-    let (ids_b, logits_b) = continue_greedy(&mut b, saved.logits, steps);
+    let half = steps / 2;
+    let (mut ids_b, mut logits_b) = continue_greedy(&mut b, saved.logits, half);
+    // Save the reopened cache after `half` steps (its history partly still in the first
+    // file's map), reopen that into a third session, and continue both.
+    let again = dir.path().join("continued.kvs");
+    let mut ids = prompt.to_vec();
+    ids.extend(&ids_b);
+    let last = logits_b.pop().unwrap();
+    persist::save(&again, &identity, b.cache(), &Prefix { ids: ids.clone(), logits: last.clone() })
+        .unwrap_or_else(|e| panic!("{spec}: saving a reopened cache: {e}"));
+    let (mut c, _) = session(ckpt, spec);
+    // SAFETY: as above.
+    let file = Arc::new(unsafe { MappedCache::open(&again) }.unwrap());
+    let resumed = c.resume(&file, &identity).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    assert_eq!(resumed.ids, ids);
+    let (ids_rest, logits_rest) = continue_greedy(&mut b, last.clone(), steps - half);
+    let (ids_c, logits_c) = continue_greedy(&mut c, last, steps - half);
+    ids_b.extend(ids_rest);
+    logits_b.extend(logits_rest);
     assert_eq!(ids_a, ids_b, "{spec}: tokens");
     for (step, (x, y)) in logits_a.iter().zip(&logits_b).enumerate() {
         let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
         assert!(same, "{spec}: logits of step {step} differ");
+    }
+    assert_eq!(ids_c, ids_a[half..], "{spec}: tokens after the second reopen");
+    for (step, (x, y)) in logits_a[half..].iter().zip(&logits_c).enumerate() {
+        let same = x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+        assert!(same, "{spec}: logits of step {} after the second reopen differ", half + step);
     }
     std::fs::read(&path).unwrap()
 }
@@ -100,6 +127,34 @@ fn reopened_caches_continue_exactly_as_in_memory_on_the_tiny_models() {
     round_trip(&wide, "swan:k=16,index=bitmask,value=int8,b=3,basis=hadamard", &p, 6);
 }
 
+/// A history longer than one block (256 rows at d = 16): the reopened SWAN cache attends
+/// its first 256 rows of every head where the file maps them and copies only the rest.
+#[test]
+fn long_swan_histories_are_read_from_the_map() {
+    let gqa = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let p = prompt(300);
+    for spec in [
+        "swan:k=8,value=f16,b=4,basis=random:5",
+        "swan:k=8,index=bitmask,value=int8,b=4,basis=random:5",
+        "swan:k=6,kv=4,value=fp8,scale=auto,b=16,basis=random:1",
+        "swan:k=8,index=bitmask,value=int4,b=0,basis=random:2",
+    ] {
+        round_trip(&gqa, spec, &p, 6);
+        // The reopened cache holds only the unmapped rows in memory.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("long.kvs");
+        let (mut a, identity) = session(&gqa, spec);
+        let logits = to_f32_vec(&a.prefill(&p).unwrap()).unwrap();
+        persist::save(&path, &identity, a.cache(), &Prefix { ids: p.clone(), logits }).unwrap();
+        let file = Arc::new(MappedCache::read(&path).unwrap());
+        let (mut b, _) = session(&gqa, spec);
+        b.resume(&file, &identity).unwrap();
+        assert!(Arc::strong_count(&file) > 1, "{spec}: the reopened cache keeps the file");
+        assert_eq!(b.cache().len(), p.len(), "{spec}");
+        assert_eq!(b.cache().bytes(), a.cache().bytes(), "{spec}: the same rows, wherever held");
+    }
+}
+
 fn saved(ckpt: &Checkpoint, spec: &str, dir: &std::path::Path) -> std::path::PathBuf {
     let path = dir.join(format!("{}.kvs", spec.replace([':', ',', '='], "_")));
     let (mut s, identity) = session(ckpt, spec);
@@ -113,7 +168,7 @@ fn resume_err(ckpt: &Checkpoint, spec: &str, bytes: &[u8]) -> Error {
     let (mut s, identity) = session(ckpt, spec);
     let file = MappedCache::from_bytes(bytes).map_err(Error::from);
     let e = match file {
-        Ok(file) => s.resume(&file, &identity).unwrap_err(),
+        Ok(file) => s.resume(&Arc::new(file), &identity).unwrap_err(),
         Err(e) => e,
     };
     assert_eq!((s.position(), s.cache().len()), (0, 0), "a failed resume changes nothing");
@@ -203,7 +258,7 @@ fn a_failed_load_keeps_everything_the_cache_held() {
             let _ = model.prefill(&p, Some(c.as_mut()), &mut NoObserver, false).unwrap();
         }
         let bytes = std::fs::read(saved(&gqa, other, dir.path())).unwrap();
-        let file = MappedCache::from_bytes(&bytes).unwrap();
+        let file = Arc::new(MappedCache::from_bytes(&bytes).unwrap());
         // Straight to the cache, skipping the identity check: the layout check refuses it.
         let e = cache.load_image(&file).unwrap_err();
         assert!(

@@ -142,7 +142,7 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     /// Copies the rows out of the file: this cache appends every step to each head's
     /// `Vec`, which must own its storage.
-    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+    fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         let tokens = super::persist::common_tokens("dense cache load", file)?;

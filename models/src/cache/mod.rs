@@ -324,7 +324,8 @@ pub trait KvCache: Send {
     }
 
     /// Replaces the cache's state by an opened file's (every layer, every kv-head; each
-    /// head's contents are validated as it is read).
+    /// head's contents are validated as it is read). A cache may keep `file` and read rows
+    /// where they are mapped (SWAN's sparse histories) instead of copying them.
     /// The file is checked against this cache — layout and formats, shape, per-head
     /// configuration, equal token counts across layers — before anything changes, so on
     /// error the cache holds what it held before.
@@ -333,7 +334,7 @@ pub trait KvCache: Send {
     /// [`crate::Error::NotPersistable`] (the default); [`crate::Error::Sparse`] for a file
     /// of another layout, format or shape; [`crate::Error::InvalidInput`] for per-head
     /// configurations or token counts this cache cannot continue from.
-    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+    fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
         let _ = file;
         Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() })
     }

@@ -11,10 +11,12 @@
 //!
 //! What is copied on load: `kv_sparse::persist::MappedCache` checks the mapped file's
 //! header and directory on open and each head's checksum and rows in place when the load
-//! first reads that head; each cache then copies the head's validated sections once into
-//! the storage it decodes with (one `memcpy` per section, no re-encoding), because every
-//! decode step appends to each head's rows (the SWAN buffer also evicts onto the end of its
-//! sparse history) and the kernels read one contiguous, owned store per head. A head that
+//! first reads that head. SWAN caches then keep the file and attend each head's sparse
+//! history where it is mapped (zero-copy), copying only the buffer rows and the last few
+//! history rows (fewer than one kernel tile or CSR block) into the owned stores decoding
+//! appends to; saving such a cache again writes the mapped rows straight from the map.
+//! Dense and quantized caches copy each head's validated rows once (one `memcpy` per
+//! section, no re-encoding) into the contiguous store they append to. A head that
 //! fails its check fails the whole load before the cache changes.
 
 use std::path::Path;
@@ -222,7 +224,7 @@ pub fn save(
 /// [`Error::InvalidInput`] for a file without a kvtide identity or prefix, or whose
 /// prefix disagrees with the rows; the cache's [`KvCache::load_image`] errors.
 pub fn load(
-    file: &MappedCache,
+    file: &std::sync::Arc<MappedCache>,
     identity: &CacheIdentity,
     cache: &mut dyn KvCache,
 ) -> Result<Prefix> {

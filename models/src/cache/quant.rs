@@ -165,7 +165,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
 
     /// Copies the rows out of the file: this cache appends every step to each head's
     /// rows, which must own their storage.
-    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+    fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         super::persist::common_tokens("quantized cache load", file)?;

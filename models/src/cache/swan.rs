@@ -18,7 +18,10 @@
 
 use std::sync::Arc;
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, EncodedAttention};
+use attn_kernels::{
+    AttnConfig, CpuAttention, DecodeAttention, EncodedAttention, PrefixedCodedHybrid,
+    PrefixedHybrid,
+};
 use kv_sparse::coded::{CodedStore, IndexCode, ValueCode, ValueKind, coded_row_bytes};
 use kv_sparse::csr::CsrStore;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
@@ -140,63 +143,129 @@ impl SwanConfig {
     }
 }
 
+/// The first `rows` sparse rows of every head of a reopened cache file, which the cache
+/// attends where they are mapped.
+#[derive(Clone, Copy, Debug)]
+pub struct MappedHistory<'f> {
+    /// The validated file.
+    pub file: &'f MappedCache,
+    /// Rows of each head's sparse history read from the file.
+    pub rows: usize,
+}
+
 /// A sparse row storage the SWAN cache can attend over: CSR rows through the hybrid
 /// kernel, coded rows through the coded-hybrid kernel.
 pub trait SwanRows: RowStore {
     /// The (index, value) encoding this storage implements.
     const ENCODING: (SwanIndex, ValueKind);
 
-    /// The persisted-cache image of `heads` (`layers × kv_heads`, layer-major).
+    /// The persisted-cache image of `heads` (`layers × kv_heads`, layer-major), each
+    /// head's history continuing `mapped`'s rows when given (rows borrowed, not copied).
     ///
     /// # Errors
-    /// kv-sparse's shape errors.
-    fn image<D: Value>(
+    /// kv-sparse's shape and format errors.
+    fn image<'a, D: Value>(
         layers: usize,
         kv_heads: usize,
-        heads: &[Hybrid<Self, D>],
-    ) -> kv_sparse::Result<CacheImage<'_>>;
+        heads: &'a [Hybrid<Self, D>],
+        mapped: Option<MappedHistory<'a>>,
+    ) -> kv_sparse::Result<CacheImage<'a>>;
 
-    /// The configuration of one head of a validated file, and its owned copy.
+    /// One head of a validated file as an owned cache holding the rows after the first
+    /// `skip` of its sparse history, and its buffer.
     ///
     /// # Errors
-    /// [`kv_sparse::Error::FormatMismatch`] for a file of another layout or formats.
+    /// [`kv_sparse::Error::FormatMismatch`] for a file of another layout or formats;
+    /// [`kv_sparse::Error::OutOfRange`] when `skip` exceeds the head's history.
     fn load<D: Value>(
         file: &MappedCache,
         layer: usize,
         kv_head: usize,
+        skip: usize,
     ) -> kv_sparse::Result<Hybrid<Self, D>>;
 
-    /// One decode step of a layer over its kv-heads' caches.
+    /// Rows in the sparse history of one head of a validated file, and the bytes of the
+    /// first `rows` of them (block bases, offsets, indices or masks, values, scales).
     ///
     /// # Errors
-    /// Kernel errors.
+    /// As [`SwanRows::load`].
+    fn file_history<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+        rows: usize,
+    ) -> kv_sparse::Result<(usize, usize)>;
+
+    /// One decode step of a layer over its kv-heads' caches, each continuing the mapped
+    /// history when given.
+    ///
+    /// # Errors
+    /// Kernel errors; kv-sparse's errors reading the file.
+    #[allow(clippy::too_many_arguments)]
     fn attend<D: Value>(
         kernel: &mut CpuAttention,
         cfg: &AttnConfig,
         q: &[f32],
         heads: &[Hybrid<Self, D>],
+        mapped: Option<(MappedHistory<'_>, usize)>,
         out: &mut [f32],
     ) -> attn_kernels::Result<()>;
+}
+
+/// Bytes of block bases, offsets and row data of a borrowed history.
+fn table_bytes(bases: &[u64], offsets: &[u16]) -> usize {
+    std::mem::size_of_val(bases) + std::mem::size_of_val(offsets)
 }
 
 impl<V: Value> SwanRows for CsrStore<u8, V> {
     const ENCODING: (SwanIndex, ValueKind) = (SwanIndex::List, ValueKind::Elems(V::FORMAT));
 
-    fn image<D: Value>(
+    fn image<'a, D: Value>(
         layers: usize,
         kv_heads: usize,
-        heads: &[Hybrid<Self, D>],
-    ) -> kv_sparse::Result<CacheImage<'_>> {
-        let views: Vec<_> = heads.iter().map(|h| (*h.config(), h.view())).collect();
-        CacheImage::csr(layers, kv_heads, &views)
+        heads: &'a [Hybrid<Self, D>],
+        mapped: Option<MappedHistory<'a>>,
+    ) -> kv_sparse::Result<CacheImage<'a>> {
+        let mut views = Vec::with_capacity(heads.len());
+        for (slot, h) in heads.iter().enumerate() {
+            let older = match mapped {
+                Some(m) => {
+                    let v = m.file.view::<u8, V, D>(slot / kv_heads, slot % kv_heads)?;
+                    Some((v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows)))
+                }
+                None => None,
+            };
+            views.push((*h.config(), older, h.view()));
+        }
+        CacheImage::csr_continued(layers, kv_heads, &views)
     }
 
     fn load<D: Value>(
         file: &MappedCache,
         layer: usize,
         kv_head: usize,
+        skip: usize,
     ) -> kv_sparse::Result<Hybrid<Self, D>> {
-        file.load::<u8, V, D>(layer, kv_head)
+        let view = file.view::<u8, V, D>(layer, kv_head)?;
+        Hybrid::<Self, D>::from_view_after(file.config(layer, kv_head)?, view, skip)
+    }
+
+    fn file_history<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+        rows: usize,
+    ) -> kv_sparse::Result<(usize, usize)> {
+        let v = file.view::<u8, V, D>(layer, kv_head)?;
+        let bytes = [v.sparse_keys.first_rows(rows), v.sparse_values.first_rows(rows)]
+            .iter()
+            .map(|c| {
+                table_bytes(c.block_bases(), c.offsets())
+                    + std::mem::size_of_val(c.indices())
+                    + std::mem::size_of_val(c.values())
+            })
+            .sum();
+        Ok((v.sparse_len(), bytes))
     }
 
     fn attend<D: Value>(
@@ -204,9 +273,17 @@ impl<V: Value> SwanRows for CsrStore<u8, V> {
         cfg: &AttnConfig,
         q: &[f32],
         heads: &[Hybrid<Self, D>],
+        mapped: Option<(MappedHistory<'_>, usize)>,
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        kernel.hybrid(cfg, q, heads, out)
+        let Some((m, layer)) = mapped else { return kernel.hybrid(cfg, q, heads, out) };
+        let mut split = Vec::with_capacity(heads.len());
+        for (h, c) in heads.iter().enumerate() {
+            let v = m.file.view::<u8, V, D>(layer, h)?;
+            let prefix = (v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows));
+            split.push(PrefixedHybrid { prefix, view: c.view() });
+        }
+        kernel.hybrid(cfg, q, &split, out)
     }
 }
 
@@ -219,21 +296,48 @@ impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
         Y::KIND,
     );
 
-    fn image<D: Value>(
+    fn image<'a, D: Value>(
         layers: usize,
         kv_heads: usize,
-        heads: &[Hybrid<Self, D>],
-    ) -> kv_sparse::Result<CacheImage<'_>> {
-        let views: Vec<_> = heads.iter().map(|h| (*h.config(), h.view())).collect();
-        CacheImage::coded(layers, kv_heads, &views)
+        heads: &'a [Hybrid<Self, D>],
+        mapped: Option<MappedHistory<'a>>,
+    ) -> kv_sparse::Result<CacheImage<'a>> {
+        let mut views = Vec::with_capacity(heads.len());
+        for (slot, h) in heads.iter().enumerate() {
+            let older = match mapped {
+                Some(m) => {
+                    let v = m.file.coded_view::<X, Y, D>(slot / kv_heads, slot % kv_heads)?;
+                    Some((v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows)))
+                }
+                None => None,
+            };
+            views.push((*h.config(), older, h.view()));
+        }
+        CacheImage::coded_continued(layers, kv_heads, &views)
     }
 
     fn load<D: Value>(
         file: &MappedCache,
         layer: usize,
         kv_head: usize,
+        skip: usize,
     ) -> kv_sparse::Result<Hybrid<Self, D>> {
-        file.load_coded::<X, Y, D>(layer, kv_head)
+        let view = file.coded_view::<X, Y, D>(layer, kv_head)?;
+        Hybrid::<Self, D>::from_view_after(file.config(layer, kv_head)?, view, skip)
+    }
+
+    fn file_history<D: Value>(
+        file: &MappedCache,
+        layer: usize,
+        kv_head: usize,
+        rows: usize,
+    ) -> kv_sparse::Result<(usize, usize)> {
+        let v = file.coded_view::<X, Y, D>(layer, kv_head)?;
+        let bytes = [v.sparse_keys.first_rows(rows), v.sparse_values.first_rows(rows)]
+            .iter()
+            .map(|c| table_bytes(c.block_bases(), c.offsets()) + c.bytes().len())
+            .sum();
+        Ok((v.sparse_len(), bytes))
     }
 
     fn attend<D: Value>(
@@ -241,9 +345,17 @@ impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
         cfg: &AttnConfig,
         q: &[f32],
         heads: &[Hybrid<Self, D>],
+        mapped: Option<(MappedHistory<'_>, usize)>,
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        kernel.coded_hybrid(cfg, q, heads, out)
+        let Some((m, layer)) = mapped else { return kernel.coded_hybrid(cfg, q, heads, out) };
+        let mut split = Vec::with_capacity(heads.len());
+        for (h, c) in heads.iter().enumerate() {
+            let v = m.file.coded_view::<X, Y, D>(layer, h)?;
+            let prefix = (v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows));
+            split.push(PrefixedCodedHybrid { prefix, view: c.view() });
+        }
+        kernel.coded_hybrid(cfg, q, &split, out)
     }
 }
 
@@ -254,6 +366,9 @@ pub struct SwanCache<S: SwanRows, D: Value> {
     kernel: CpuAttention,
     set: Arc<ProjectionSet>,
     caches: MultiHead<S, D>,
+    /// A reopened file whose first `.1` sparse rows of every head precede `caches`' own
+    /// history, read where they are mapped; `.2` their bytes.
+    mapped: Option<(Arc<MappedCache>, usize, usize)>,
     q_rot: Vec<f32>,
     k_rot: Vec<f32>,
     prefill_rot: Vec<f32>,
@@ -291,14 +406,23 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             kernel: CpuAttention::new(threads)?,
             set,
             caches,
+            mapped: None,
             q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
             k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             prefill_rot: Vec::new(),
         })
     }
 
+    /// The reopened file's rows this cache attends where they are mapped, if any.
+    fn mapped(&self) -> Option<MappedHistory<'_>> {
+        self.mapped.as_ref().map(|(file, rows, _)| MappedHistory { file, rows: *rows })
+    }
+
     /// Replaces the empty caches of `layer` by ones whose fp8 scales fit `keys`/`values`.
     fn rescale(&mut self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
+        if self.mapped.is_some() {
+            return Err(invalid("swan prefill", "the cache continues a reopened file"));
+        }
         let n = kv.tokens * self.shape.head_dim();
         for h in 0..self.shape.kv_heads() {
             let max = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -338,7 +462,8 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     }
 
     fn len(&self) -> usize {
-        self.caches.layer_len(self.shape.layers - 1).unwrap_or(0)
+        let mapped = self.mapped.as_ref().map_or(0, |m| m.1);
+        self.caches.layer_len(self.shape.layers - 1).unwrap_or(0) + mapped
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -378,12 +503,19 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         self.caches.append_token(layer, &self.k_rot, step.v)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
-        S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, out)?;
+        let mapped = self
+            .mapped
+            .as_ref()
+            .map(|(file, rows, _)| (MappedHistory { file, rows: *rows }, layer));
+        S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, out)?;
         Ok(())
     }
 
+    /// The rows read from a reopened file count as resident: attention reads them every
+    /// step (from the page cache).
     fn bytes(&self) -> CacheBytes {
-        CacheBytes { resident: self.caches.memory().held_bytes(), offloaded: 0 }
+        let mapped = self.mapped.as_ref().map_or(0, |m| m.2);
+        CacheBytes { resident: self.caches.memory().held_bytes() + mapped, offloaded: 0 }
     }
 
     fn projection(&self) -> Option<&ProjectionSet> {
@@ -391,20 +523,35 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
-        Ok(S::image(self.shape.layers, self.shape.kv_heads(), self.caches.heads())?)
+        let (layers, kv) = (self.shape.layers, self.shape.kv_heads());
+        Ok(S::image(layers, kv, self.caches.heads(), self.mapped())?)
     }
 
-    /// Copies each head's validated sections (block bases, row offsets, row bytes, buffer
-    /// rows) out of the file into owned stores: decoding evicts buffer rows onto the end of
-    /// each head's sparse history, and the kernels read one contiguous history per head.
-    fn load_image(&mut self, file: &MappedCache) -> Result<()> {
+    /// Keeps `file` and attends each head's sparse history where it is mapped: only the
+    /// buffer rows and the last few history rows (fewer than a tile or CSR block — what
+    /// [`CpuAttention::exact_prefix_rows`] leaves, so that attention over the split
+    /// history is bit for bit that over one contiguous history) are copied into the
+    /// owned stores that decoding appends to. Every head is validated before the cache
+    /// changes.
+    fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         const OP: &str = "swan cache load";
         let (s, d) = (self.shape, self.shape.head_dim());
         file.check_shape(s.layers, s.kv_heads(), d)?;
         super::persist::common_tokens(OP, file)?;
-        let mut heads = Vec::with_capacity(s.layers * s.kv_heads());
+        let (rows, _) = S::file_history::<D>(file, 0, 0, 0)?;
+        let want = self.cfg.hybrid::<S>(d, None);
+        let skip = CpuAttention::exact_prefix_rows(rows, want.rows_per_block);
+        let (mut heads, mut bytes) = (Vec::with_capacity(s.layers * s.kv_heads()), 0);
         for slot in 0..s.layers * s.kv_heads() {
-            let head = S::load::<D>(file, slot / s.kv_heads(), slot % s.kv_heads())?;
+            let (l, h) = (slot / s.kv_heads(), slot % s.kv_heads());
+            let (got_rows, b) = S::file_history::<D>(file, l, h, skip)?;
+            if got_rows != rows {
+                return Err(invalid(
+                    OP,
+                    format!("head {slot} holds {got_rows} history rows, head 0 {rows}"),
+                ));
+            }
+            let head = S::load::<D>(file, l, h, skip)?;
             let got = *head.config();
             let scale = if self.cfg.scaled_fp8() { got.fp8_scale } else { None };
             let want = self.cfg.hybrid::<S>(d, scale);
@@ -415,8 +562,10 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
                 ));
             }
             heads.push(head);
+            bytes += b;
         }
         self.caches = MultiHead::from_heads(s.layers, s.kv_heads(), heads)?;
+        self.mapped = (skip > 0).then(|| (Arc::clone(file), skip, bytes));
         Ok(())
     }
 }

@@ -88,7 +88,9 @@ impl Session {
     /// `identity` (this session's model, projection and cache format), replaces the fresh
     /// cache's state by the file's and moves to the position after the saved prompt.
     /// Returns the saved prompt and its last logits (feed them to
-    /// [`generate::greedy_from`]).
+    /// [`generate::greedy_from`]). The cache may keep `file` (a SWAN cache attends its
+    /// sparse histories where they are mapped), so the file must stay unchanged while the
+    /// session lives.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] if the session already holds tokens; the errors of
@@ -96,7 +98,7 @@ impl Session {
     /// [`crate::Error::CacheMismatch`]). On error the session is unchanged.
     pub fn resume(
         &mut self,
-        file: &kv_sparse::persist::MappedCache,
+        file: &std::sync::Arc<kv_sparse::persist::MappedCache>,
         identity: &crate::cache::persist::CacheIdentity,
     ) -> Result<crate::cache::persist::Prefix> {
         if self.position != 0 || !self.cache.is_empty() {
