@@ -15,7 +15,8 @@
 //!   stores (`MappedCache::load_coded`); `open+continue mapped` leaves each head's first
 //!   `rows − rows mod 256` history rows in the map and copies the rest and the buffer
 //!   (`CodedHybridCache::from_view_after`), as the `models` SWAN cache does when it
-//!   attends a reopened history where it lies.
+//!   attends a reopened history where it lies; `… all cores` first validates every head
+//!   with `MappedCache::validate_all_on` on every core, as the `models` caches load.
 //!
 //! Throughput is the file's bytes per second (for `open` it only reads the metadata, so
 //! compare times, not throughputs).
@@ -136,6 +137,25 @@ fn continue_mapped(path: &Path) -> MappedCache {
     file
 }
 
+/// [`continue_mapped`] with every head validated first on all cores
+/// (`MappedCache::validate_all_on`), as the `models` caches load.
+fn continue_mapped_on_all_cores(path: &Path) -> MappedCache {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let file = open(path);
+    file.validate_all_on(threads).expect("valid heads");
+    let heads: Vec<Swan> = (0..LAYERS * KV_HEADS)
+        .map(|h| {
+            let (l, kv) = (h / KV_HEADS, h % KV_HEADS);
+            let view = file.coded_view::<Bitmask, Int8Values, f16>(l, kv).expect("valid");
+            let skip = view.sparse_len() - view.sparse_len() % 256;
+            let cfg = file.config(l, kv).expect("config");
+            Swan::from_view_after(cfg, view, skip).expect("continuable head")
+        })
+        .collect();
+    std::hint::black_box(&heads);
+    file
+}
+
 /// Times `run` on `path` with the file's pages in the page cache and dropped before each
 /// iteration.
 fn warm_and_cold(
@@ -185,6 +205,8 @@ fn reopen(c: &mut Criterion) {
         if name.starts_with("swan") {
             warm_and_cold(&mut g, "open+continue copied", name, &path, continue_copied);
             warm_and_cold(&mut g, "open+continue mapped", name, &path, continue_mapped);
+            let all = "open+continue mapped, all cores";
+            warm_and_cold(&mut g, all, name, &path, continue_mapped_on_all_cores);
         }
     }
     g.finish();

@@ -107,6 +107,30 @@ fn a_corrupt_head_fails_on_its_first_use_and_the_others_stay_usable() {
 }
 
 #[test]
+fn validating_on_threads_reports_the_first_bad_head_in_layer_major_order() {
+    let caches = heads(LAYERS * KV_HEADS, 9);
+    let clean = image(&caches);
+    let file = MappedCache::from_bytes(&clean).unwrap();
+    for threads in [1, 2, 3, 64] {
+        file.validate_all_on(threads).unwrap();
+    }
+    // Two corrupt heads: layer 1 head 2 (slot 5) and layer 1 head 0 (slot 3).
+    let mut flipped = clean.clone();
+    for bad in [5, 3] {
+        let at = unique_offset(&clean, caches[bad].view().sparse_keys.bytes());
+        flipped[at + 1] ^= 0x04;
+    }
+    for threads in [1, 2, 4] {
+        let file = MappedCache::from_bytes(&flipped).unwrap();
+        assert_bad_head(&file.validate_all_on(threads).unwrap_err(), 1, 0);
+        assert_bad_head(&file.validate_head(1, 2).unwrap_err(), 1, 2);
+        for good in [0, 1, 2, 4] {
+            file.validate_head(good / KV_HEADS, good % KV_HEADS).unwrap();
+        }
+    }
+}
+
+#[test]
 fn bad_rows_behind_valid_checksums_fail_their_head_only() {
     let caches = heads(LAYERS * KV_HEADS, 9);
     let mut bytes = image(&caches);

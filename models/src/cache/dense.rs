@@ -146,6 +146,8 @@ impl<D: Value> KvCache for DenseCache<D> {
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         let tokens = super::persist::common_tokens("dense cache load", file)?;
+        // Every head on every attention thread at once; the loop below then reads checked heads.
+        file.validate_all_on(self.kernel.threads())?;
         let (mut keys, mut values) = (Vec::with_capacity(s.layers), Vec::with_capacity(s.layers));
         for slot in 0..s.layers * s.kv_heads() {
             let (k, v) = file.dense_rows::<D>(slot / s.kv_heads(), slot % s.kv_heads())?;

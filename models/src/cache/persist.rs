@@ -10,8 +10,8 @@
 //! logits of its last position, so the first new token needs no forward pass).
 //!
 //! What is copied on load: `kv_sparse::persist::MappedCache` checks the mapped file's
-//! header and directory on open and each head's checksum and rows in place when the load
-//! first reads that head. SWAN caches then keep the file and attend each head's sparse
+//! header and directory on open; the load checks every head's checksum and rows in place,
+//! on the cache's attention threads at once (`MappedCache::validate_all_on`). SWAN caches then keep the file and attend each head's sparse
 //! history where it is mapped (zero-copy), copying only the buffer rows and the last few
 //! history rows (fewer than one kernel tile or CSR block) into the owned stores decoding
 //! appends to; saving such a cache again writes the mapped rows straight from the map.

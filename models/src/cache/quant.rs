@@ -169,6 +169,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         super::persist::common_tokens("quantized cache load", file)?;
+        // Every head on every attention thread at once; the loop below then reads checked heads.
+        file.validate_all_on(self.kernel.threads())?;
         let (mut keys, mut values) = (Vec::new(), Vec::new());
         for slot in 0..s.layers * s.kv_heads() {
             let (k, v) = file.load_quant::<C>(slot / s.kv_heads(), slot % s.kv_heads())?;

@@ -538,6 +538,8 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         let (s, d) = (self.shape, self.shape.head_dim());
         file.check_shape(s.layers, s.kv_heads(), d)?;
         super::persist::common_tokens(OP, file)?;
+        // Every head on every attention thread at once; the loop below then reads checked heads.
+        file.validate_all_on(self.kernel.threads())?;
         let (rows, _) = S::file_history::<D>(file, 0, 0, 0)?;
         let want = self.cfg.hybrid::<S>(d, None);
         let skip = CpuAttention::exact_prefix_rows(rows, want.rows_per_block);
