@@ -44,7 +44,8 @@ impl Context {
         let (source, config) = GgufSource::open(model_path)?;
         let tokenizer = Tokenizer::from_gguf(source.file())?;
         let model = Llama::load(&source, &config)?;
-        let plan = Plan::new(size, config.head_dim, config.num_layers * config.kv_heads);
+        let mut plan = Plan::new(size, config.head_dim, config.num_layers * config.kv_heads);
+        plan.fit_kv_heads(config.kv_heads);
         // One scratch directory per model: its projection file must not overwrite another's.
         let mut scratch = size.name().to_owned();
         if model_path.file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {

@@ -478,6 +478,15 @@ impl Plan {
         }
     }
 
+    /// Drops the ablations a model with `kv_heads` kv-heads per layer cannot run: with one,
+    /// the head-shuffled basis (Table 3: bases permuted among a layer's kv-heads) is the
+    /// calibrated basis itself, and building it is refused.
+    pub fn fit_kv_heads(&mut self, kv_heads: usize) {
+        if kv_heads < 2 {
+            self.swan.retain(|r| !r.basis.starts_with("head-shuffle"));
+        }
+    }
+
     /// The frontier grid and windows of a model that joins the study besides the run's own
     /// (Gemma 3): the quick and full sizes as for every model; the reduced size covers
     /// k ∈ {d_h/8, d_h/4, d_h/2, d_h} at b = 128 on one window of 768 tokens with the second
@@ -604,6 +613,18 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_kv_head_per_layer_drops_only_the_head_shuffle() {
+        let mut p = Plan::new(Size::Reduced, 256, 18);
+        let before = p.swan.len();
+        p.fit_kv_heads(3);
+        assert_eq!(p.swan.len(), before);
+        p.fit_kv_heads(1);
+        assert_eq!(p.swan.len(), before - 1);
+        assert!(p.swan.iter().all(|r| !r.basis.starts_with("head-shuffle")));
+        assert!(p.swan.iter().any(|r| r.basis.starts_with("layer-shuffle")));
+    }
 
     #[test]
     fn full_grid_covers_the_issue() {

@@ -201,7 +201,6 @@ pub trait SwanRows: RowStore {
     ///
     /// # Errors
     /// Kernel errors; kv-sparse's errors reading the file.
-    #[allow(clippy::too_many_arguments)]
     fn attend<D: Value>(
         kernel: &mut CpuAttention,
         cfg: &AttnConfig,
@@ -359,6 +358,15 @@ impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
     }
 }
 
+/// A reopened file a SWAN cache reads the oldest history rows of every head from.
+struct Reopened {
+    file: Arc<MappedCache>,
+    /// Rows of each head's sparse history read from the file.
+    rows: usize,
+    /// Their bytes over all heads (block tables, indices or masks, values, scales).
+    bytes: usize,
+}
+
 /// SWAN's hybrid cache for a whole model (sparse rows in `S`, buffer `D`).
 pub struct SwanCache<S: SwanRows, D: Value> {
     shape: CacheShape,
@@ -366,9 +374,8 @@ pub struct SwanCache<S: SwanRows, D: Value> {
     kernel: CpuAttention,
     set: Arc<ProjectionSet>,
     caches: MultiHead<S, D>,
-    /// A reopened file whose first `.1` sparse rows of every head precede `caches`' own
-    /// history, read where they are mapped; `.2` their bytes.
-    mapped: Option<(Arc<MappedCache>, usize, usize)>,
+    /// The reopened file whose rows precede `caches`' own histories, if any.
+    reopened: Option<Reopened>,
     q_rot: Vec<f32>,
     k_rot: Vec<f32>,
     prefill_rot: Vec<f32>,
@@ -406,7 +413,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             kernel: CpuAttention::new(threads)?,
             set,
             caches,
-            mapped: None,
+            reopened: None,
             q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
             k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             prefill_rot: Vec::new(),
@@ -415,12 +422,12 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
 
     /// The reopened file's rows this cache attends where they are mapped, if any.
     fn mapped(&self) -> Option<MappedHistory<'_>> {
-        self.mapped.as_ref().map(|(file, rows, _)| MappedHistory { file, rows: *rows })
+        self.reopened.as_ref().map(|r| MappedHistory { file: &r.file, rows: r.rows })
     }
 
     /// Replaces the empty caches of `layer` by ones whose fp8 scales fit `keys`/`values`.
     fn rescale(&mut self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
-        if self.mapped.is_some() {
+        if self.reopened.is_some() {
             return Err(invalid("swan prefill", "the cache continues a reopened file"));
         }
         let n = kv.tokens * self.shape.head_dim();
@@ -462,7 +469,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     }
 
     fn len(&self) -> usize {
-        let mapped = self.mapped.as_ref().map_or(0, |m| m.1);
+        let mapped = self.reopened.as_ref().map_or(0, |r| r.rows);
         self.caches.layer_len(self.shape.layers - 1).unwrap_or(0) + mapped
     }
 
@@ -503,10 +510,8 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         self.caches.append_token(layer, &self.k_rot, step.v)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
-        let mapped = self
-            .mapped
-            .as_ref()
-            .map(|(file, rows, _)| (MappedHistory { file, rows: *rows }, layer));
+        let mapped =
+            self.reopened.as_ref().map(|r| (MappedHistory { file: &r.file, rows: r.rows }, layer));
         S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, out)?;
         Ok(())
     }
@@ -514,7 +519,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     /// The rows read from a reopened file count as resident: attention reads them every
     /// step (from the page cache).
     fn bytes(&self) -> CacheBytes {
-        let mapped = self.mapped.as_ref().map_or(0, |m| m.2);
+        let mapped = self.reopened.as_ref().map_or(0, |r| r.bytes);
         CacheBytes { resident: self.caches.memory().held_bytes() + mapped, offloaded: 0 }
     }
 
@@ -567,7 +572,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
             bytes += b;
         }
         self.caches = MultiHead::from_heads(s.layers, s.kv_heads(), heads)?;
-        self.mapped = (skip > 0).then(|| (Arc::clone(file), skip, bytes));
+        self.reopened = (skip > 0).then(|| Reopened { file: Arc::clone(file), rows: skip, bytes });
         Ok(())
     }
 }
