@@ -1,8 +1,9 @@
 //! Prefix reuse: a cache saved after the prompt and reopened (memory-mapped, validated)
 //! continues with exactly the tokens and logits of the in-memory session, for dense,
-//! quantized and SWAN caches on the tiny fixtures and on SmolLM2; a file for another
-//! model, projection or format, a truncated or corrupt file, are typed errors; a failed
-//! load leaves the cache it targeted as it was.
+//! quantized and SWAN caches on the tiny fixtures and on SmolLM2 (dense and SWAN caches
+//! reading their saved rows where the file maps them), also after being saved again
+//! mid-continuation; a file for another model, projection or format, a truncated or
+//! corrupt file, are typed errors; a failed load leaves the cache it targeted as it was.
 
 mod common;
 
@@ -128,12 +129,15 @@ fn reopened_caches_continue_exactly_as_in_memory_on_the_tiny_models() {
 }
 
 /// A history longer than one block (256 rows at d = 16): the reopened SWAN cache attends
-/// its first 256 rows of every head where the file maps them and copies only the rest.
+/// its first 256 rows of every head where the file maps them and copies only the rest; a
+/// reopened dense cache reads all its saved rows from the map.
 #[test]
-fn long_swan_histories_are_read_from_the_map() {
+fn long_histories_are_read_from_the_map() {
     let gqa = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
     let p = prompt(300);
     for spec in [
+        "dense",
+        "dense:format=bf16,rotate=hadamard",
         "swan:k=8,value=f16,b=4,basis=random:5",
         "swan:k=8,index=bitmask,value=int8,b=4,basis=random:5",
         "swan:k=6,kv=4,value=fp8,scale=auto,b=16,basis=random:1",

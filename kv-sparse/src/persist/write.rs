@@ -330,17 +330,36 @@ impl<'a> CacheImage<'a> {
         head_dim: usize,
         heads: &[(&'a [D], &'a [D])],
     ) -> Result<Self> {
+        let heads: Vec<_> = heads.iter().map(|&(k, v)| ((k, &[][..]), (v, &[][..]))).collect();
+        Self::dense_continued(num_layers, kv_heads, head_dim, &heads)
+    }
+
+    /// Dense heads whose rows lie in two parts each: per head its keys and its values as
+    /// `(older, newer)` row-major slices — e.g. a reopened file's mapped rows, then the rows
+    /// appended since — written as one contiguous head each, without joining them first.
+    ///
+    /// # Errors
+    /// As [`CacheImage::dense`].
+    #[allow(clippy::type_complexity)]
+    pub fn dense_continued<D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        heads: &[((&'a [D], &'a [D]), (&'a [D], &'a [D]))],
+    ) -> Result<Self> {
         check_count(num_layers, kv_heads, heads.len())?;
         if head_dim == 0 || head_dim > crate::MAX_HEAD_DIM {
             return Err(Error::HeadDimOutOfRange { op: OP, head_dim, max: crate::MAX_HEAD_DIM });
         }
         let mut image =
             Self::new(CacheLayout::Dense { format: D::FORMAT }, num_layers, kv_heads, head_dim);
-        for (keys, values) in heads {
-            let rows = keys.len() / head_dim;
+        for &((k0, k1), (v0, v1)) in heads {
+            let (keys, values) = (k0.len() + k1.len(), v0.len() + v1.len());
+            let rows = keys / head_dim;
             let checks = [
-                ("key elements (whole rows)", rows * head_dim, keys.len()),
-                ("value elements", keys.len(), values.len()),
+                ("older key elements (whole rows)", k0.len() / head_dim * head_dim, k0.len()),
+                ("key elements (whole rows)", rows * head_dim, keys),
+                ("value elements", keys, values),
             ];
             for (what, expected, got) in checks {
                 if expected != got {
@@ -348,7 +367,10 @@ impl<'a> CacheImage<'a> {
                 }
             }
             image.entries.push(HeadEntry::rows(rows));
-            image.parts.push(vec![one(bytes_of(keys)), one(bytes_of(values))]);
+            image.parts.push(vec![
+                pair(bytes_of(k0), bytes_of(k1)),
+                pair(bytes_of(v0), bytes_of(v1)),
+            ]);
         }
         Ok(image)
     }

@@ -4,6 +4,8 @@
 //! `softmax(q Kᵀ/√d) V`). Optionally in a rotated basis (the same rotation the quantized
 //! caches take), which changes nothing but float rounding.
 
+use std::sync::Arc;
+
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
 use kv_sparse::Value;
 use kv_sparse::persist::{CacheImage, MappedCache};
@@ -18,9 +20,12 @@ pub struct DenseCache<D: Value> {
     shape: CacheShape,
     kernel: CpuAttention,
     rotation: Option<QkRotation>,
-    /// `keys[layer * kv_heads + h]`.
+    /// `keys[layer * kv_heads + h]`: the rows after any reopened file's.
     keys: Vec<Vec<D>>,
     values: Vec<Vec<D>>,
+    /// A reopened file whose rows of every head come first, read where they are mapped,
+    /// and the rows each head holds there.
+    reopened: Option<(Arc<MappedCache>, usize)>,
 }
 
 impl<D: Value> DenseCache<D> {
@@ -48,6 +53,7 @@ impl<D: Value> DenseCache<D> {
             rotation: None,
             keys: vec![Vec::new(); heads],
             values: vec![Vec::new(); heads],
+            reopened: None,
         })
     }
 
@@ -65,8 +71,25 @@ impl<D: Value> DenseCache<D> {
         layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
     }
 
+    /// The mapped rows of head `slot` (empty without a reopened file).
+    fn mapped(&self, slot: usize) -> Result<(&[D], &[D])> {
+        mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), slot)
+    }
+
     fn push_rows(dst: &mut Vec<D>, rows: &[f32]) {
         dst.extend(rows.iter().map(|&x| D::from_f32(x)));
+    }
+}
+
+/// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, or none.
+fn mapped_rows<D: Value>(
+    reopened: Option<&(Arc<MappedCache>, usize)>,
+    kv_heads: usize,
+    slot: usize,
+) -> Result<(&[D], &[D])> {
+    match reopened {
+        Some((file, _)) => Ok(file.dense_rows::<D>(slot / kv_heads, slot % kv_heads)?),
+        None => Ok((&[], &[])),
     }
 }
 
@@ -84,7 +107,8 @@ impl<D: Value> KvCache for DenseCache<D> {
     }
 
     fn len(&self) -> usize {
-        self.keys.last().map_or(0, |k| k.len() / self.shape.head_dim())
+        let mapped = self.reopened.as_ref().map_or(0, |r| r.1);
+        self.keys.last().map_or(0, |k| k.len() / self.shape.head_dim()) + mapped
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -125,7 +149,10 @@ impl<D: Value> KvCache for DenseCache<D> {
     }
 
     fn bytes(&self) -> CacheBytes {
-        let elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
+        let mut elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
+        // Mapped rows count as resident: attention reads them every step.
+        elems +=
+            self.reopened.as_ref().map_or(0, |r| 2 * self.keys.len() * r.1 * self.shape.head_dim());
         CacheBytes { resident: elems * D::FORMAT.bytes(), offloaded: 0 }
     }
 
@@ -134,30 +161,33 @@ impl<D: Value> KvCache for DenseCache<D> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
-        let heads: Vec<(&[D], &[D])> =
-            self.keys.iter().zip(&self.values).map(|(k, v)| (&k[..], &v[..])).collect();
+        let mut heads = Vec::with_capacity(self.keys.len());
+        for (slot, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
+            let (mk, mv) = self.mapped(slot)?;
+            heads.push(((mk, &k[..]), (mv, &v[..])));
+        }
         let s = &self.shape;
-        Ok(CacheImage::dense(s.layers, s.kv_heads(), s.head_dim(), &heads)?)
+        Ok(CacheImage::dense_continued(s.layers, s.kv_heads(), s.head_dim(), &heads)?)
     }
 
-    /// Copies the rows out of the file: this cache appends every step to each head's
-    /// `Vec`, which must own its storage.
-    fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
+    /// Keeps `file` and attends each head's saved rows where they are mapped (the dense
+    /// kernel reads a head as two row-major parts), appending new rows to owned storage:
+    /// nothing is copied. Every head is validated before the cache changes.
+    fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         let tokens = super::persist::common_tokens("dense cache load", file)?;
         // Every head on every attention thread at once; the loop below then reads checked heads.
         file.validate_all_on(self.kernel.threads())?;
-        let (mut keys, mut values) = (Vec::with_capacity(s.layers), Vec::with_capacity(s.layers));
         for slot in 0..s.layers * s.kv_heads() {
             let (k, v) = file.dense_rows::<D>(slot / s.kv_heads(), slot % s.kv_heads())?;
-            if k.len() != tokens * s.head_dim() {
+            if k.len() != tokens * s.head_dim() || v.len() != k.len() {
                 return Err(invalid("dense cache load", format!("head {slot}: ragged rows")));
             }
-            keys.push(k.to_vec());
-            values.push(v.to_vec());
         }
-        (self.keys, self.values) = (keys, values);
+        let heads = s.layers * s.kv_heads();
+        (self.keys, self.values) = (vec![Vec::new(); heads], vec![Vec::new(); heads]);
+        self.reopened = (tokens > 0).then(|| (Arc::clone(file), tokens));
         Ok(())
     }
 }
@@ -184,8 +214,15 @@ impl<D: Value> DenseCache<D> {
             Self::push_rows(&mut self.keys[slot], &step.k[i * d..(i + 1) * d]);
             Self::push_rows(&mut self.values[slot], &step.v[i * d..(i + 1) * d]);
         }
-        let views: Vec<DenseKv<'_, D>> =
-            self.heads(layer).map(|s| DenseKv::new(d, &self.keys[s], &self.values[s])).collect();
+        let mut views: Vec<DenseKv<'_, D>> = Vec::with_capacity(self.shape.kv_heads());
+        for s in self.heads(layer) {
+            let (mk, mv) = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), s)?;
+            views.push(DenseKv {
+                head_dim: d,
+                keys: (mk, &self.keys[s]),
+                values: (mv, &self.values[s]),
+            });
+        }
         self.kernel.dense(&self.shape.attn, step.q, &views, out)?;
         Ok(())
     }
