@@ -381,7 +381,8 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     let heading = if args.further_models_only {
         format!("kvtide reproduce — the frontier study on further models ({})", args.size().name())
     } else {
-        format!("kvtide reproduce — SWAN and WnW on SmolLM2-135M-Instruct ({})", args.size().name())
+        let name = &ctx.model.config().name;
+        format!("kvtide reproduce — SWAN and WnW on {name} ({})", args.size().name())
     };
     let written = report.write(&args.out, &heading)?;
     let unwritten: Vec<String> = written

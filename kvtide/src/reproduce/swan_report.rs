@@ -110,7 +110,7 @@ fn group_table(
 fn plot(s: &SwanStudy, base: f64) -> Plot {
     let mut p = Plot::new(
         "swan_ppl_vs_memory",
-        "SWAN on SmolLM2-135M: perplexity vs KV memory (calibrated basis)",
+        &format!("SWAN on {}: perplexity vs KV memory (calibrated basis)", s.model),
         "KV memory / dense f16 cache",
         "perplexity (decode path)",
     )
@@ -150,6 +150,12 @@ pub fn section(s: &SwanStudy, sec: &mut Section) {
         s.calibration.max_abs_value,
         s.eval_play
     ));
+    if let Some(l) = s.local {
+        sec.text(format!(
+            "{} has {} sliding-window layers of {} positions: their caches stay dense f16 rings in every configuration, which apply to its {} global layers; KV memory counts both, so it cannot fall below the rings' share.",
+            s.model, l.layers, l.window, l.global_layers
+        ));
+    }
     sec.table(main_table(s, base));
     sec.plot(plot(s, base));
     sec.table(group_table(
@@ -214,8 +220,9 @@ pub fn findings(s: &SwanStudy) -> Vec<Finding> {
         "Lossless at k = d_h (f32: identical to dense f32; 16-bit: within 1 % of dense f16)",
         s.lossless.max_abs_nll_diff <= 5e-3 && (full16 / base - 1.0).abs() <= 0.01,
         format!(
-            "f32 max |ΔNLL| {:.1e}; f16 k = 64 ppl {} vs dense {}",
+            "f32 max |ΔNLL| {:.1e}; f16 k = {} ppl {} vs dense {}",
             s.lossless.max_abs_nll_diff,
+            s.head_dim,
             num(full16, 3),
             num(base, 3)
         ),

@@ -50,6 +50,11 @@ pub struct SwanResult {
 /// Everything the SWAN study measured.
 #[derive(Clone, Debug, Serialize)]
 pub struct SwanStudy {
+    /// The model (configuration name).
+    pub model: String,
+    /// The model's sliding-window layers, if any (their caches stay dense f16 rings; the
+    /// configurations apply to the global layers, and memory counts both).
+    pub local: Option<super::frontier::LocalLayers>,
     /// Calibration plays.
     pub calibration_plays: Vec<&'static str>,
     /// Evaluation play.
@@ -243,6 +248,8 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
         }
     };
     Ok(SwanStudy {
+        model: ctx.model.config().name.clone(),
+        local: super::frontier::ByteModel::of(ctx.model.config()).local,
         calibration_plays: SWAN_CALIBRATION_PLAYS.to_vec(),
         eval_play: SWAN_EVAL_PLAY,
         windows: (count, wlen, prefix),
