@@ -402,6 +402,9 @@ impl EncodedAttention for Reference {
         }
         let heads = kv.iter().map(|c| {
             let mut rows = Decoded::new(cfg.head_dim());
+            if let Some((keys, values)) = &c.prefix {
+                rows.push_quant(keys, values);
+            }
             rows.push_quant(&c.keys, &c.values);
             rows
         });

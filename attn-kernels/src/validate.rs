@@ -170,9 +170,14 @@ pub(crate) fn quantized<C: DenseCodec>(
     kv_head: usize,
     kv: &QuantKv<'_, C>,
 ) -> Result<usize> {
-    head_dim(op, kv_head, d, kv.keys.head_dim())?;
-    head_dim(op, kv_head, d, kv.values.head_dim())?;
-    let rows = same_rows(op, kv_head, "dense", kv.keys.num_rows(), kv.values.num_rows())?;
+    let own = ("dense", (&kv.keys, &kv.values));
+    let older = kv.prefix.as_ref().map(|(k, v)| ("dense prefix", (k, v)));
+    let mut rows = 0;
+    for (what, (keys, values)) in std::iter::once(own).chain(older) {
+        head_dim(op, kv_head, d, keys.head_dim())?;
+        head_dim(op, kv_head, d, values.head_dim())?;
+        rows += same_rows(op, kv_head, what, keys.num_rows(), values.num_rows())?;
+    }
     non_empty(op, kv_head, rows)
 }
 

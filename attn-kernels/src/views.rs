@@ -391,13 +391,18 @@ impl<'a> GatheredSparseKv<'a> {
 }
 
 /// Dense quantized keys and values of one kv-head (`kv-sparse`'s int8 / int4 blocks or
-/// scaled fp8 rows), in token order — the dense baselines of the frontier study.
+/// scaled fp8 rows), in token order — the dense baselines of the frontier study. The rows
+/// may lie in two parts: `prefix` (e.g. a reopened file's mapped rows), then `keys` /
+/// `values` (the rows appended since); the kernels read row by row, so the output is bit
+/// for bit that of the rows in one part.
 #[derive(Debug)]
 pub struct QuantKv<'a, C> {
-    /// Key rows.
+    /// Key rows (after the prefix's).
     pub keys: QuantView<'a, C>,
     /// Value rows (same number of rows as `keys`).
     pub values: QuantView<'a, C>,
+    /// Older key and value rows before `keys` / `values`, or `None`.
+    pub prefix: Option<(QuantView<'a, C>, QuantView<'a, C>)>,
 }
 
 impl<C> Clone for QuantKv<'_, C> {
@@ -410,12 +415,31 @@ impl<C> Copy for QuantKv<'_, C> {}
 impl<'a, C: DenseCodec> QuantKv<'a, C> {
     /// Keys and values of one kv-head.
     pub fn new(keys: QuantView<'a, C>, values: QuantView<'a, C>) -> Self {
-        Self { keys, values }
+        Self { keys, values, prefix: None }
     }
 
-    /// Key rows.
+    /// Keys and values of one kv-head after older rows `prefix` (keys, values) held
+    /// elsewhere.
+    pub fn continuing(
+        prefix: (QuantView<'a, C>, QuantView<'a, C>),
+        keys: QuantView<'a, C>,
+        values: QuantView<'a, C>,
+    ) -> Self {
+        Self { keys, values, prefix: Some(prefix) }
+    }
+
+    /// Key rows, the prefix's included.
     pub fn num_rows(&self) -> usize {
-        self.keys.num_rows()
+        self.keys.num_rows() + self.prefix.map_or(0, |(k, _)| k.num_rows())
+    }
+
+    /// Key and value row `j` (prefix rows first), or `None` past the end.
+    pub fn row(&self, j: usize) -> Option<(&'a [u8], &'a [u8])> {
+        let before = self.prefix.map_or(0, |(k, _)| k.num_rows());
+        match self.prefix {
+            Some((k, v)) if j < before => k.row(j).zip(v.row(j)),
+            _ => self.keys.row(j - before).zip(self.values.row(j - before)),
+        }
     }
 }
 

@@ -1,14 +1,15 @@
 //! A hybrid history split into a prefix held elsewhere and the rest ([`PrefixedHybrid`],
 //! [`PrefixedCodedHybrid`]) attends as the contiguous history does: bit for bit on every
 //! instruction set when the prefix holds whole tiles (and whole blocks, for CSR rows),
-//! within rounding otherwise; the reference agrees; malformed prefixes are typed errors.
+//! within rounding otherwise; dense quantized rows in two parts (`QuantKv::continuing`)
+//! attend bit for bit as in one; the reference agrees; malformed prefixes are typed errors.
 
 mod common;
 
 use attn_kernels::accuracy::Kernel;
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, EncodedAttention, Error, Isa, PrefixedCodedHybrid,
-    PrefixedHybrid, Reference, synth,
+    PrefixedHybrid, QuantKv, Reference, synth,
 };
 use common::{assert_close, cfg};
 use half::f16;
@@ -18,6 +19,7 @@ use kv_sparse::coded::{
 };
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{CodedHybridCache, HybridCache, HybridConfig};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
 
 const TILE: usize = CpuAttention::TILE_ROWS;
 
@@ -212,6 +214,75 @@ fn malformed_prefixes_are_typed_errors() {
     };
     for (name, mut e) in engines() {
         let err = e.coded_hybrid(&cfg, &q, &[ragged], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { kv_head: 0, .. }), "{name}: {err}");
+    }
+}
+
+fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize) {
+    let cfg = cfg(layout, d);
+    let q = synth::values(cfg.q_len(), 31);
+    let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..layout.1 as u64)
+        .map(|h| (synth::values(rows * d, 40 + h), synth::values(rows * d, 50 + h)))
+        .collect();
+    let store = |x: &[f32]| {
+        let mut s = QuantRows::<C>::new(d).unwrap();
+        s.push(x).unwrap();
+        s
+    };
+    let whole: Vec<_> = heads.iter().map(|(k, v)| (store(k), store(v))).collect();
+    let want_kv: Vec<_> = whole.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
+    let mut want_ref = vec![0.0; cfg.q_len()];
+    Reference.quantized(&cfg, &q, &want_kv, &mut want_ref).unwrap();
+    for p in [0, 1, TILE, 45, rows] {
+        let parts: Vec<_> = heads
+            .iter()
+            .map(|(k, v)| {
+                let (k0, k1) = k.split_at(p * d);
+                let (v0, v1) = v.split_at(p * d);
+                ((store(k0), store(v0)), (store(k1), store(v1)))
+            })
+            .collect();
+        let split: Vec<_> = parts
+            .iter()
+            .map(|((k0, v0), (k1, v1))| {
+                QuantKv::continuing((k0.view(), v0.view()), k1.view(), v1.view())
+            })
+            .collect();
+        let what = format!("{:?} {layout:?} d={d} L={rows} prefix={p}", C::FORMAT);
+        let mut got_ref = vec![0.0; cfg.q_len()];
+        Reference.quantized(&cfg, &q, &split, &mut got_ref).unwrap();
+        assert_eq!(got_ref, want_ref, "{what}: reference");
+        for (name, mut e) in engines() {
+            let (mut want, mut got) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+            e.quantized(&cfg, &q, &want_kv, &mut want).unwrap();
+            e.quantized(&cfg, &q, &split, &mut got).unwrap();
+            check(&got, &want, true, 1.0, &format!("{name} {what}"));
+        }
+    }
+}
+
+#[test]
+fn quantized_rows_in_two_parts_attend_as_in_one() {
+    for layout in [(2, 2), (8, 1)] {
+        // Blocks of 32: d = 64 and 32; scaled fp8 rows of any width (40: 8-wide tails).
+        for d in [64, 32] {
+            quant_case::<Int8Blocks>(layout, d, 150);
+            quant_case::<Int4Blocks>(layout, d, 150);
+        }
+        for d in [64, 40] {
+            quant_case::<Fp8Rows>(layout, d, 150);
+        }
+    }
+    // Keys and values of the prefix disagree: a typed error.
+    let (d, cfg) = (32, cfg((2, 1), 32));
+    let mut k = QuantRows::<Int8Blocks>::new(d).unwrap();
+    k.push(&synth::values(4 * d, 1)).unwrap();
+    let mut v = QuantRows::<Int8Blocks>::new(d).unwrap();
+    v.push(&synth::values(3 * d, 2)).unwrap();
+    let bad = QuantKv::continuing((k.view(), v.view()), k.view(), k.view());
+    let mut out = vec![0.0; cfg.q_len()];
+    for (name, mut e) in engines() {
+        let err = e.quantized(&cfg, &synth::values(cfg.q_len(), 3), &[bad], &mut out).unwrap_err();
         assert!(matches!(err, Error::RowCountMismatch { kv_head: 0, .. }), "{name}: {err}");
     }
 }

@@ -351,7 +351,7 @@ impl QuantSet {
             out: &mut [f32],
         ) -> Result<()> {
             let kv: Vec<QuantKv<'_, C>> =
-                h.iter().map(|(k, v)| QuantKv { keys: k.view(), values: v.view() }).collect();
+                h.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
             attn.quantized(cfg, q, &kv, out).map_err(kernel_err)
         }
         match self {

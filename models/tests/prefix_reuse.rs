@@ -1,7 +1,7 @@
 //! Prefix reuse: a cache saved after the prompt and reopened (memory-mapped, validated)
 //! continues with exactly the tokens and logits of the in-memory session, for dense,
-//! quantized and SWAN caches on the tiny fixtures and on SmolLM2 (dense and SWAN caches
-//! reading their saved rows where the file maps them), also after being saved again
+//! quantized and SWAN caches on the tiny fixtures and on SmolLM2 (reading their saved rows
+//! where the file maps them), also after being saved again
 //! mid-continuation; a file for another model, projection or format, a truncated or
 //! corrupt file, are typed errors; a failed load leaves the cache it targeted as it was.
 
@@ -130,28 +130,33 @@ fn reopened_caches_continue_exactly_as_in_memory_on_the_tiny_models() {
 
 /// A history longer than one block (256 rows at d = 16): the reopened SWAN cache attends
 /// its first 256 rows of every head where the file maps them and copies only the rest; a
-/// reopened dense cache reads all its saved rows from the map.
+/// reopened dense or quantized cache reads all its saved rows from the map.
 #[test]
 fn long_histories_are_read_from_the_map() {
     let gqa = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    // head_dim 32: whole int8 / int4 blocks.
+    let wide = Checkpoint::load(&fixtures().join("tiny/llama-mha")).unwrap();
     let p = prompt(300);
-    for spec in [
-        "dense",
-        "dense:format=bf16,rotate=hadamard",
-        "swan:k=8,value=f16,b=4,basis=random:5",
-        "swan:k=8,index=bitmask,value=int8,b=4,basis=random:5",
-        "swan:k=6,kv=4,value=fp8,scale=auto,b=16,basis=random:1",
-        "swan:k=8,index=bitmask,value=int4,b=0,basis=random:2",
+    for (ckpt, spec) in [
+        (&gqa, "dense"),
+        (&gqa, "dense:format=bf16,rotate=hadamard"),
+        (&wide, "dense:format=int8"),
+        (&wide, "dense:format=int4,rotate=hadamard"),
+        (&wide, "dense:format=fp8"),
+        (&gqa, "swan:k=8,value=f16,b=4,basis=random:5"),
+        (&gqa, "swan:k=8,index=bitmask,value=int8,b=4,basis=random:5"),
+        (&gqa, "swan:k=6,kv=4,value=fp8,scale=auto,b=16,basis=random:1"),
+        (&gqa, "swan:k=8,index=bitmask,value=int4,b=0,basis=random:2"),
     ] {
-        round_trip(&gqa, spec, &p, 6);
+        round_trip(ckpt, spec, &p, 6);
         // The reopened cache holds only the unmapped rows in memory.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("long.kvs");
-        let (mut a, identity) = session(&gqa, spec);
+        let (mut a, identity) = session(ckpt, spec);
         let logits = to_f32_vec(&a.prefill(&p).unwrap()).unwrap();
         persist::save(&path, &identity, a.cache(), &Prefix { ids: p.clone(), logits }).unwrap();
         let file = Arc::new(MappedCache::read(&path).unwrap());
-        let (mut b, _) = session(&gqa, spec);
+        let (mut b, _) = session(ckpt, spec);
         b.resume(&file, &identity).unwrap();
         assert!(Arc::strong_count(&file) > 1, "{spec}: the reopened cache keeps the file");
         assert_eq!(b.cache().len(), p.len(), "{spec}");

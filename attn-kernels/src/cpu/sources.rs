@@ -377,7 +377,7 @@ impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
     ) {
         let kv = &self.0[item.kv];
         let d = job.cfg.head_dim();
-        let row = |j: usize| kv.keys.row(j).zip(kv.values.row(j)).expect("validated row");
+        let row = |j: usize| kv.row(j).expect("validated row");
         let range = item.rows.clone();
         // Blocked rows carry their scales inside; the row factor is 1.
         let plain = |j| {

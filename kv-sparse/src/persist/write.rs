@@ -367,10 +367,9 @@ impl<'a> CacheImage<'a> {
                 }
             }
             image.entries.push(HeadEntry::rows(rows));
-            image.parts.push(vec![
-                pair(bytes_of(k0), bytes_of(k1)),
-                pair(bytes_of(v0), bytes_of(v1)),
-            ]);
+            image
+                .parts
+                .push(vec![pair(bytes_of(k0), bytes_of(k1)), pair(bytes_of(v0), bytes_of(v1))]);
         }
         Ok(image)
     }
@@ -385,23 +384,52 @@ impl<'a> CacheImage<'a> {
         kv_heads: usize,
         heads: &[(QuantView<'a, C>, QuantView<'a, C>)],
     ) -> Result<Self> {
+        let heads: Vec<_> = heads.iter().map(|&(k, v)| (None, k, v)).collect();
+        Self::quant_continued(num_layers, kv_heads, &heads)
+    }
+
+    /// Dense quantized heads whose rows may lie in two parts: per head older (keys, values)
+    /// rows held elsewhere, then its key and value rows — written as one head each, without
+    /// joining them first.
+    ///
+    /// # Errors
+    /// As [`CacheImage::quant`], for the older rows too.
+    #[allow(clippy::type_complexity)]
+    pub fn quant_continued<C: DenseCodec>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[(
+            Option<(QuantView<'a, C>, QuantView<'a, C>)>,
+            QuantView<'a, C>,
+            QuantView<'a, C>,
+        )],
+    ) -> Result<Self> {
         check_count(num_layers, kv_heads, heads.len())?;
-        let head_dim = heads[0].0.head_dim();
+        let head_dim = heads[0].1.head_dim();
         let layout = CacheLayout::Quant { format: C::FORMAT };
         let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
-        for (keys, values) in heads {
-            let checks = [
+        for (older, keys, values) in heads {
+            let mut checks = vec![
                 ("key head_dim", head_dim, keys.head_dim()),
                 ("value head_dim", head_dim, values.head_dim()),
                 ("value rows", keys.num_rows(), values.num_rows()),
             ];
+            if let Some((k, v)) = older {
+                checks.extend([
+                    ("older key head_dim", head_dim, k.head_dim()),
+                    ("older value head_dim", head_dim, v.head_dim()),
+                    ("older value rows", k.num_rows(), v.num_rows()),
+                ]);
+            }
             for (what, expected, got) in checks {
                 if expected != got {
                     return Err(Error::ShapeMismatch { op: OP, what, expected, got });
                 }
             }
-            image.entries.push(HeadEntry::rows(keys.num_rows()));
-            image.parts.push(vec![one(keys.bytes()), one(values.bytes())]);
+            let (ok, ov) = older.map_or((&[][..], &[][..]), |(k, v)| (k.bytes(), v.bytes()));
+            let rows = keys.num_rows() + older.map_or(0, |(k, _)| k.num_rows());
+            image.entries.push(HeadEntry::rows(rows));
+            image.parts.push(vec![pair(ok, keys.bytes()), pair(ov, values.bytes())]);
         }
         Ok(image)
     }

@@ -47,8 +47,8 @@ pub struct GenerateArgs {
     save_cache: Option<PathBuf>,
     /// Continue from a cache FILE written by `--save-cache` for the same prompt, model,
     /// projection and cache spec, instead of running the prefill (the file is memory-mapped
-    /// and validated; a file for another model, projection or format is an error). SWAN and
-    /// dense caches read the saved rows from the map for the whole run: FILE must not be
+    /// and validated; a file for another model, projection or format is an error). The
+    /// caches read the saved rows from the map for the whole run: FILE must not be
     /// rewritten in place meanwhile.
     #[arg(long, value_name = "FILE", conflicts_with = "save_cache")]
     load_cache: Option<PathBuf>,
@@ -167,8 +167,8 @@ fn resume(
     ids: &[u32],
 ) -> Result<(Prefix, f64)> {
     let t = Instant::now();
-    // SAFETY: the file must not change while it is mapped, and SWAN and dense caches keep
-    // the map for the rest of the session (they attend the saved rows where they lie).
+    // SAFETY: the file must not change while it is mapped, and the cache keeps the map for
+    // the rest of the session (it attends the saved rows where they lie).
     // kvtide replaces cache files only by renaming a new file over them, which leaves this
     // mapping's inode intact; the remaining hazard, another program truncating or
     // rewriting the file in place while this run decodes, is excluded by the documented

@@ -325,7 +325,8 @@ pub trait KvCache: Send {
 
     /// Replaces the cache's state by an opened file's (every layer, every kv-head; each
     /// head's contents are validated as it is read). A cache may keep `file` and read rows
-    /// where they are mapped (SWAN's sparse histories) instead of copying them.
+    /// where they are mapped instead of copying them (the dense, quantized and SWAN caches
+    /// do).
     /// The file is checked against this cache — layout and formats, shape, per-head
     /// configuration, equal token counts across layers — before anything changes, so on
     /// error the cache holds what it held before.

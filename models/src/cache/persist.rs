@@ -15,10 +15,8 @@
 //! history where it is mapped (zero-copy), copying only the buffer rows and the last few
 //! history rows (fewer than one kernel tile or CSR block) into the owned stores decoding
 //! appends to; saving such a cache again writes the mapped rows straight from the map.
-//! Dense caches keep the file too and attend each head as two parts (mapped rows, then
-//! the rows appended since): nothing is copied. Quantized caches copy each head's
-//! validated rows once (one `memcpy` per section, no re-encoding) into the contiguous
-//! store they append to. A head that
+//! Dense and quantized caches keep the file too and attend each head as two parts (mapped
+//! rows, then the rows appended since): nothing is copied. A head that
 //! fails its check fails the whole load before the cache changes.
 
 use std::path::Path;

@@ -5,9 +5,11 @@
 //! each stored at 8 or 4 bits (`papers/swan.txt` compares against dense f16; a runtime
 //! compares against what its engine already offers).
 
+use std::sync::Arc;
+
 use attn_kernels::{CpuAttention, EncodedAttention, QuantKv};
 use kv_sparse::persist::{CacheImage, MappedCache};
-use kv_sparse::quant::{DenseCodec, QuantRows};
+use kv_sparse::quant::{DenseCodec, QuantRows, QuantView};
 use projection::ProjectionSet;
 
 use super::rotation::QkRotation;
@@ -19,9 +21,24 @@ pub struct QuantCache<C: DenseCodec> {
     shape: CacheShape,
     kernel: CpuAttention,
     rotation: Option<QkRotation>,
-    /// `keys[layer * kv_heads + h]`.
+    /// `keys[layer * kv_heads + h]`: the rows after any reopened file's.
     keys: Vec<QuantRows<C>>,
     values: Vec<QuantRows<C>>,
+    /// A reopened file whose rows of every head come first, read where they are mapped,
+    /// and the rows each head holds there.
+    reopened: Option<(Arc<MappedCache>, usize)>,
+}
+
+/// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, if any.
+fn mapped_rows<C: DenseCodec>(
+    reopened: Option<&(Arc<MappedCache>, usize)>,
+    kv_heads: usize,
+    slot: usize,
+) -> Result<Option<(QuantView<'_, C>, QuantView<'_, C>)>> {
+    match reopened {
+        Some((file, _)) => Ok(Some(file.quant_rows::<C>(slot / kv_heads, slot % kv_heads)?)),
+        None => Ok(None),
+    }
 }
 
 impl<C: DenseCodec> QuantCache<C> {
@@ -61,6 +78,7 @@ impl<C: DenseCodec> QuantCache<C> {
             rotation,
             keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
+            reopened: None,
         })
     }
 
@@ -100,7 +118,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     }
 
     fn len(&self) -> usize {
-        self.keys.last().map_or(0, QuantRows::len)
+        let mapped = self.reopened.as_ref().map_or(0, |r| r.1);
+        self.keys.last().map_or(0, QuantRows::len) + mapped
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -135,9 +154,12 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
                 None => step,
             };
             self.push(layer, step.k, step.v)?;
-            let heads = self.heads(layer);
-            let views: Vec<QuantKv<'_, C>> =
-                heads.map(|s| QuantKv::new(self.keys[s].view(), self.values[s].view())).collect();
+            let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
+            for s in self.heads(layer) {
+                let mut kv = QuantKv::new(self.keys[s].view(), self.values[s].view());
+                kv.prefix = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), s)?;
+                views.push(kv);
+            }
             if views.is_empty() {
                 return Err(invalid("quantized cache decode", "no kv-heads"));
             }
@@ -148,8 +170,17 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
         result
     }
 
+    /// Mapped rows count as resident: attention reads them every step.
     fn bytes(&self) -> CacheBytes {
-        let held = self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        let mut held: usize =
+            self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        for slot in 0..self.keys.len() {
+            if let Ok(Some((k, v))) =
+                mapped_rows::<C>(self.reopened.as_ref(), self.shape.kv_heads(), slot)
+            {
+                held += k.bytes().len() + v.bytes().len();
+            }
+        }
         CacheBytes { resident: held, offloaded: 0 }
     }
 
@@ -158,26 +189,36 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
-        let heads: Vec<_> =
-            self.keys.iter().zip(&self.values).map(|(k, v)| (k.view(), v.view())).collect();
-        Ok(CacheImage::quant(self.shape.layers, self.shape.kv_heads(), &heads)?)
+        let mut heads = Vec::with_capacity(self.keys.len());
+        for (slot, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
+            let older = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), slot)?;
+            heads.push((older, k.view(), v.view()));
+        }
+        Ok(CacheImage::quant_continued(self.shape.layers, self.shape.kv_heads(), &heads)?)
     }
 
-    /// Copies the rows out of the file: this cache appends every step to each head's
-    /// rows, which must own their storage.
-    fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
+    /// Keeps `file` and attends each head's saved rows where they are mapped (the kernel
+    /// reads a head as the mapped rows, then the rows appended since): nothing is copied.
+    /// Every head is validated before the cache changes.
+    fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
+        const OP: &str = "quantized cache load";
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
-        super::persist::common_tokens("quantized cache load", file)?;
+        let tokens = super::persist::common_tokens(OP, file)?;
         // Every head on every attention thread at once; the loop below then reads checked heads.
         file.validate_all_on(self.kernel.threads())?;
-        let (mut keys, mut values) = (Vec::new(), Vec::new());
         for slot in 0..s.layers * s.kv_heads() {
-            let (k, v) = file.load_quant::<C>(slot / s.kv_heads(), slot % s.kv_heads())?;
-            keys.push(k);
-            values.push(v);
+            let (k, v) = file.quant_rows::<C>(slot / s.kv_heads(), slot % s.kv_heads())?;
+            if k.num_rows() != tokens || v.num_rows() != tokens {
+                return Err(invalid(OP, format!("head {slot}: ragged rows")));
+            }
         }
+        let heads = s.layers * s.kv_heads();
+        let rows = || QuantRows::<C>::new(s.head_dim());
+        let keys = (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?;
+        let values = (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?;
         (self.keys, self.values) = (keys, values);
+        self.reopened = (tokens > 0).then(|| (Arc::clone(file), tokens));
         Ok(())
     }
 }

@@ -88,9 +88,9 @@ impl Session {
     /// `identity` (this session's model, projection and cache format), replaces the fresh
     /// cache's state by the file's and moves to the position after the saved prompt.
     /// Returns the saved prompt and its last logits (feed them to
-    /// [`generate::greedy_from`]). The cache may keep `file` (a SWAN cache attends its
-    /// sparse histories where they are mapped), so the file must stay unchanged while the
-    /// session lives.
+    /// [`generate::greedy_from`]). The cache may keep `file` (the dense, quantized and SWAN
+    /// caches attend the saved rows where they are mapped), so the file must stay unchanged
+    /// while the session lives.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] if the session already holds tokens; the errors of
