@@ -121,10 +121,9 @@ fn continue_copied(path: &Path) -> MappedCache {
     file
 }
 
-/// Opens the SWAN file and keeps every head's history in the map but its last rows.
-fn continue_mapped(path: &Path) -> MappedCache {
-    let file = open(path);
-    let heads: Vec<Swan> = (0..LAYERS * KV_HEADS)
+/// Every head of `file` as a cache keeping its history in the map but its last rows.
+fn mapped_heads(file: &MappedCache) -> Vec<Swan> {
+    (0..LAYERS * KV_HEADS)
         .map(|h| {
             let (l, kv) = (h / KV_HEADS, h % KV_HEADS);
             let view = file.coded_view::<Bitmask, Int8Values, f16>(l, kv).expect("valid head");
@@ -132,8 +131,13 @@ fn continue_mapped(path: &Path) -> MappedCache {
             let cfg = file.config(l, kv).expect("config");
             Swan::from_view_after(cfg, view, skip).expect("continuable head")
         })
-        .collect();
-    std::hint::black_box(&heads);
+        .collect()
+}
+
+/// Opens the SWAN file and keeps every head's history in the map but its last rows.
+fn continue_mapped(path: &Path) -> MappedCache {
+    let file = open(path);
+    std::hint::black_box(&mapped_heads(&file));
     file
 }
 
@@ -143,16 +147,7 @@ fn continue_mapped_on_all_cores(path: &Path) -> MappedCache {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let file = open(path);
     file.validate_all_on(threads).expect("valid heads");
-    let heads: Vec<Swan> = (0..LAYERS * KV_HEADS)
-        .map(|h| {
-            let (l, kv) = (h / KV_HEADS, h % KV_HEADS);
-            let view = file.coded_view::<Bitmask, Int8Values, f16>(l, kv).expect("valid");
-            let skip = view.sparse_len() - view.sparse_len() % 256;
-            let cfg = file.config(l, kv).expect("config");
-            Swan::from_view_after(cfg, view, skip).expect("continuable head")
-        })
-        .collect();
-    std::hint::black_box(&heads);
+    std::hint::black_box(&mapped_heads(&file));
     file
 }
 
