@@ -19,6 +19,7 @@ fn memory_study_writes_a_complete_report() {
         model: Some(model),
         llama_cpp: None,
         further_models_only: false,
+        primary_model_only: false,
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -43,6 +44,7 @@ fn unknown_study_is_a_typed_error() {
         model: Some("/nonexistent/model.gguf".into()),
         llama_cpp: None,
         further_models_only: false,
+        primary_model_only: false,
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());

@@ -70,20 +70,34 @@ impl Leg {
     }
 }
 
+/// Which of the study's models a run covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LegChoice {
+    /// The run's model and every further model set up (the default).
+    All,
+    /// The further models alone (to rerun them without the run's model).
+    FurtherOnly,
+    /// The run's model alone: each further model's leg is a reported skip that names the flag.
+    PrimaryOnly,
+}
+
 /// The models the study runs on: `primary` (the run's `--model`) always, then Gemma 3 from
 /// `gemma` unless it is the primary model itself. A Gemma file that is absent gives a leg
-/// whose `model` is the reason (fetch it with `scripts/setup.sh gemma`); `only_further` drops
-/// the primary leg (to rerun the further models alone).
-pub fn legs(primary: &Path, gemma: &Path, only_further: bool) -> Vec<Leg> {
+/// whose `model` is the reason (fetch it with `scripts/setup.sh gemma`); `choice` drops the
+/// primary leg ([`LegChoice::FurtherOnly`]) or turns the further ones into reported skips
+/// ([`LegChoice::PrimaryOnly`]).
+pub fn legs(primary: &Path, gemma: &Path, choice: LegChoice) -> Vec<Leg> {
     let mut out = Vec::new();
     let same = primary == gemma
         || (primary.file_name().is_some() && primary.file_name() == gemma.file_name());
-    if !only_further || same {
+    if choice != LegChoice::FurtherOnly || same {
         let title = if same { "Gemma 3 270M" } else { "the run's model" };
         out.push(Leg { tag: "", title, model: Ok(primary.to_path_buf()) });
     }
     if !same {
-        let model = if gemma.is_file() {
+        let model = if choice == LegChoice::PrimaryOnly {
+            Err("--primary-model-only was given".to_owned())
+        } else if gemma.is_file() {
             Ok(gemma.to_path_buf())
         } else {
             Err(format!("{} not found (fetch it with scripts/setup.sh gemma)", gemma.display()))
@@ -929,7 +943,7 @@ mod tests {
     fn a_missing_gemma_file_is_a_printed_skip() {
         let dir = std::env::temp_dir().join(format!("kvtide-legs-{}", std::process::id()));
         let (primary, gemma) = (dir.join("smollm2.gguf"), dir.join("gemma-3-270m-q4_k_m.gguf"));
-        let legs = legs(&primary, &gemma, false);
+        let legs = legs(&primary, &gemma, LegChoice::All);
         assert_eq!(legs.len(), 2);
         assert_eq!((legs[0].tag, legs[0].model.as_ref().ok()), ("", Some(&primary)));
         let line = legs[1].skip_line().expect("a skip line");
@@ -938,10 +952,18 @@ mod tests {
         let only = legs_only_further(&primary, &gemma);
         assert_eq!(only.len(), 1);
         assert!(only[0].model.is_err());
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(&gemma, b"not read").expect("write");
+        let primary_only = legs(&primary, &gemma, LegChoice::PrimaryOnly);
+        assert_eq!(primary_only.len(), 2);
+        assert_eq!(primary_only[0].model.as_ref().ok(), Some(&primary));
+        let line = primary_only[1].skip_line().expect("a skip line");
+        assert!(line.ends_with("--primary-model-only was given"), "{line}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     fn legs_only_further(primary: &Path, gemma: &Path) -> Vec<Leg> {
-        legs(primary, gemma, true)
+        legs(primary, gemma, LegChoice::FurtherOnly)
     }
 
     #[test]
@@ -950,7 +972,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let gemma = dir.join("gemma-3-270m-q4_k_m.gguf");
         std::fs::write(&gemma, b"not read").expect("write");
-        let legs = legs(&dir.join("smollm2.gguf"), &gemma, false);
+        let legs = legs(&dir.join("smollm2.gguf"), &gemma, LegChoice::All);
         assert_eq!(legs[1].model.as_ref().ok(), Some(&gemma));
         assert_eq!(legs[1].skip_line(), None);
         let (tables, plots) = expected(&legs[1]);
@@ -958,7 +980,7 @@ mod tests {
         assert_eq!(plots, ["frontier_ppl_vs_bytes_gemma3"]);
         assert_eq!(expected(&legs[0]).1, ["frontier_ppl_vs_bytes"]);
         // The Gemma file as the run's own model: one leg, no duplicate.
-        let own = super::legs(&gemma, &gemma, true);
+        let own = super::legs(&gemma, &gemma, LegChoice::FurtherOnly);
         assert_eq!(own.len(), 1);
         assert_eq!(own[0].tag, "");
         std::fs::remove_dir_all(&dir).ok();

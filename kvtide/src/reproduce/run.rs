@@ -38,8 +38,12 @@ pub struct ReproduceArgs {
     /// The frontier study runs on the run's model and on every further model set up (Gemma 3
     /// 270M once `scripts/setup.sh gemma` fetched it); with this flag, on the further models
     /// only.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "primary_model_only")]
     pub further_models_only: bool,
+    /// The frontier study on the run's model alone: every further model's leg is skipped, and
+    /// the report says so (a full-size run on the run's model in a few hours of 2 cores).
+    #[arg(long)]
+    pub primary_model_only: bool,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -195,7 +199,14 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
     let llama_cpp = args.llama_cpp.as_deref();
     if name == "frontier" {
         let gemma = crate::paths::gemma_model();
-        for leg in frontier::legs(ctx.model_path(), &gemma, args.further_models_only) {
+        let choice = if args.further_models_only {
+            frontier::LegChoice::FurtherOnly
+        } else if args.primary_model_only {
+            frontier::LegChoice::PrimaryOnly
+        } else {
+            frontier::LegChoice::All
+        };
+        for leg in frontier::legs(ctx.model_path(), &gemma, choice) {
             match (&leg.model, leg.tag.is_empty()) {
                 (Err(_), _) => {
                     let line = leg.skip_line().unwrap_or_default();
