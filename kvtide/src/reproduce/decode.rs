@@ -147,13 +147,19 @@ pub fn teacher_force(
 /// the positions of every model that computes with the same weights, in order — the
 /// caches built alongside one group's models may share a [`teacher_force_batch`].
 ///
+/// The models are taken one at a time and a duplicate is dropped as soon as its group is
+/// found, so a lazy iterator that builds each model on demand holds only the distinct weight
+/// sets at once (a grid of hundreds of absorbed-basis configurations would otherwise hold a
+/// copy of the weights per configuration).
+///
 /// # Errors
-/// [`crate::Error::Torch`] if a weight comparison fails.
+/// The first error the iterator yields; [`crate::Error::Torch`] if a weight comparison fails.
 pub fn group_by_weights(
-    models: impl IntoIterator<Item = Llama>,
+    models: impl IntoIterator<Item = Result<Llama>>,
 ) -> Result<Vec<(Llama, Vec<usize>)>> {
     let mut groups: Vec<(Llama, Vec<usize>)> = Vec::new();
     'next: for (i, model) in models.into_iter().enumerate() {
+        let model = model?;
         for (m, members) in &mut groups {
             if m.same_weights(&model)? {
                 members.push(i);

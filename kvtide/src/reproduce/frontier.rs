@@ -568,15 +568,13 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     let bm = ByteModel::of(ctx.model.config());
     let d = bm.head_dim;
     let runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
-    let mut models = Vec::with_capacity(runs.len());
     let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(runs.len());
-    for run in &runs {
+    let groups = group_by_weights(runs.iter().map(|run| {
         let spec: CacheSpec = run.spec(&proj, ctx.plan.threads).parse()?;
         let (model, c) = spec.build_many(&ctx.model, windows.len())?;
-        models.push(model);
         caches.push(c);
-    }
-    let groups = group_by_weights(models)?;
+        Ok(model)
+    }))?;
     let mut traces: Vec<Vec<Trace>> = vec![Vec::new(); runs.len()];
     for (model, members) in &groups {
         let per_batch = (64 / members.len()).clamp(1, windows.len().max(1));

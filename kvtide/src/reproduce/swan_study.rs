@@ -148,14 +148,14 @@ fn model_groups(
     proj: &str,
     n: usize,
 ) -> Result<(Vec<Group>, Vec<RunCaches>)> {
-    let (mut models, mut caches) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
-    for run in runs {
+    let mut caches = Vec::with_capacity(runs.len());
+    let groups = group_by_weights(runs.iter().map(|run| {
         let spec: CacheSpec = run.spec(proj, ctx.plan.threads).parse()?;
         let (model, run_caches) = spec.build_many(&ctx.model, n)?;
-        models.push(model);
         caches.push(run_caches);
-    }
-    Ok((group_by_weights(models)?, caches))
+        Ok(model)
+    }))?;
+    Ok((groups, caches))
 }
 
 /// Most caches one batched decode serves: the full plan's calibrated group (26

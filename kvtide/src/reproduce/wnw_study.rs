@@ -176,15 +176,15 @@ fn decode_all(
     task: &CopyTask,
     sample: bool,
 ) -> Result<Vec<Trace>> {
-    let (mut models, mut caches) = (Vec::new(), Vec::new());
-    for text in specs {
+    let mut caches = Vec::with_capacity(specs.len());
+    let groups = group_by_weights(specs.iter().map(|text| {
         let (model, cache) = text.parse::<CacheSpec>()?.build(&ctx.model)?;
-        models.push(model);
         caches.push(Some(cache));
-    }
+        Ok(model)
+    }))?;
     let mut out: Vec<Option<Trace>> = vec![None; specs.len()];
     let (prompt, passage) = (task.prompt(), &task.passage);
-    for (model, members) in group_by_weights(models)? {
+    for (model, members) in groups {
         let mut group: Vec<Box<dyn KvCache>> =
             members.iter().filter_map(|&i| caches[i].take()).collect();
         let traces = teacher_force_batch(&model, &mut group, &prompt, passage, sample)?;
