@@ -43,12 +43,10 @@ fn default_caches() -> Vec<CacheSpec> {
     ["dense", "swan"].iter().filter_map(|s| s.parse().ok()).collect()
 }
 
-/// The demo's configurations: the dense baseline, SWAN at the paper's operating point and
-/// around it, and the random-basis ablation.
-/// Dense f16; the best dense quantized formats (int8 and int4 blocks, Hadamard-rotated as
-/// llama.cpp rotates them); the best SWAN configurations of the frontier study at two budgets
-/// (≤ 0.40 and ≤ 0.30 × f16 for a 4096-token cache: bitmask rows with int8 / int4 values);
-/// and the paper's own encoding (u8 index list, fp8 values).
+/// The demo's configurations: dense f16; the best dense quantized formats (int8 and int4
+/// blocks, Hadamard-rotated as llama.cpp rotates them); the best SWAN configurations of the
+/// frontier study at two budgets (≤ 0.40 and ≤ 0.30 × f16 for a 4096-token cache: bitmask
+/// rows with int8 / int4 values); and the paper's own encoding (u8 index list, fp8 values).
 const DEMO_CACHES: [&str; 6] = [
     "dense:format=f16",
     "dense:format=int8,rotate=hadamard",
