@@ -177,3 +177,56 @@ fn non_finite_steps_are_rejected_and_change_nothing() {
         assert_eq!(outs[0], outs[1], "{text}: the rejected steps left a trace");
     }
 }
+
+/// One forward shared by several caches of the same prompt (`Llama::prefill_shared`) leaves
+/// every cache exactly as its own prefill would: same bytes, same logits, and bit-identical
+/// logits through the decode steps that follow — for dense, quantized and SWAN caches (no
+/// prefill statistics) and for tiered caches, which ask for the prompt's attention and so
+/// share a forward only with caches asking the same.
+#[test]
+fn a_shared_prefill_leaves_every_cache_as_its_own_prefill_would() {
+    use models::llama::{DecodeScratch, NoObserver};
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 53 + 7) % 256).collect();
+    let next: Vec<u32> = (0..6u32).map(|i| (i * 31 + 3) % 256).collect();
+    let specs = [
+        "dense:format=f32",
+        "dense:format=f16",
+        "swan:k=8,index=bitmask,value=int8,b=8,basis=random:2",
+        "swan:k=8,value=fp8,b=8,basis=random:2",
+        "tiered:span=4..36,segment=4,chunk=8,policy=wnw,r_gpu=0.5,n_voice=3,n_anchor=1,format=f32",
+        "tiered:span=4..36,segment=4,chunk=8,policy=snapkv,r_gpu=0.5,n_voice=3,n_anchor=1,format=f32",
+    ];
+    for spec in specs {
+        let parsed: CacheSpec = spec.parse().unwrap();
+        let (model, mut caches) = parsed.build_many(&ckpt.model, 3).unwrap();
+        let own = model.prefill(&prompt, Some(caches[0].as_mut()), &mut NoObserver, false).unwrap();
+        let shared = {
+            let mut rest: Vec<&mut dyn models::cache::KvCache> = caches[1..]
+                .iter_mut()
+                .map(|c| c.as_mut() as &mut dyn models::cache::KvCache)
+                .collect();
+            model.prefill_shared(&prompt, &mut rest).unwrap()
+        };
+        assert!(own.equal(&shared), "{spec}: prefill logits differ");
+        let bytes = caches[0].bytes();
+        assert!(caches.iter().all(|c| c.bytes() == bytes && c.len() == prompt.len()), "{spec}");
+        let mut scratch = DecodeScratch::new(model.config()).unwrap();
+        for (i, &id) in next.iter().enumerate() {
+            let logits: Vec<_> = caches
+                .iter_mut()
+                .map(|c| model.decode(id, prompt.len() + i, c.as_mut(), &mut scratch).unwrap())
+                .collect();
+            assert!(logits.iter().all(|l| l.equal(&logits[0])), "{spec}: step {i} differs");
+        }
+    }
+    let empty: &mut [&mut dyn models::cache::KvCache] = &mut [];
+    let err = "dense"
+        .parse::<CacheSpec>()
+        .unwrap()
+        .build(&ckpt.model)
+        .unwrap()
+        .0
+        .prefill_shared(&prompt, empty);
+    assert!(matches!(err, Err(Error::InvalidInput { .. })), "{err:?}");
+}

@@ -14,7 +14,7 @@ use tch::{Kind, Tensor};
 
 use crate::error::{Result, TorchOp, invalid};
 use models::cache::{CacheBytes, KvCache};
-use models::llama::{BatchScratch, Llama, NoObserver};
+use models::llama::{BatchScratch, Llama};
 use models::session::Session;
 use models::session::generate::argmax;
 
@@ -171,8 +171,10 @@ pub fn group_by_weights(
     Ok(groups)
 }
 
-/// [`teacher_force`] for several caches of one model at once: each fresh cache is
-/// prefilled with `prompt` on its own, then every target is scored for every cache and fed
+/// [`teacher_force`] for several caches of one model at once: the fresh caches are
+/// prefilled with `prompt` by one shared forward ([`Llama::prefill_shared`]: every cache
+/// receives the K/V rows it would have received on its own), then every target is scored
+/// for every cache and fed
 /// to all of them in one [`Llama::decode_batch`] step, so the model's weights are read once
 /// per step for the whole batch (the SWAN grid evaluates many caches over the same text).
 /// [`teacher_force_texts`] is the same over a different text per cache.
@@ -233,25 +235,53 @@ pub fn teacher_force_texts(
         ));
     }
     let batch = caches.len();
-    let mut traces = Vec::with_capacity(batch);
-    let mut logits = Vec::with_capacity(batch);
-    for (cache, &(prompt, _)) in caches.iter_mut().zip(texts) {
+    for cache in caches.iter_mut() {
         if !cache.is_empty() {
             return Err(invalid(OP, format!("cache already holds {} tokens", cache.len())));
         }
         cache.reserve(prompt_len + target_len)?;
+    }
+    // One prefill per distinct prompt, shared by every cache of that prompt
+    // (`Llama::prefill_shared`); each cache is charged an equal share of its time.
+    let mut first_logits: Vec<Option<Tensor>> = (0..batch).map(|_| None).collect();
+    let mut prefill_s = vec![0.0; batch];
+    for b in 0..batch {
+        if first_logits[b].is_some() {
+            continue;
+        }
+        let prompt = texts[b].0;
+        let members: Vec<usize> =
+            (b..batch).filter(|&i| first_logits[i].is_none() && texts[i].0 == prompt).collect();
+        let mut group: Vec<&mut dyn KvCache> = caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| members.contains(i))
+            .map(|(_, c)| {
+                let r: &mut dyn KvCache = c.as_mut();
+                r
+            })
+            .collect();
         let t0 = Instant::now();
-        let l = model.prefill(prompt, Some(cache.as_mut()), &mut NoObserver, false)?;
-        logits.push(l.f_squeeze_dim(0).op("squeeze")?);
-        traces.push(Trace {
+        let l = model.prefill_shared(prompt, &mut group)?.f_squeeze_dim(0).op("squeeze")?;
+        let share = t0.elapsed().as_secs_f64() / members.len() as f64;
+        for &i in &members {
+            first_logits[i] = Some(l.shallow_clone());
+            prefill_s[i] = share;
+        }
+    }
+    let mut logits: Vec<Tensor> = first_logits.into_iter().flatten().collect();
+    let mut traces: Vec<Trace> = caches
+        .iter()
+        .zip(&prefill_s)
+        .map(|(cache, &prefill_s)| Trace {
             nll: Vec::with_capacity(target_len),
             hit: Vec::with_capacity(target_len),
-            prefill_s: t0.elapsed().as_secs_f64(),
+            prefill_s,
             after_prefill: cache.bytes(),
             batch,
             ..Trace::default()
-        });
-    }
+        })
+        .collect();
     let mut scratch = BatchScratch::new(model.config(), batch)?;
     let mut ids = vec![0u32; batch];
     let (mut wall, mut steps) = (0.0, 0);

@@ -20,7 +20,7 @@ use std::ops::Range;
 
 use tch::{Kind, Tensor};
 
-use crate::cache::KvCache;
+use crate::cache::{AttentionRequest, KvCache};
 use crate::error::{Result, TorchOp, invalid};
 use crate::llama::gemma::SandwichNorms;
 use crate::llama::rope::Rope;
@@ -348,20 +348,87 @@ impl Llama {
         all_logits: bool,
     ) -> Result<Tensor> {
         let n = self.check_embeds(h, &tables)?;
+        let mut caches: Vec<&mut dyn KvCache> = cache.into_iter().collect();
+        let request = caches.first_mut().and_then(|c| c.attention_request(n as usize));
+        self.prefill_core(h, &tables, &mut caches, request.as_ref(), obs, all_logits)
+    }
+
+    /// [`Llama::prefill`] for several caches of the same prompt at once: the forward runs
+    /// once and every cache receives the same K/V rows, exactly as if each had been
+    /// prefilled on its own (the prompt's attention is full causal attention whatever the
+    /// cache; logits `[1, vocab]` of the last position). Caches that ask for prefill
+    /// attention statistics ([`KvCache::attention_request`], asked once each) are grouped by
+    /// request, and the forward runs once per distinct request, since the statistics it
+    /// gathers depend on it. A grid of cache configurations evaluated on one text therefore
+    /// pays for one prefill instead of one per configuration.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for no caches, empty input, ids out of range or a
+    /// sequence longer than a sliding window; cache errors.
+    pub fn prefill_shared(&self, ids: &[u32], caches: &mut [&mut dyn KvCache]) -> Result<Tensor> {
+        if caches.is_empty() {
+            return Err(invalid("shared prefill", "no caches"));
+        }
+        let _guard = tch::no_grad_guard();
+        let h = self.embed(ids)?;
+        let tables = self.rope.tables(0, ids.len())?;
+        let n = self.check_embeds(&h, &tables)?;
+        let requests: Vec<Option<AttentionRequest>> =
+            caches.iter_mut().map(|c| c.attention_request(n as usize)).collect();
+        let mut distinct: Vec<Option<AttentionRequest>> = Vec::new();
+        for r in &requests {
+            if !distinct.contains(r) {
+                distinct.push(r.clone());
+            }
+        }
+        let mut logits = None;
+        for request in &distinct {
+            let mut group: Vec<&mut dyn KvCache> = caches
+                .iter_mut()
+                .zip(&requests)
+                .filter(|(_, r)| *r == request)
+                .map(|(c, _)| {
+                    let r: &mut dyn KvCache = &mut **c;
+                    r
+                })
+                .collect();
+            let l = self.prefill_core(
+                &h,
+                &tables,
+                &mut group,
+                request.as_ref(),
+                &mut NoObserver,
+                false,
+            )?;
+            logits.get_or_insert(l);
+        }
+        logits.ok_or_else(|| invalid("shared prefill", "no caches"))
+    }
+
+    /// The prefill forward of `h` at `tables`, feeding every layer's K/V (and the attention
+    /// statistics of `request`) to each of `caches`.
+    fn prefill_core(
+        &self,
+        h: &Tensor,
+        tables: &(Tensor, Tensor),
+        caches: &mut [&mut dyn KvCache],
+        request: Option<&AttentionRequest>,
+        obs: &mut dyn PrefillObserver,
+        all_logits: bool,
+    ) -> Result<Tensor> {
+        let n = self.check_embeds(h, tables)?;
         let _guard = tch::no_grad_guard();
         let mut h = h.to_kind(Kind::Float);
         obs.hidden("embed", &h)?;
-        let mut cache = cache;
-        let request = cache.as_mut().and_then(|c| c.attention_request(n as usize));
         let local = self.local_tables(n as usize)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let x = block.input_norm.forward(&h)?;
-            let (rope, layer_tables) = self.layer_tables(i, &tables, &local);
+            let (rope, layer_tables) = self.layer_tables(i, tables, &local);
             let (attn_out, tensors, received) =
-                block.attn.prefill(&x, rope, layer_tables, request.as_ref())?;
+                block.attn.prefill(&x, rope, layer_tables, request)?;
             obs.attention(i, &tensors)?;
             obs.hidden(&format!("layer{i}.attn_out"), &attn_out)?;
-            if let Some(c) = cache.as_mut() {
+            for c in caches.iter_mut() {
                 feed_cache(&mut **c, i, &tensors, received.as_ref())?;
             }
             h = block.finish(&h, &attn_out)?;
