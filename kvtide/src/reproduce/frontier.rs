@@ -952,7 +952,7 @@ mod tests {
         assert!(only[0].model.is_err());
         std::fs::create_dir_all(&dir).expect("temp dir");
         std::fs::write(&gemma, b"not read").expect("write");
-        let primary_only = legs(&primary, &gemma, LegChoice::PrimaryOnly);
+        let primary_only = super::legs(&primary, &gemma, LegChoice::PrimaryOnly);
         assert_eq!(primary_only.len(), 2);
         assert_eq!(primary_only[0].model.as_ref().ok(), Some(&primary));
         let line = primary_only[1].skip_line().expect("a skip line");
