@@ -1,14 +1,21 @@
-//! GPU decode benchmark behind `scripts/gpu-check.sh` (SWAN §3 hybrid decode vs the dense
-//! baseline): synthetic caches in the kernels' layout, timed with CUDA events, reported as
-//! bytes actually read ÷ time (achieved HBM bandwidth) and as ratios against the dense f16
-//! decode of the same sequence length measured in the same run.
+//! GPU decode benchmark behind `scripts/gpu-check.sh` (SWAN §3 hybrid decode over CSR and
+//! coded rows, and the dense quantized baselines, vs the dense f16 baseline): synthetic caches
+//! in the kernels' layout, timed with CUDA events, reported as bytes as stored (every byte is
+//! read once per step) ÷ time — achieved HBM bandwidth and its fraction of the peak — and as
+//! ratios against the dense f16 decode of the same sequence length measured in the same run.
 
 use kv_sparse::ValueFormat;
+use kv_sparse::coded::{
+    Bitmask, CodedStore, CodedView, Elems, IndexCode, IndexKind, Int4Values, Int8Values, List,
+    ValueCode, ValueKind,
+};
 use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::quant::{DenseFormat, INT4_BLOCK_BYTES, INT8_BLOCK_BYTES};
 
+use super::encoded::{PackedCoded, PackedQuant};
 use super::layout::{PackedCsr, PackedDense};
 use super::{DecodeDevice, Gpu, LayerCache};
-use crate::{AttnConfig, Reference, Result};
+use crate::{AttnConfig, Error, Reference, Result};
 
 /// What to measure.
 #[derive(Clone, Debug, PartialEq)]
@@ -23,6 +30,10 @@ pub struct BenchConfig {
     pub buffer: usize,
     /// Sparse value formats to measure (hybrid caches use an f16 buffer).
     pub formats: Vec<ValueFormat>,
+    /// Dense quantized formats to measure (`quant_decode_<format>`, all `len` rows quantized).
+    pub quant: Vec<DenseFormat>,
+    /// Coded-row encodings to measure as hybrid histories (f16 buffer of `buffer` rows).
+    pub coded: Vec<(IndexKind, ValueKind)>,
     /// Timed launches per measurement.
     pub iters: usize,
     /// Peak bandwidth (bytes/s) the fractions are reported against.
@@ -31,7 +42,8 @@ pub struct BenchConfig {
 
 impl Default for BenchConfig {
     /// The measured configuration: L ∈ {4k, 32k, 128k}, 32 q / 8 kv heads, d_h 128, k 64,
-    /// buffer 128, fp8 and f16, H200 HBM peak 4.8 TB/s.
+    /// buffer 128; CSR fp8 and f16; dense int8, int4 and fp8; coded u8-list and bitmask rows
+    /// with fp8, int8 and int4 values; H200 HBM peak 4.8 TB/s.
     fn default() -> Self {
         Self {
             lengths: vec![4096, 32_768, 131_072],
@@ -39,6 +51,14 @@ impl Default for BenchConfig {
             k: 64,
             buffer: 128,
             formats: vec![ValueFormat::Fp8E4M3, ValueFormat::F16],
+            quant: vec![DenseFormat::Int8, DenseFormat::Int4, DenseFormat::Fp8],
+            coded: [IndexKind::ListU8, IndexKind::Bitmask]
+                .into_iter()
+                .flat_map(|x| {
+                    [ValueKind::Elems(ValueFormat::Fp8E4M3), ValueKind::Int8, ValueKind::Int4]
+                        .map(|v| (x, v))
+                })
+                .collect(),
             iters: 50,
             peak_bytes_per_s: 4.8e12,
         }
@@ -48,13 +68,14 @@ impl Default for BenchConfig {
 /// One measured kernel.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchRow {
-    /// `dense-f16` or `hybrid-<format>`.
+    /// `dense-f16`, `hybrid-<format>`, `quant-<format>` or `coded-<index>-<values>`.
     pub kernel: String,
     /// Entry point.
     pub entry: String,
     /// Rows per kv-head.
     pub len: usize,
-    /// Bytes one decode step reads.
+    /// Bytes of the cache as stored (K and V, indices, offsets, scales); one decode step
+    /// reads each once.
     pub bytes: usize,
     /// Seconds per decode step.
     pub seconds: f64,
@@ -70,13 +91,15 @@ impl BenchRow {
         self.bytes as f64 / self.seconds
     }
 
-    /// This row as a JSON object (`peak` = bandwidth the fraction refers to).
+    /// This row as a JSON object (`peak` = bandwidth the fraction refers to; `bytes_stored`
+    /// and `bytes_read` are the same count: the kernels read every stored byte once).
     pub fn to_json(&self, peak: f64) -> String {
         format!(
-            "{{\"kernel\":\"{}\",\"entry\":\"{}\",\"len\":{},\"bytes_read\":{},\"us_per_step\":{:.3},\"gb_per_s\":{:.1},\"fraction_of_peak\":{:.4},\"speedup_vs_dense_f16\":{:.3},\"max_abs_err_vs_cpu\":{:e}}}",
+            "{{\"kernel\":\"{}\",\"entry\":\"{}\",\"len\":{},\"bytes_stored\":{},\"bytes_read\":{},\"us_per_step\":{:.3},\"gb_per_s\":{:.1},\"fraction_of_peak\":{:.4},\"speedup_vs_dense_f16\":{:.3},\"max_abs_err_vs_cpu\":{:e}}}",
             self.kernel,
             self.entry,
             self.len,
+            self.bytes,
             self.bytes,
             self.seconds * 1e6,
             self.bytes_per_s() / 1e9,
@@ -179,6 +202,126 @@ pub fn synthetic_dense(
     PackedDense { format, head_dim, kv_heads, rows, data, gather: None }
 }
 
+/// Synthetic dense quantized rows `[kv_heads][rows]` of `format`: random codes (fp8 codes
+/// never NaN) under f16 scales in [0.004, 0.02), so every row passes kv-sparse's checks.
+///
+/// # Examples
+/// ```
+/// use kv_sparse::quant::DenseFormat;
+/// let p = attn_kernels::cuda::bench::synthetic_quant(2, 3, 64, DenseFormat::Int4, 1);
+/// assert_eq!(p.data.len(), 2 * 3 * 2 * 18);
+/// assert!(p.check("example").is_ok());
+/// ```
+pub fn synthetic_quant(
+    kv_heads: usize,
+    rows: usize,
+    head_dim: usize,
+    format: DenseFormat,
+    seed: u64,
+) -> PackedQuant {
+    let mut g = Gen(seed | 1);
+    let scale = |g: &mut Gen| half::f16::from_f32(0.012 + 0.008 * g.unit()).to_le_bytes();
+    let (chunk, codes) = match format {
+        DenseFormat::Int8 => (INT8_BLOCK_BYTES, INT8_BLOCK_BYTES - 2),
+        DenseFormat::Int4 => (INT4_BLOCK_BYTES, INT4_BLOCK_BYTES - 2),
+        DenseFormat::Fp8 => (2 + head_dim, head_dim),
+    };
+    let n = kv_heads * rows * format.row_bytes(head_dim) / chunk.max(1);
+    let mut data = Vec::with_capacity(n * chunk);
+    for _ in 0..n {
+        data.extend_from_slice(&scale(&mut g));
+        for _ in 0..codes {
+            let b = g.next() as u8;
+            // 0x7f / 0xff are E4M3FN's NaNs.
+            data.push(if format == DenseFormat::Fp8 && b & 0x7f == 0x7f { b ^ 1 } else { b });
+        }
+    }
+    PackedQuant { format, head_dim, kv_heads, rows, data }
+}
+
+/// Synthetic coded rows `[kv_heads][rows]`: `k` distinct ascending components per row (as
+/// [`synthetic_csr`] draws them), values uniform in (−1, 1), encoded by kv-sparse's own
+/// [`CodedStore`] in the given index × value code.
+///
+/// # Errors
+/// [`Error::GpuUnsupported`] for a code pair outside [`super::CODED_INDICES`] ×
+/// [`super::CODED_VALUES`]; kv-sparse's errors (e.g. odd `k` with int4 values).
+///
+/// # Examples
+/// ```
+/// use kv_sparse::coded::{IndexKind, ValueKind};
+/// let p = attn_kernels::cuda::bench::synthetic_coded(2, 5, 64, 16, IndexKind::Bitmask, ValueKind::Int4, 3)?;
+/// assert_eq!(p.bytes.len(), 2 * 5 * (8 + 2 + 8)); // mask + scale + 16 nibbles per row
+/// assert!(p.check("example").is_ok());
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+pub fn synthetic_coded(
+    kv_heads: usize,
+    rows: usize,
+    head_dim: usize,
+    k: usize,
+    index: IndexKind,
+    value: ValueKind,
+    seed: u64,
+) -> Result<PackedCoded> {
+    macro_rules! by_value {
+        ($x:ty) => {
+            match value {
+                ValueKind::Elems(ValueFormat::Fp8E4M3) => {
+                    coded_of::<$x, Elems<Fp8E4M3>>(kv_heads, rows, head_dim, k, seed)
+                }
+                ValueKind::Int8 => coded_of::<$x, Int8Values>(kv_heads, rows, head_dim, k, seed),
+                ValueKind::Int4 => coded_of::<$x, Int4Values>(kv_heads, rows, head_dim, k, seed),
+                _ => Err(coded_unsupported(index, value)),
+            }
+        };
+    }
+    match index {
+        IndexKind::ListU8 => by_value!(List<u8>),
+        IndexKind::ListU16 => by_value!(List<u16>),
+        IndexKind::Bitmask => by_value!(Bitmask),
+        _ => Err(coded_unsupported(index, value)),
+    }
+}
+
+fn coded_unsupported(index: IndexKind, value: ValueKind) -> Error {
+    Error::GpuUnsupported {
+        op: "bench::synthetic_coded",
+        what: format!("coded rows with {index} indices and {value} values"),
+    }
+}
+
+fn coded_of<X: IndexCode, Y: ValueCode>(
+    kv_heads: usize,
+    rows: usize,
+    head_dim: usize,
+    k: usize,
+    seed: u64,
+) -> Result<PackedCoded> {
+    let mut g = Gen(seed | 1);
+    let k = k.min(head_dim);
+    let mut dims: Vec<usize> = (0..head_dim).collect();
+    let mut values = vec![0f32; k];
+    let mut stores = Vec::with_capacity(kv_heads);
+    for _ in 0..kv_heads {
+        let mut s = CodedStore::<X, Y>::new(head_dim)?;
+        s.reserve(rows, rows * k);
+        for _ in 0..rows {
+            for i in 0..k {
+                let j = i + (g.next() as usize) % (dims.len() - i);
+                dims.swap(i, j);
+            }
+            let mut row = dims[..k].to_vec();
+            row.sort_unstable();
+            values.iter_mut().for_each(|v| *v = g.unit());
+            s.push_sparse(&row, &values)?;
+        }
+        stores.push(s);
+    }
+    let views: Vec<CodedView<'_, X, Y>> = stores.iter().map(CodedStore::view).collect();
+    PackedCoded::from_views(&views, 1.0)
+}
+
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
@@ -212,9 +355,10 @@ fn measure(
     })
 }
 
-/// Runs the benchmark: per length, the dense f16 baseline then one hybrid cache per format
-/// (`len − buffer` sparse rows + `buffer` dense f16 rows). Outputs of the shortest length
-/// are checked against the f64 [`Reference`].
+/// Runs the benchmark: per length, the dense f16 baseline, then one CSR hybrid cache per
+/// format (`len − buffer` sparse rows + `buffer` dense f16 rows), one dense quantized cache
+/// per quantized format (`len` rows) and one coded hybrid cache per coded encoding (as the CSR
+/// ones). Outputs of the shortest length are checked against the f64 [`Reference`].
 ///
 /// # Errors
 /// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.
@@ -250,6 +394,24 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
             let cache =
                 LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
             let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;
+            row.speedup_vs_dense_f16 = base_s / row.seconds;
+            rows.push(row);
+        }
+        for &f in &cfg.quant {
+            let k = synthetic_quant(s.kv_heads(), len, s.head_dim(), f, 31);
+            let v = synthetic_quant(s.kv_heads(), len, s.head_dim(), f, 32);
+            let cache = LayerCache::Quant { keys: &k, values: &v };
+            let mut row = measure(&gpu, cfg, format!("quant-{f}"), cache, &q, check)?;
+            row.speedup_vs_dense_f16 = base_s / row.seconds;
+            rows.push(row);
+        }
+        for &(x, y) in &cfg.coded {
+            let (hd, kk) = (s.head_dim(), cfg.k);
+            let k = synthetic_coded(s.kv_heads(), sparse_rows, hd, kk, x, y, 41)?;
+            let v = synthetic_coded(s.kv_heads(), sparse_rows, hd, kk, x, y, 42)?;
+            let cache =
+                LayerCache::Coded { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
+            let mut row = measure(&gpu, cfg, format!("coded-{x}-{y}"), cache, &q, check)?;
             row.speedup_vs_dense_f16 = base_s / row.seconds;
             rows.push(row);
         }
