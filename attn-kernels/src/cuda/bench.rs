@@ -83,6 +83,8 @@ pub struct BenchRow {
     pub speedup_vs_dense_f16: f64,
     /// Max |GPU − CPU reference| over the outputs of one step.
     pub max_abs_err: f32,
+    /// Why this leg has no measurement (upload, launch or check failed); `None` when measured.
+    pub error: Option<String>,
 }
 
 impl BenchRow {
@@ -91,9 +93,30 @@ impl BenchRow {
         self.bytes as f64 / self.seconds
     }
 
+    /// A leg that could not be measured, with its reason.
+    fn failed(kernel: String, len: usize, bytes: usize, e: &Error) -> Self {
+        Self {
+            kernel,
+            entry: String::new(),
+            len,
+            bytes,
+            seconds: f64::NAN,
+            speedup_vs_dense_f16: f64::NAN,
+            max_abs_err: f32::NAN,
+            error: Some(e.to_string()),
+        }
+    }
+
     /// This row as a JSON object (`peak` = bandwidth the fraction refers to; `bytes_stored`
-    /// and `bytes_read` are the same count: the kernels read every stored byte once).
+    /// and `bytes_read` are the same count: the kernels read every stored byte once). A leg
+    /// that failed is `{kernel, len, bytes_stored, error}`.
     pub fn to_json(&self, peak: f64) -> String {
+        if let Some(e) = &self.error {
+            return format!(
+                "{{\"kernel\":\"{}\",\"len\":{},\"bytes_stored\":{},\"error\":{:?}}}",
+                self.kernel, self.len, self.bytes, e
+            );
+        }
         format!(
             "{{\"kernel\":\"{}\",\"entry\":\"{}\",\"len\":{},\"bytes_stored\":{},\"bytes_read\":{},\"us_per_step\":{:.3},\"gb_per_s\":{:.1},\"fraction_of_peak\":{:.4},\"speedup_vs_dense_f16\":{:.3},\"max_abs_err_vs_cpu\":{:e}}}",
             self.kernel,
@@ -352,68 +375,84 @@ fn measure(
         seconds,
         speedup_vs_dense_f16: 1.0,
         max_abs_err,
+        error: None,
     })
+}
+
+/// One measured leg that never aborts the run: a failure (including building its cache)
+/// becomes a row carrying the error, so the other legs of the same run are still reported.
+fn leg<'c>(
+    gpu: &Gpu,
+    cfg: &BenchConfig,
+    kernel: String,
+    cache: std::result::Result<LayerCache<'c>, &Error>,
+    (q, check, base_s): (&[f32], bool, f64),
+) -> BenchRow {
+    let cache = match cache {
+        Ok(c) => c,
+        Err(e) => return BenchRow::failed(kernel, 0, 0, e),
+    };
+    match measure(gpu, cfg, kernel.clone(), cache, q, check) {
+        Ok(mut row) => {
+            row.speedup_vs_dense_f16 = if base_s.is_nan() { 1.0 } else { base_s / row.seconds };
+            row
+        }
+        Err(e) => BenchRow::failed(kernel, cache.rows_of(0), cache.bytes_read(), &e),
+    }
 }
 
 /// Runs the benchmark: per length, the dense f16 baseline, then one CSR hybrid cache per
 /// format (`len − buffer` sparse rows + `buffer` dense f16 rows), one dense quantized cache
 /// per quantized format (`len` rows) and one coded hybrid cache per coded encoding (as the CSR
-/// ones). Outputs of the shortest length are checked against the f64 [`Reference`].
+/// ones). Outputs of the shortest length are checked against the f64 [`Reference`]. A leg
+/// that fails is reported as a row with its error ([`BenchRow::error`]) and the run goes on.
 ///
 /// # Errors
-/// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU; driver errors.
+/// [`crate::Error::CudaNotCompiled`] / [`crate::Error::NoDevice`] without a GPU.
 pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
     let gpu = Gpu::new()?;
-    let s = cfg.attn;
+    let (s, mut rows) = (cfg.attn, Vec::new());
     let mut g = Gen(7);
     let q: Vec<f32> = (0..s.q_len()).map(|_| g.unit()).collect();
-    let mut rows = Vec::new();
+    let (kv, d) = (s.kv_heads(), s.head_dim());
     for (i, &len) in cfg.lengths.iter().enumerate() {
         let check = i == 0;
-        let dk = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 11);
-        let dv = synthetic_dense(s.kv_heads(), len, s.head_dim(), ValueFormat::F16, 12);
-        let base = measure(
-            &gpu,
-            cfg,
-            "dense-f16".into(),
-            LayerCache::Dense { keys: &dk, values: &dv },
-            &q,
-            check,
-        )?;
+        let dk = synthetic_dense(kv, len, d, ValueFormat::F16, 11);
+        let dv = synthetic_dense(kv, len, d, ValueFormat::F16, 12);
+        let dense = Ok(LayerCache::Dense { keys: &dk, values: &dv });
+        let base = leg(&gpu, cfg, "dense-f16".into(), dense, (&q, check, f64::NAN));
+        let run = (&q[..], check, base.seconds);
+        rows.push(base);
         drop((dk, dv));
         let sparse_rows = len.saturating_sub(cfg.buffer);
-        let bk =
-            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 13);
-        let bv =
-            synthetic_dense(s.kv_heads(), len - sparse_rows, s.head_dim(), ValueFormat::F16, 14);
-        let base_s = base.seconds;
-        rows.push(base);
+        let bk = synthetic_dense(kv, len - sparse_rows, d, ValueFormat::F16, 13);
+        let bv = synthetic_dense(kv, len - sparse_rows, d, ValueFormat::F16, 14);
         for &f in &cfg.formats {
-            let k = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 21);
-            let v = synthetic_csr(s.kv_heads(), sparse_rows, s.head_dim(), cfg.k, f, 22);
+            let k = synthetic_csr(kv, sparse_rows, d, cfg.k, f, 21);
+            let v = synthetic_csr(kv, sparse_rows, d, cfg.k, f, 22);
             let cache =
                 LayerCache::Hybrid { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
-            let mut row = measure(&gpu, cfg, format!("hybrid-{f}"), cache, &q, check)?;
-            row.speedup_vs_dense_f16 = base_s / row.seconds;
-            rows.push(row);
+            rows.push(leg(&gpu, cfg, format!("hybrid-{f}"), Ok(cache), run));
         }
         for &f in &cfg.quant {
-            let k = synthetic_quant(s.kv_heads(), len, s.head_dim(), f, 31);
-            let v = synthetic_quant(s.kv_heads(), len, s.head_dim(), f, 32);
+            let k = synthetic_quant(kv, len, d, f, 31);
+            let v = synthetic_quant(kv, len, d, f, 32);
             let cache = LayerCache::Quant { keys: &k, values: &v };
-            let mut row = measure(&gpu, cfg, format!("quant-{f}"), cache, &q, check)?;
-            row.speedup_vs_dense_f16 = base_s / row.seconds;
-            rows.push(row);
+            rows.push(leg(&gpu, cfg, format!("quant-{f}"), Ok(cache), run));
         }
         for &(x, y) in &cfg.coded {
-            let (hd, kk) = (s.head_dim(), cfg.k);
-            let k = synthetic_coded(s.kv_heads(), sparse_rows, hd, kk, x, y, 41)?;
-            let v = synthetic_coded(s.kv_heads(), sparse_rows, hd, kk, x, y, 42)?;
-            let cache =
-                LayerCache::Coded { keys: &k, values: &v, buffer_keys: &bk, buffer_values: &bv };
-            let mut row = measure(&gpu, cfg, format!("coded-{x}-{y}"), cache, &q, check)?;
-            row.speedup_vs_dense_f16 = base_s / row.seconds;
-            rows.push(row);
+            let k = synthetic_coded(kv, sparse_rows, d, cfg.k, x, y, 41);
+            let v = synthetic_coded(kv, sparse_rows, d, cfg.k, x, y, 42);
+            let cache = match (&k, &v) {
+                (Ok(k), Ok(v)) => Ok(LayerCache::Coded {
+                    keys: k,
+                    values: v,
+                    buffer_keys: &bk,
+                    buffer_values: &bv,
+                }),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            rows.push(leg(&gpu, cfg, format!("coded-{x}-{y}"), cache, run));
         }
     }
     Ok(rows)

@@ -157,7 +157,10 @@ impl PackedQuant {
         self.kv_heads
     }
 
-    /// The bytes of row `r` of head `h` (both in range).
+    /// The bytes of row `r` of head `h`.
+    ///
+    /// # Panics
+    /// If `h` or `r` is out of range, or `data` is shorter than [`PackedQuant::check`] requires.
     pub fn row(&self, h: usize, r: usize) -> &[u8] {
         let rb = self.row_bytes();
         let at = (h * self.rows + r) * rb;
@@ -358,6 +361,10 @@ impl PackedCoded {
 
     /// Row `r` of head `h` as the kernels walk it (`coded_row` + the index code's `walk`):
     /// entries with an index at or past `head_dim` are dropped, like the kernels skip them.
+    ///
+    /// # Panics
+    /// If `h` or the row's byte range is out of bounds, which a cache that passed
+    /// [`PackedCoded::check`] never has (the decode backends check first).
     pub fn entries(&self, h: usize, r: usize) -> CodedEntries {
         let (s, e) = self.row_range(h, r);
         let row = &self.bytes[s..e.max(s)];

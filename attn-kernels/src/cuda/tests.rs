@@ -426,8 +426,10 @@ fn every_launchable_kernel_is_in_the_committed_ptx() {
 /// The compute_90 PTX decodes fp8 with the native sm_89+ conversion, compute_80 arithmetically.
 #[test]
 fn fp8_decode_is_native_only_in_the_sm90_ptx() {
-    assert!(Family::Sparse.ptx(true).contains("cvt.rn.f16x2.e4m3x2"));
-    assert!(!Family::Sparse.ptx(false).contains("e4m3x2"));
+    for family in [Family::Sparse, Family::Quant, Family::Coded] {
+        assert!(family.ptx(true).contains("cvt.rn.f16x2.e4m3x2"), "{family:?}");
+        assert!(!family.ptx(false).contains("e4m3x2"), "{family:?}");
+    }
 }
 
 #[test]
