@@ -457,3 +457,25 @@ pub fn run(cfg: &BenchConfig) -> Result<Vec<BenchRow>> {
     }
     Ok(rows)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failed leg is still one JSON object, without the NaN a measurement would print.
+    #[test]
+    fn failed_legs_serialise_without_numbers() {
+        let e = Error::NoDevice { op: "test", detail: "none".into() };
+        let json = BenchRow::failed("coded-bitmask-int4".into(), 4096, 123, &e).to_json(4.8e12);
+        assert!(json.starts_with("{\"kernel\":\"coded-bitmask-int4\",\"len\":4096"), "{json}");
+        assert!(json.contains("\"error\":") && !json.contains("NaN"), "{json}");
+        let ok = BenchRow {
+            seconds: 1e-4,
+            error: None,
+            ..BenchRow::failed("x".into(), 1, 480_000_000, &e)
+        };
+        let json = ok.to_json(4.8e12);
+        assert!(json.contains("\"bytes_stored\":480000000,\"bytes_read\":480000000"), "{json}");
+        assert!(json.contains("\"fraction_of_peak\":1.0000"), "{json}");
+    }
+}

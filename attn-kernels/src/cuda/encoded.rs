@@ -424,7 +424,7 @@ impl PackedCoded {
             let start = self.head_base[h] as usize;
             let len = self.block_base[hb + self.n_blocks] as usize;
             let next = self.head_base.get(h + 1).map_or(self.bytes.len(), |&b| b as usize);
-            if start.checked_add(len) != Some(next) {
+            if next > self.bytes.len() || start.checked_add(len) != Some(next) {
                 return Err(Error::Param {
                     op,
                     what: "coded head extent",

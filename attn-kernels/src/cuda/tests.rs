@@ -773,6 +773,13 @@ fn corrupt_coded_rows_are_typed_errors_before_any_kernel_runs() {
     p.values.bytes.pop(); // the head's extent no longer ends at the byte count
     assert!(matches!(run(&p), Error::Param { what: "coded head extent", .. }));
     let mut p = good.clone();
+    let n = p.values.bytes.len() as u64;
+    p.values.block_base[p.values.n_blocks] += n; // head 0 claims twice the bytes there are
+    p.values.head_base.push(2 * n);
+    p.values.block_base.extend(std::iter::repeat_n(0, p.values.n_blocks + 1));
+    p.values.offsets.extend(vec![0; p.values.rows]);
+    assert!(matches!(p.values.check("test"), Err(Error::Param { what: "coded head extent", .. })));
+    let mut p = good.clone();
     p.keys.head_base.push(0);
     assert!(matches!(run(&p), Error::LengthMismatch { what: "coded kv-heads", .. }));
     let mut p = good.clone();
