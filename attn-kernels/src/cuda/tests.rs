@@ -16,7 +16,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
-use crate::{AttnConfig, EncodedAttention, Error, PrefixedCodedHybrid, QuantKv, Reference};
+use crate::{
+    AttnConfig, CodedHybridSource, EncodedAttention, Error, PrefixedCodedHybrid, QuantKv, Reference,
+};
 
 /// GPU (and emulation) vs the f64 reference, per value format: |got − want| ≤ tol·(1 + |want|).
 /// Stored values decode exactly in every format on both sides (the kernels' fp8 decode is exact,
@@ -630,10 +632,10 @@ fn coded_layer<X: IndexCode, Y: ValueCode, D: Value>(
 
 /// Packs `caches`, checks the reference over the packed form against the reference over
 /// kv-sparse's own coded views, then every device against the reference.
-fn check_coded<X: IndexCode, Y: ValueCode, D: Value>(
+fn check_coded<X: IndexCode, Y: ValueCode, D: Value, H: CodedHybridSource<X, Y, D>>(
     what: &str,
     s: &AttnConfig,
-    caches: &[CodedHybridCache<X, Y, D>],
+    caches: &[H],
     seed: u64,
 ) {
     let p = PackedCodedHybrid::from_sources(caches).unwrap();
@@ -712,6 +714,50 @@ fn coded_rows_keeping_nothing_or_everything_match_reference() {
             3,
         );
     }
+}
+
+/// Rows of every length in one store: `k` from 0 to `head_dim` (even, for int4), so blocks
+/// hold rows of many sizes and masks of every popcount.
+fn coded_rows_of_every_k<X: IndexCode, Y: ValueCode>() {
+    let s = AttnConfig::new(8, 2, 64).unwrap();
+    let mut rng = StdRng::seed_from_u64(13);
+    let stores: Vec<[CodedStore<X, Y>; 2]> = (0..2)
+        .map(|_| {
+            [(); 2].map(|_| {
+                let mut st = CodedStore::<X, Y>::with_block_rows(64, 16).unwrap();
+                for r in 0..133 {
+                    st.push_dense(&random_rows(&mut rng, 64), (r * 2) % 66).unwrap();
+                }
+                st
+            })
+        })
+        .collect();
+    let buffer: Vec<Vec<half::bf16>> = (0..2)
+        .map(|_| random_rows(&mut rng, 5 * 64).into_iter().map(half::bf16::from_f32).collect())
+        .collect();
+    let views: Vec<_> = stores
+        .iter()
+        .zip(&buffer)
+        .map(|([k, v], b)| kv_sparse::hybrid::CodedHybridView {
+            head_dim: 64,
+            sparse_keys: k.view(),
+            sparse_values: v.view(),
+            buffer_keys: (&b[..], &[][..]),
+            buffer_values: (&b[..], &[][..]),
+            value_scale: (1.0, 1.0),
+        })
+        .collect();
+    check_coded(&format!("coded {}/{} every k", X::KIND, Y::KIND), &s, &views, 7);
+}
+
+#[test]
+fn coded_rows_of_every_length_in_one_store_match_reference() {
+    coded_rows_of_every_k::<Bitmask, Int4Values>();
+    coded_rows_of_every_k::<Bitmask, Int8Values>();
+    coded_rows_of_every_k::<Bitmask, Elems<Fp8E4M3>>();
+    coded_rows_of_every_k::<List<u8>, Int4Values>();
+    coded_rows_of_every_k::<List<u16>, Int8Values>();
+    coded_rows_of_every_k::<List<u8>, Elems<Fp8E4M3>>();
 }
 
 #[test]
