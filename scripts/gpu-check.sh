@@ -8,10 +8,12 @@
 #                                   binaries and the benchmark into target/gpu-bundle, for a GPU
 #                                   machine without Rust or network (carry target/gpu-bundle).
 #
-# Measured (attn-kernels/src/cuda/bench.rs, kv-tiered/src/cuda/bench.rs): hybrid fp8/f16 decode
-# (32 q / 8 kv heads, d_h 128, k 64, buffer 128) at L = 4k, 32k, 128k: µs/step, bytes read,
-# achieved bandwidth and its fraction of 4.8 TB/s, speed-up vs our dense f16 decode of the same
-# L; H2D recall throughput of ≈1 MB/step and the fraction hidden behind attention. Baselines:
+# Measured (attn-kernels/src/cuda/bench.rs, kv-tiered/src/cuda/bench.rs) at L = 4k, 32k, 128k
+# (32 q / 8 kv heads, d_h 128, k 64, buffer 128), each beside our dense f16 decode of the same L
+# in the same run: CSR hybrid fp8/f16, dense quantized int8/int4/fp8 (quant-*), and coded hybrid
+# histories, u8 list and bitmask × fp8/int8/int4 (coded-*): µs/step, bytes as stored (read once
+# per step), achieved bandwidth and its fraction of 4.8 TB/s, speed-up vs dense f16; H2D recall
+# throughput of ≈1 MB/step and the fraction hidden behind attention. Baselines:
 # torch dense attention on the GPU via tch needs libtorch's CUDA libraries, which our set-up
 # strips (CPU-only libtorch), so the JSON says so; if the machine's python3 has torch with CUDA,
 # its dense decode (matmul → softmax → matmul, f16) is timed on the same shapes instead.

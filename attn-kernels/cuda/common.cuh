@@ -350,11 +350,59 @@ __device__ __forceinline__ bool is_sparse_row(u32 r, u32 S) {
   return false;
 }
 
+// ---------------------------------------------------------------- row sources
+//
+// decode_core reads rows only through two row sources, so a new storage format is a new
+// source, not a new core. A sparse source SP provides
+//   typedef Heads;                    its parameter block
+//   rows(heads)                       rows per head
+//   dot(ks, h, r, q_s, d, gc, s)      s[g] = q_g . key row r (one lane, one row)
+//   scatter(vs, h, r, p, acc_s, d, gc) acc_s[g][i] += p[g] * value row r (shared atomics)
+// and a dense source DN provides
+//   typedef Heads; rows_of(heads, h); dot(kd, h, r, q_s, d, gc, s)  as above, and
+//   values(st, vd, h, t0, end, S, p_s, d, gc, lane)  the warp-cooperative value pass.
+
+// kv-sparse CSR rows (SWAN §3): values of type KV, indices of type IX.
+template <class KV, class IX>
+struct CsrRows {
+  typedef CsrHeads Heads;
+  static __device__ __forceinline__ u32 rows(const CsrHeads& c) { return c.rows; }
+  static __device__ __forceinline__ void dot(const CsrHeads& c, u32 h, u32 r, const float* q_s,
+                                             u32 d, u32 gc, float* s) {
+    sparse_dot<KV, IX>(c, h, r, q_s, d, gc, s);
+  }
+  static __device__ __forceinline__ void scatter(const CsrHeads& c, u32 h, u32 r, const float* p,
+                                                 float* acc_s, u32 d, u32 gc) {
+    sparse_scatter<KV, IX>(c, h, r, p, acc_s, d, gc);
+  }
+};
+
+// Plain dense rows of type BUF, direct or gathered through position lists.
+template <class BUF, bool GATHER>
+struct PlainRows {
+  typedef DenseHeads Heads;
+  static __device__ __forceinline__ u32 rows_of(const DenseHeads& b, u32 h) {
+    return dense_rows_of<GATHER>(b, h);
+  }
+  static __device__ __forceinline__ void dot(const DenseHeads& kd, u32 h, u32 r,
+                                             const float* q_s, u32 d, u32 gc, float* s) {
+    const typename BUF::raw* row =
+        (const typename BUF::raw*)kd.rows + dense_row_index<GATHER>(kd, h, r) * d;
+    dense_dot<BUF>(row, q_s, d, gc, s);
+  }
+  static __device__ __forceinline__ void values(WarpState& st, const DenseHeads& vd, u32 h,
+                                                u32 t0, u32 end, u32 S, const float* p_s, u32 d,
+                                                u32 gc, u32 lane) {
+    dense_values<BUF, GATHER>(st, vd, h, t0, end, S, p_s, d, gc, lane);
+  }
+};
+
 // Shared memory: q_s [gc][d] for the block, then per warp acc_s [gc][d] and p_s [gc][KV_TILE].
-template <class KV, class IX, class BUF, bool SPARSE, bool DENSE, bool GATHER>
-__device__ __forceinline__ void decode_partial(const CsrHeads& ks, const CsrHeads& vs,
-                                               const DenseHeads& kd, const DenseHeads& vd,
-                                               const DecodeArgs& a) {
+template <class SP, class DN, bool SPARSE, bool DENSE>
+__device__ __forceinline__ void decode_core(const typename SP::Heads& ks,
+                                            const typename SP::Heads& vs,
+                                            const typename DN::Heads& kd,
+                                            const typename DN::Heads& vd, const DecodeArgs& a) {
   extern __shared__ float smem[];
   const u32 h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
   const u32 d = a.d, gc = a.gc;
@@ -375,8 +423,8 @@ __device__ __forceinline__ void decode_partial(const CsrHeads& ks, const CsrHead
 #pragma unroll
     for (int m = 0; m < KV_MAX_DPL; ++m) st.acc[g][m] = 0.f;
   }
-  const u32 S = SPARSE ? ks.rows : 0;
-  const u32 total = S + (DENSE ? dense_rows_of<GATHER>(kd, h) : 0);
+  const u32 S = SPARSE ? SP::rows(ks) : 0;
+  const u32 total = S + (DENSE ? DN::rows_of(kd, h) : 0);
   const u32 begin = blockIdx.x * a.rows_per_split;
   const u32 end = min(total, begin + a.rows_per_split);
   for (u32 t0 = begin + warp * KV_TILE; t0 < end; t0 += KV_WARPS * KV_TILE) {
@@ -385,11 +433,9 @@ __device__ __forceinline__ void decode_partial(const CsrHeads& ks, const CsrHead
     float s[KV_MAX_G], alpha[KV_MAX_G], p[KV_MAX_G];
     const bool sparse_row = is_sparse_row<SPARSE>(r, S);
     if (valid && sparse_row) {
-      sparse_dot<KV, IX>(ks, h, r, q_s, d, gc, s);
+      SP::dot(ks, h, r, q_s, d, gc, s);
     } else if (valid && DENSE) {
-      const typename BUF::raw* row =
-          (const typename BUF::raw*)kd.rows + dense_row_index<GATHER>(kd, h, r - S) * d;
-      dense_dot<BUF>(row, q_s, d, gc, s);
+      DN::dot(kd, h, r - S, q_s, d, gc, s);
     }
     if (valid && a.scores != 0) {
 #pragma unroll
@@ -399,9 +445,17 @@ __device__ __forceinline__ void decode_partial(const CsrHeads& ks, const CsrHead
     tile_softmax(st, s, valid, alpha, p, p_s, gc, lane);
     state_rescale<SPARSE, DENSE>(st, alpha, acc_s, d, gc, lane);
     __syncwarp();
-    if (valid && sparse_row) sparse_scatter<KV, IX>(vs, h, r, p, acc_s, d, gc);
-    if (DENSE && t0 + KV_TILE > S) dense_values<BUF, GATHER>(st, vd, h, t0, end, S, p_s, d, gc, lane);
+    if (valid && sparse_row) SP::scatter(vs, h, r, p, acc_s, d, gc);
+    if (DENSE && t0 + KV_TILE > S) DN::values(st, vd, h, t0, end, S, p_s, d, gc, lane);
     __syncwarp();
   }
   write_partial<SPARSE, DENSE>(st, acc_s, a, h, blockIdx.x * KV_WARPS + warp, lane);
+}
+
+// The CSR / plain-dense instantiation every kernel of dense, sparse, hybrid and gathered uses.
+template <class KV, class IX, class BUF, bool SPARSE, bool DENSE, bool GATHER>
+__device__ __forceinline__ void decode_partial(const CsrHeads& ks, const CsrHeads& vs,
+                                               const DenseHeads& kd, const DenseHeads& vd,
+                                               const DecodeArgs& a) {
+  decode_core<CsrRows<KV, IX>, PlainRows<BUF, GATHER>, SPARSE, DENSE>(ks, vs, kd, vd, a);
 }

@@ -20,7 +20,7 @@ use kv_sparse::{SparseIndex, Value};
 
 use crate::api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
 use crate::config::AttnConfig;
-use crate::cuda::{DecodeDevice, LayerCache, PackedCsr};
+use crate::cuda::{DecodeDevice, LayerCache, PackedCoded, PackedCsr};
 use crate::error::Result;
 use crate::validate;
 use crate::views::{
@@ -125,6 +125,17 @@ impl Decoded {
         Self::push_entries(out, d, (start..end).map(|e| (p.index(e), p.value(e))), p.scale);
     }
 
+    /// Row `r` of kv-head `h` of packed coded rows: code × row scale × head scale per entry.
+    fn push_coded_row(out: &mut Vec<f64>, d: usize, p: &PackedCoded, h: usize, r: usize) {
+        let row = p.entries(h, r);
+        let start = out.len();
+        out.resize(start + d, 0.0);
+        let factor = f64::from(row.row_scale) * f64::from(p.scale);
+        for (i, x) in row.entries {
+            out[start + i] = f64::from(x) * factor;
+        }
+    }
+
     /// kv-head `h` of a packed GPU layout: its sparse rows first, then its dense rows.
     fn push_packed(&mut self, cache: &LayerCache<'_>, h: usize) {
         let d = self.d;
@@ -132,6 +143,21 @@ impl Decoded {
             for r in 0..k.rows {
                 Self::push_packed_row(&mut self.keys, d, k, h, r);
                 Self::push_packed_row(&mut self.values, d, v, h, r);
+            }
+        }
+        if let Some((k, v)) = cache.coded() {
+            for r in 0..k.rows {
+                Self::push_coded_row(&mut self.keys, d, k, h, r);
+                Self::push_coded_row(&mut self.values, d, v, h, r);
+            }
+        }
+        if let Some((k, v)) = cache.quant() {
+            let mut row = vec![0f32; d];
+            for r in 0..k.rows {
+                k.decode_row(h, r, &mut row);
+                self.keys.extend(row.iter().map(|&x| f64::from(x)));
+                v.decode_row(h, r, &mut row);
+                self.values.extend(row.iter().map(|&x| f64::from(x)));
             }
         }
         if let Some((k, v)) = cache.dense() {

@@ -1,15 +1,20 @@
-//! [`DecodeAttention`] for the GPU: the crate's one decode signature (shared with
-//! [`crate::Reference`] and [`crate::CpuAttention`]) on the CUDA kernels. Each call packs the
-//! borrowed views into the kernels' upload layout (kv-sparse CSR blocks as-is), uploads,
-//! decodes and copies the output back (SWAN §3 hybrid decode; WnW §2.3 gathered decode with
+//! [`DecodeAttention`] and [`EncodedAttention`] for the GPU: the crate's decode signatures
+//! (shared with [`crate::Reference`] and [`crate::CpuAttention`]) on the CUDA kernels. Each
+//! call packs the borrowed views into the kernels' upload layout (kv-sparse CSR blocks, coded
+//! rows and quantized rows as-is), uploads, decodes and copies the output back (SWAN §3 hybrid
+//! decode over CSR or coded rows; dense quantized baselines; WnW §2.3 gathered decode with
 //! anchor weights). Long-lived caches should use [`Gpu::upload`] + [`Gpu::decode_resident`].
 
+use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
+use super::encoded::{PackedCodedHybrid, PackedQuant};
 use super::layout::{PackedCsr, PackedDense, PackedHybrid};
 use super::{DecodeDevice, Gpu, LayerCache};
 use crate::{
-    AttnConfig, DecodeAttention, DenseKv, Error, GatheredKv, HybridSource, Result, SparseKv,
+    AttnConfig, CodedHybridSource, DecodeAttention, DenseKv, EncodedAttention, Error, GatheredKv,
+    HybridSource, QuantKv, Result, SparseKv,
 };
 
 fn dense_pair<D: Value>(
@@ -142,5 +147,29 @@ impl DecodeAttention for Gpu {
     ) -> Result<()> {
         let (k, v) = gathered_pair(cfg, kv)?;
         self.decode(cfg, q, LayerCache::Gathered { keys: &k, values: &v }, out, weights)
+    }
+}
+
+impl EncodedAttention for Gpu {
+    fn quantized<C: DenseCodec>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[QuantKv<'_, C>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (k, v) = PackedQuant::pair(kv)?;
+        self.decode(cfg, q, LayerCache::Quant { keys: &k, values: &v }, out, None)
+    }
+
+    fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value, H: CodedHybridSource<X, Y, D>>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[H],
+        out: &mut [f32],
+    ) -> Result<()> {
+        let p = PackedCodedHybrid::from_sources(kv)?;
+        self.decode(cfg, q, p.as_cache(), out, None)
     }
 }

@@ -1,6 +1,8 @@
 //! [`LayerCache`]: what one GPU decode call attends over, and the checks every backend runs
-//! before touching a row (SWAN §3 hybrid cache; WnW §2.3 gathered resident rows).
+//! before touching a row (SWAN §3 hybrid cache over CSR or coded rows; dense quantized rows;
+//! WnW §2.3 gathered resident rows).
 
+use super::encoded::{PackedCoded, PackedQuant};
 use super::layout::{PackedCsr, PackedDense, check_gpu};
 use crate::{AttnConfig, Error, Result};
 
@@ -39,10 +41,29 @@ pub enum LayerCache<'a> {
         /// Values (same lists).
         values: &'a PackedDense,
     },
+    /// Dense quantized K/V rows (int8 / int4 blocks, fp8 with a per-token scale).
+    Quant {
+        /// Keys.
+        keys: &'a PackedQuant,
+        /// Values.
+        values: &'a PackedQuant,
+    },
+    /// SWAN coded history (index list or bitmask, fp8 / int8 / int4 values) followed by the
+    /// dense buffer, one softmax.
+    Coded {
+        /// Coded keys.
+        keys: &'a PackedCoded,
+        /// Coded values.
+        values: &'a PackedCoded,
+        /// Buffer keys.
+        buffer_keys: &'a PackedDense,
+        /// Buffer values.
+        buffer_values: &'a PackedDense,
+    },
 }
 
 impl<'a> LayerCache<'a> {
-    /// The sparse part, if any.
+    /// The sparse CSR part, if any.
     pub fn sparse(&self) -> Option<(&'a PackedCsr, &'a PackedCsr)> {
         match *self {
             Self::Sparse { keys, values } | Self::Hybrid { keys, values, .. } => {
@@ -52,30 +73,63 @@ impl<'a> LayerCache<'a> {
         }
     }
 
-    /// The dense part, if any.
+    /// The plain dense part (rows, arena or hybrid buffer), if any.
     pub fn dense(&self) -> Option<(&'a PackedDense, &'a PackedDense)> {
         match *self {
             Self::Dense { keys, values } | Self::Gathered { keys, values } => Some((keys, values)),
-            Self::Hybrid { buffer_keys, buffer_values, .. } => Some((buffer_keys, buffer_values)),
-            Self::Sparse { .. } => None,
+            Self::Hybrid { buffer_keys, buffer_values, .. }
+            | Self::Coded { buffer_keys, buffer_values, .. } => Some((buffer_keys, buffer_values)),
+            Self::Sparse { .. } | Self::Quant { .. } => None,
         }
+    }
+
+    /// The coded sparse part, if any.
+    pub fn coded(&self) -> Option<(&'a PackedCoded, &'a PackedCoded)> {
+        match *self {
+            Self::Coded { keys, values, .. } => Some((keys, values)),
+            _ => None,
+        }
+    }
+
+    /// The dense quantized part, if any.
+    pub fn quant(&self) -> Option<(&'a PackedQuant, &'a PackedQuant)> {
+        match *self {
+            Self::Quant { keys, values } => Some((keys, values)),
+            _ => None,
+        }
+    }
+
+    /// Sparse rows per kv-head (CSR or coded), attended before any dense row.
+    pub fn sparse_rows(&self) -> usize {
+        self.sparse().map_or(0, |(k, _)| k.rows) + self.coded().map_or(0, |(k, _)| k.rows)
     }
 
     /// Rows attended by kv-head `h` (sparse first, then dense).
     pub fn rows_of(&self, h: usize) -> usize {
-        self.sparse().map_or(0, |(k, _)| k.rows) + self.dense().map_or(0, |(k, _)| k.rows_of(h))
+        self.sparse_rows()
+            + self.dense().map_or(0, |(k, _)| k.rows_of(h))
+            + self.quant().map_or(0, |(k, _)| k.rows)
+    }
+
+    /// kv-heads of the cache's first part.
+    fn kv_heads(&self) -> usize {
+        let heads = self.sparse().map(|(k, _)| k.kv_heads());
+        let heads = heads.or(self.coded().map(|(k, _)| k.kv_heads()));
+        let heads = heads.or(self.quant().map(|(k, _)| k.kv_heads()));
+        heads.or(self.dense().map(|(k, _)| k.kv_heads())).unwrap_or(0)
     }
 
     /// Total attended rows of all heads (the length of gathered anchor weights).
     pub fn total_rows(&self) -> usize {
-        let kv_heads =
-            self.sparse().map(|(k, _)| k.kv_heads()).or(self.dense().map(|(k, _)| k.kv_heads()));
-        (0..kv_heads.unwrap_or(0)).map(|h| self.rows_of(h)).sum()
+        (0..self.kv_heads()).map(|h| self.rows_of(h)).sum()
     }
 
-    /// Bytes the kernels must read for one decode step (K and V, indices, offsets, lists).
+    /// Bytes the kernels must read for one decode step, as stored (K and V, indices,
+    /// offsets, block bases of coded rows, lists).
     pub fn bytes_read(&self) -> usize {
         self.sparse().map_or(0, |(k, v)| k.bytes_read() + v.bytes_read())
+            + self.coded().map_or(0, |(k, v)| k.bytes_read() + v.bytes_read())
+            + self.quant().map_or(0, |(k, v)| k.bytes_read() + v.bytes_read())
             + self.dense().map_or(0, |(k, v)| k.bytes_read() + v.bytes_read())
     }
 
@@ -96,6 +150,12 @@ impl<'a> LayerCache<'a> {
         check_gpu(op, cfg, q, out)?;
         if let Some((k, v)) = self.sparse() {
             check_csr(op, cfg, k, v)?;
+        }
+        if let Some((k, v)) = self.coded() {
+            check_coded(op, cfg, k, v)?;
+        }
+        if let Some((k, v)) = self.quant() {
+            check_quant(op, cfg, k, v)?;
         }
         if let Some((k, v)) = self.dense() {
             check_dense(op, cfg, k, v)?;
@@ -206,6 +266,63 @@ fn check_csr_structure(op: &'static str, p: &PackedCsr) -> Result<()> {
             }
             prev = s;
         }
+    }
+    Ok(())
+}
+
+fn check_coded(op: &'static str, cfg: &AttnConfig, k: &PackedCoded, v: &PackedCoded) -> Result<()> {
+    for (what, p) in [("key", k), ("value", v)] {
+        if p.kv_heads() != cfg.kv_heads() {
+            let (expected, got) = (cfg.kv_heads(), p.kv_heads());
+            return Err(Error::LengthMismatch { op, what: "coded kv-heads", expected, got });
+        }
+        if p.head_dim != cfg.head_dim() {
+            let (expected, got) = (cfg.head_dim(), p.head_dim);
+            return Err(Error::HeadDimMismatch { op, kv_head: 0, expected, got });
+        }
+        if !(p.scale.is_finite() && p.scale > 0.0) {
+            return Err(Error::InvalidValueScale { op, kv_head: 0, what, scale: p.scale });
+        }
+        p.check(op)?;
+    }
+    if k.rows != v.rows {
+        let (keys, values) = (k.rows, v.rows);
+        return Err(Error::RowCountMismatch { op, kv_head: 0, part: "coded", keys, values });
+    }
+    if (k.index, k.value) != (v.index, v.value) {
+        return Err(Error::Param {
+            op,
+            what: "coded formats",
+            value: format!("{}/{} and {}/{}", k.index, k.value, v.index, v.value),
+            expected: "keys and values in one encoding",
+        });
+    }
+    Ok(())
+}
+
+fn check_quant(op: &'static str, cfg: &AttnConfig, k: &PackedQuant, v: &PackedQuant) -> Result<()> {
+    for p in [k, v] {
+        if p.kv_heads() != cfg.kv_heads() {
+            let (expected, got) = (cfg.kv_heads(), p.kv_heads());
+            return Err(Error::LengthMismatch { op, what: "quantized kv-heads", expected, got });
+        }
+        if p.head_dim != cfg.head_dim() {
+            let (expected, got) = (cfg.head_dim(), p.head_dim);
+            return Err(Error::HeadDimMismatch { op, kv_head: 0, expected, got });
+        }
+        p.check(op)?;
+    }
+    if k.rows != v.rows {
+        let (keys, values) = (k.rows, v.rows);
+        return Err(Error::RowCountMismatch { op, kv_head: 0, part: "quantized", keys, values });
+    }
+    if k.format != v.format {
+        return Err(Error::Param {
+            op,
+            what: "quantized formats",
+            value: format!("{}/{}", k.format, v.format),
+            expected: "keys and values in one format",
+        });
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use cust::stream::{Stream, StreamFlags};
 
 use super::DecodeDevice;
 use super::cache::LayerCache;
+use super::encoded::{CodedHeadsArgs, PackedCoded, PackedQuant};
 use super::kernels::{COMBINE_KERNEL, Family, WEIGHTS_KERNEL, kernel_for};
 use super::layout::{
     CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, PackedCsr, PackedDense, Plan, WARPS, check_gpu,
@@ -31,6 +32,8 @@ unsafe impl DeviceCopy for CsrHeadsArgs {}
 unsafe impl DeviceCopy for DenseHeadsArgs {}
 // SAFETY: as above.
 unsafe impl DeviceCopy for DecodeArgs {}
+// SAFETY: as above.
+unsafe impl DeviceCopy for CodedHeadsArgs {}
 
 fn cuda(op: &'static str) -> impl Fn(CudaError) -> Error {
     move |e| Error::Cuda { op, detail: format!("{e:?}") }
@@ -42,7 +45,7 @@ struct Inner {
     sm90: bool,
     sm_count: usize,
     name: String,
-    modules: [OnceLock<Module>; 5],
+    modules: [OnceLock<Module>; Family::ALL.len()],
 }
 
 /// Handle to the process-wide CUDA context (device 0). Cheap to clone.
@@ -149,10 +152,19 @@ impl Gpu {
             .sparse()
             .map(|(k, v)| Ok::<_, Error>((CsrDev::new(k)?, CsrDev::new(v)?)))
             .transpose()?;
+        let coded = cache
+            .coded()
+            .map(|(k, v)| Ok::<_, Error>((CodedDev::new(k)?, CodedDev::new(v)?)))
+            .transpose()?;
+        let quant = cache
+            .quant()
+            .map(|(k, v)| Ok::<_, Error>((DenseDev::quant(k)?, DenseDev::quant(v)?)))
+            .transpose()?;
         let dense = cache
             .dense()
             .map(|(k, v)| Ok::<_, Error>((DenseDev::new(k)?, DenseDev::new(v)?)))
-            .transpose()?;
+            .transpose()?
+            .or(quant);
         let rows: Vec<usize> = (0..cfg.kv_heads()).map(|h| cache.rows_of(h)).collect();
         Ok(DeviceCache {
             cfg: *cfg,
@@ -162,6 +174,7 @@ impl Gpu {
             total_rows: rows.iter().sum(),
             bytes_read: cache.bytes_read(),
             sparse,
+            coded,
             dense,
         })
     }
@@ -258,6 +271,7 @@ impl Gpu {
             Launch::Dense(k, v, a) => vec![arg(k), arg(v), arg(a)],
             Launch::Sparse(k, v, a) => vec![arg(k), arg(v), arg(a)],
             Launch::Hybrid(k, v, bk, bv, a) => vec![arg(k), arg(v), arg(bk), arg(bv), arg(a)],
+            Launch::Coded(k, v, bk, bv, a) => vec![arg(k), arg(v), arg(bk), arg(bv), arg(a)],
             Launch::Combine(p, n, d) => {
                 vec![arg(&p[0]), arg(&p[1]), arg(&p[2]), arg(&p[3]), arg(n), arg(d)]
             }
@@ -269,7 +283,8 @@ impl Gpu {
         // copies parameter values at enqueue). Each variant matches its kernel's C signature
         // field for field (the `#[repr(C)]` blocks are size-checked against common.cuh). Every
         // device address inside them comes from a `DeviceCache` built from a cache that passed
-        // `LayerCache::check` (row ranges, indices < head_dim, list slots < capacity) or from
+        // `LayerCache::check` (row ranges, indices < head_dim, list slots < capacity, coded and
+        // quantized rows re-read through kv-sparse's validating views) or from
         // `Scratch` buffers sized by the same `Plan` the kernels index with, and all of them
         // stay alive until the stream is synchronised by the caller (`Prepared` outlives it).
         unsafe { s.launch(&f, g, b, shared, &ptrs) }.map_err(cuda(OP))
@@ -305,6 +320,7 @@ enum Launch {
     Dense(DenseHeadsArgs, DenseHeadsArgs, DecodeArgs),
     Sparse(CsrHeadsArgs, CsrHeadsArgs, DecodeArgs),
     Hybrid(CsrHeadsArgs, CsrHeadsArgs, DenseHeadsArgs, DenseHeadsArgs, DecodeArgs),
+    Coded(CodedHeadsArgs, CodedHeadsArgs, DenseHeadsArgs, DenseHeadsArgs, DecodeArgs),
     /// part_acc, part_ml, out, lse; n_parts; d
     Combine([u64; 4], u32, u32),
     /// scores, lse, pos_off, weights; group; max_rows
@@ -367,6 +383,42 @@ impl CsrDev {
     }
 }
 
+/// bytes, offsets, block bases, head bases.
+type CodedBuffers = (DeviceBuffer<u8>, DeviceBuffer<u16>, DeviceBuffer<u64>, DeviceBuffer<u64>);
+
+struct CodedDev {
+    _buffers: CodedBuffers,
+    args: CodedHeadsArgs,
+}
+
+impl CodedDev {
+    fn new(p: &PackedCoded) -> Result<Self> {
+        const OP: &str = "Gpu::upload(coded)";
+        let b = (
+            upload(OP, &p.bytes)?,
+            upload(OP, &p.offsets)?,
+            upload(OP, &p.block_base)?,
+            upload(OP, &p.head_base)?,
+        );
+        let args = CodedHeadsArgs {
+            bytes: ptr(&b.0),
+            offsets: ptr(&b.1),
+            block_base: ptr(&b.2),
+            head_base: ptr(&b.3),
+            rows: to_u32(OP, p.rows)?,
+            rows_per_block: to_u32(OP, p.rows_per_block)?,
+            n_blocks: to_u32(OP, p.n_blocks)?,
+            value_scale: p.scale,
+        };
+        Ok(Self { _buffers: b, args })
+    }
+}
+
+fn to_u32(op: &'static str, x: usize) -> Result<u32> {
+    u32::try_from(x)
+        .map_err(|_| Error::GpuUnsupported { op, what: format!("{x} rows/blocks (> u32)") })
+}
+
 struct DenseDev {
     _buffers: DenseBuffers,
     args: DenseHeadsArgs,
@@ -394,6 +446,16 @@ impl DenseDev {
         };
         Ok(Self { _buffers: (data, lists), args })
     }
+
+    /// Dense quantized rows: the same parameter block, rows of the codec's byte size.
+    fn quant(p: &PackedQuant) -> Result<Self> {
+        const OP: &str = "Gpu::upload(quant)";
+        let data = upload(OP, &p.data)?;
+        let rows = to_u32(OP, p.rows)?;
+        let args =
+            DenseHeadsArgs { rows: ptr(&data), pos: 0, pos_off: 0, n_rows: rows, capacity: rows };
+        Ok(Self { _buffers: (data, None), args })
+    }
 }
 
 /// A layer cache resident in device memory (see [`Gpu::upload`]).
@@ -405,6 +467,7 @@ pub struct DeviceCache {
     total_rows: usize,
     bytes_read: usize,
     sparse: Option<(CsrDev, CsrDev)>,
+    coded: Option<(CodedDev, CodedDev)>,
     dense: Option<(DenseDev, DenseDev)>,
 }
 
@@ -518,13 +581,16 @@ impl<'c> Prepared<'c> {
                 scale: s.scale(),
                 max_rows: u(c.max_rows),
             };
-            let args = match (&c.sparse, &c.dense) {
-                (Some((k, v)), Some((bk, bv))) => {
+            let args = match (&c.sparse, &c.coded, &c.dense) {
+                (Some((k, v)), None, Some((bk, bv))) => {
                     Launch::Hybrid(k.args, v.args, bk.args, bv.args, a)
                 }
-                (Some((k, v)), None) => Launch::Sparse(k.args, v.args, a),
-                (None, Some((k, v))) => Launch::Dense(k.args, v.args, a),
-                (None, None) => return Err(Error::EmptyCache { op: "Gpu::enqueue", kv_head: 0 }),
+                (None, Some((k, v)), Some((bk, bv))) => {
+                    Launch::Coded(k.args, v.args, bk.args, bv.args, a)
+                }
+                (Some((k, v)), None, None) => Launch::Sparse(k.args, v.args, a),
+                (None, None, Some((k, v))) => Launch::Dense(k.args, v.args, a),
+                _ => return Err(Error::EmptyCache { op: "Gpu::enqueue", kv_head: 0 }),
             };
             let shared = Plan::shared_bytes(gc, s.head_dim());
             gpu.launch(

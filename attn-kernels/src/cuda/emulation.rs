@@ -1,13 +1,18 @@
-//! [`KernelEmulation`]: a line-by-line f32 mirror of `cuda/common.cuh` and `combine.cu` —
-//! the same [`Plan`], warps, 32-row tiles, per-tile max, rescaling and flash-decoding
-//! combine, and the gathered anchor weights from the combined log-sum-exp — so the kernels'
-//! decomposition of SWAN's hybrid decode (§3, one softmax over sparse history and dense
-//! buffer) and of WnW's gathered decode (§2.3 Eq. 2) is tested on machines without a GPU.
+//! [`KernelEmulation`]: a line-by-line f32 mirror of `cuda/common.cuh`, `cuda/encoded.cuh`
+//! and `combine.cu` — the same [`Plan`], warps, 32-row tiles, per-tile max, rescaling and
+//! flash-decoding combine, the same per-block / per-row scaling of quantized and coded rows,
+//! and the gathered anchor weights from the combined log-sum-exp — so the kernels'
+//! decomposition of SWAN's hybrid decode (§3, one softmax over a CSR or coded sparse history
+//! and the dense buffer), of the dense quantized baselines and of WnW's gathered decode
+//! (§2.3 Eq. 2) is tested on machines without a GPU.
 //! It implements [`super::DecodeDevice`] like [`super::Gpu`]; both are compared to the f64
 //! [`crate::Reference`].
 
 use super::DecodeDevice;
+use kv_sparse::quant::{DenseFormat, INT4_BLOCK_BYTES, INT8_BLOCK_BYTES};
+
 use super::cache::LayerCache;
+use super::encoded::PackedQuant;
 use super::layout::{Plan, TILE, WARPS, group_passes};
 use crate::{AttnConfig, Result};
 
@@ -27,13 +32,21 @@ struct Partial {
 }
 
 impl KernelEmulation {
-    /// Scores of one tile row, exactly as `sparse_dot` / `dense_dot` form them (f32, entry order).
+    /// Scores of one tile row, exactly as `sparse_dot` / `dense_dot` / `CodedRows::dot` /
+    /// the quantized codecs' `dot` form them (f32, entry order).
     fn score(cache: &LayerCache<'_>, h: usize, r: usize, q_s: &[f32]) -> f32 {
-        let s = cache.sparse().map_or(0, |(k, _)| k.rows);
+        let s = cache.sparse_rows();
         if r < s {
-            let (k, _) = cache.sparse().expect("sparse part");
-            let (a, b) = k.row_range(h, r);
-            return (a..b).fold(0f32, |t, e| q_s[k.index(e)].mul_add(k.value(e), t)) * k.scale;
+            if let Some((k, _)) = cache.sparse() {
+                let (a, b) = k.row_range(h, r);
+                return (a..b).fold(0f32, |t, e| q_s[k.index(e)].mul_add(k.value(e), t)) * k.scale;
+            }
+            let (k, _) = cache.coded().expect("a sparse part");
+            let row = k.entries(h, r);
+            return row.entries.iter().fold(0f32, |t, &(i, v)| q_s[i].mul_add(v, t)) * row.factor;
+        }
+        if let Some((k, _)) = cache.quant() {
+            return quant_dot(k, h, r - s, q_s);
         }
         let (k, _) = cache.dense().expect("dense part");
         (0..k.head_dim).fold(0f32, |t, c| q_s[c].mul_add(k.get(h, r - s, c), t))
@@ -49,7 +62,7 @@ impl KernelEmulation {
     ) -> Partial {
         let d = q_s.len();
         let (mut m, mut lanes_l, mut acc) = (f32::NEG_INFINITY, [0f32; TILE], vec![0f32; d]);
-        let s_rows = cache.sparse().map_or(0, |(k, _)| k.rows);
+        let s_rows = cache.sparse_rows();
         let mut t0 = rows.0;
         while t0 < rows.1 {
             let n = TILE.min(rows.1 - t0);
@@ -82,10 +95,23 @@ impl KernelEmulation {
         acc: &mut [f32],
     ) {
         if r < s_rows {
-            let (_, v) = cache.sparse().expect("sparse part");
-            let (a, b) = v.row_range(h, r);
-            for e in a..b {
-                acc[v.index(e)] += p * (v.value(e) * v.scale);
+            if let Some((_, v)) = cache.sparse() {
+                let (a, b) = v.row_range(h, r);
+                for e in a..b {
+                    acc[v.index(e)] += p * (v.value(e) * v.scale);
+                }
+                return;
+            }
+            let (_, v) = cache.coded().expect("a sparse part");
+            let row = v.entries(h, r);
+            for (i, x) in row.entries {
+                acc[i] += p * (x * row.factor);
+            }
+        } else if let Some((_, v)) = cache.quant() {
+            let mut x = vec![0f32; acc.len()];
+            v.decode_row(h, r - s_rows, &mut x);
+            for (a, x) in acc.iter_mut().zip(&x) {
+                *a = p.mul_add(*x, *a);
             }
         } else {
             let (_, v) = cache.dense().expect("dense part");
@@ -108,6 +134,44 @@ impl KernelEmulation {
             *o = parts.iter().zip(&w).fold(0f32, |t, (p, w)| w.mul_add(p.acc[c], t)) * inv;
         }
         if l > 0.0 { m + l.ln() } else { f32::NEG_INFINITY }
+    }
+}
+
+fn f16_at(b: &[u8]) -> f32 {
+    half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+}
+
+/// `QInt8::dot` / `QInt4::dot` / `QFp8::dot` of `cuda/encoded.cuh`: per block, the codes'
+/// dot product in element (int8) or byte-then-nibble (int4) order, then one fma with the
+/// block's scale; fp8 rows scale the whole dot product once.
+fn quant_dot(p: &PackedQuant, h: usize, r: usize, q: &[f32]) -> f32 {
+    let row = p.row(h, r);
+    match p.format {
+        DenseFormat::Int8 => {
+            row.chunks_exact(INT8_BLOCK_BYTES).zip(q.chunks_exact(32)).fold(0f32, |t, (b, qb)| {
+                let tb = qb
+                    .iter()
+                    .zip(&b[2..])
+                    .fold(0f32, |tb, (q, &c)| q.mul_add(f32::from(c as i8), tb));
+                tb.mul_add(f16_at(b), t)
+            })
+        }
+        DenseFormat::Int4 => {
+            row.chunks_exact(INT4_BLOCK_BYTES).zip(q.chunks_exact(32)).fold(0f32, |t, (b, qb)| {
+                let tb = (0..16).fold(0f32, |tb, j| {
+                    let lo = f32::from(b[2 + j] & 15) - 8.0;
+                    let hi = f32::from(b[2 + j] >> 4) - 8.0;
+                    qb[j + 16].mul_add(hi, qb[j].mul_add(lo, tb))
+                });
+                tb.mul_add(f16_at(b), t)
+            })
+        }
+        DenseFormat::Fp8 => {
+            let t = q.iter().zip(&row[2..]).fold(0f32, |t, (q, &c)| {
+                q.mul_add(kv_sparse::fp8::Fp8E4M3::from_bits(c).to_f32(), t)
+            });
+            t * f16_at(row)
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! Which PTX module and entry point serves a [`LayerCache`]: the dtype-suffixed kernel names of
 //! `attn-kernels/cuda/*.cu` and the committed PTX they live in (embedded with `include_str!`):
-//! the dense baseline, SWAN's sparse and hybrid decode (§3) and WnW's gathered decode with its
-//! anchor-weights pass (§2.3 Eq. 2).
+//! the dense baseline and its quantized variants, SWAN's sparse and hybrid decode over CSR or
+//! coded rows (§3) and WnW's gathered decode with its anchor-weights pass (§2.3 Eq. 2).
 
 use kv_sparse::ValueFormat;
+use kv_sparse::coded::{IndexKind, ValueKind};
 
 use super::cache::LayerCache;
 use crate::{Error, Result};
@@ -21,12 +22,23 @@ pub enum Family {
     Gathered,
     /// `combine.cu`
     Combine,
+    /// `quant.cu`
+    Quant,
+    /// `coded.cu`
+    Coded,
 }
 
 impl Family {
     /// All families, in module-cache order.
-    pub const ALL: [Family; 5] =
-        [Family::Dense, Family::Sparse, Family::Hybrid, Family::Gathered, Family::Combine];
+    pub const ALL: [Family; 7] = [
+        Family::Dense,
+        Family::Sparse,
+        Family::Hybrid,
+        Family::Gathered,
+        Family::Combine,
+        Family::Quant,
+        Family::Coded,
+    ];
 
     /// Position in [`Family::ALL`].
     pub fn slot(self) -> usize {
@@ -50,6 +62,8 @@ impl Family {
             Family::Hybrid => ptx!("hybrid"),
             Family::Gathered => ptx!("gathered"),
             Family::Combine => ptx!("combine"),
+            Family::Quant => ptx!("quant"),
+            Family::Coded => ptx!("coded"),
         }
     }
 }
@@ -76,10 +90,48 @@ pub const HYBRID_PAIRS: [(ValueFormat, ValueFormat); 5] = [
     (ValueFormat::F32, ValueFormat::F32),
 ];
 
+/// Index codes `coded.cu` compiles.
+pub const CODED_INDICES: [IndexKind; 3] =
+    [IndexKind::ListU8, IndexKind::ListU16, IndexKind::Bitmask];
+
+/// Value codes `coded.cu` compiles (fp8 elements under the per-head scale; int8 / int4 with
+/// a per-row f16 scale).
+pub const CODED_VALUES: [ValueKind; 3] =
+    [ValueKind::Elems(ValueFormat::Fp8E4M3), ValueKind::Int8, ValueKind::Int4];
+
+/// Dense buffer formats `coded.cu` compiles.
+pub const CODED_BUFFERS: [ValueFormat; 2] = [ValueFormat::F16, ValueFormat::Bf16];
+
+fn coded_name(index: IndexKind, value: ValueKind, buffer: ValueFormat) -> Result<String> {
+    let x = match index {
+        IndexKind::ListU8 => "u8",
+        IndexKind::ListU16 => "u16",
+        IndexKind::Bitmask => "mask",
+        _ => "",
+    };
+    let v = match value {
+        ValueKind::Elems(ValueFormat::Fp8E4M3) => "fp8",
+        ValueKind::Int8 => "int8",
+        ValueKind::Int4 => "int4",
+        _ => "",
+    };
+    if x.is_empty() || v.is_empty() || !CODED_BUFFERS.contains(&buffer) {
+        return Err(Error::GpuUnsupported {
+            op: "kernel_for",
+            what: format!(
+                "coded rows with {index} indices and {value} values over a {buffer} buffer \
+                 (supported: {CODED_INDICES:?} x {CODED_VALUES:?} x {CODED_BUFFERS:?})"
+            ),
+        });
+    }
+    Ok(format!("coded_decode_{x}_{v}_{}", suffix(buffer)))
+}
+
 /// The family and entry point of the decode kernel for `cache`.
 ///
 /// # Errors
-/// [`Error::GpuUnsupported`] for a (values, buffer) pair `hybrid.cu` does not compile.
+/// [`Error::GpuUnsupported`] for a (values, buffer) pair `hybrid.cu` does not compile, or a
+/// coded (index, values, buffer) combination `coded.cu` does not.
 ///
 /// # Examples
 /// ```
@@ -118,6 +170,10 @@ pub fn kernel_for(cache: &LayerCache<'_>) -> Result<(Family, String)> {
                 suffix(buffer_keys.format)
             );
             (Family::Hybrid, name)
+        }
+        LayerCache::Quant { keys, .. } => (Family::Quant, format!("quant_decode_{}", keys.format)),
+        LayerCache::Coded { keys, buffer_keys, .. } => {
+            (Family::Coded, coded_name(keys.index, keys.value, buffer_keys.format)?)
         }
     })
 }

@@ -1,8 +1,10 @@
 //! # GPU decode attention (feature `cuda`)
 //!
-//! CUDA versions of the decode kernels — dense baseline, sparse CSR (SWAN §3, attention on
-//! the sparse rows without decompression), hybrid sparse history + dense buffer under one
-//! softmax, and gathered attention over per-head resident positions returning anchor weights
+//! CUDA versions of the decode kernels — dense baseline and its quantized variants (int8 /
+//! int4 blocks, fp8 with a per-token scale), sparse CSR (SWAN §3, attention on the sparse rows
+//! without decompression), hybrid sparse history + dense buffer under one softmax with the
+//! history as CSR rows or as SWAN's coded rows (index list or bitmask × fp8 / int8 / int4),
+//! and gathered attention over per-head resident positions returning anchor weights
 //! (WnW §2.3) — plus CPU backends with the same signature.
 //!
 //! ## Primer
@@ -34,6 +36,7 @@
 mod attention;
 mod cache;
 mod emulation;
+mod encoded;
 mod kernels;
 mod layout;
 
@@ -52,7 +55,11 @@ mod tests;
 
 pub use cache::LayerCache;
 pub use emulation::KernelEmulation;
-pub use kernels::{COMBINE_KERNEL, Family, HYBRID_PAIRS, WEIGHTS_KERNEL, kernel_for};
+pub use encoded::{CodedEntries, CodedHeadsArgs, PackedCoded, PackedCodedHybrid, PackedQuant};
+pub use kernels::{
+    CODED_BUFFERS, CODED_INDICES, CODED_VALUES, COMBINE_KERNEL, Family, HYBRID_PAIRS,
+    WEIGHTS_KERNEL, kernel_for,
+};
 pub use layout::{
     CsrHeadsArgs, DecodeArgs, DenseHeadsArgs, MAX_GROUP_PASS, MAX_HEAD_DIM, MAX_PARTS, PackedCsr,
     PackedDense, PackedHybrid, Plan, TILE, WARPS, check_gpu, group_passes,
