@@ -1,7 +1,7 @@
 //! Criterion benches of one decode step over the encoded formats, each beside dense f16
 //! measured in the same run: dense int8 (q8_0 blocks), int4 (q4_0 blocks) and fp8 rows
-//! with a per-token scale, and SWAN hybrid caches with bitmask rows (fp8 or int8 values,
-//! k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
+//! with a per-token scale, and SWAN hybrid caches with bitmask rows (fp8, int8, int4 or f16
+//! values, k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
 //! L ∈ {4k, 32k}. `Throughput::Bytes` is the bytes each step reads as stored (scales,
 //! masks, offsets and block bases included), so criterion reports bandwidth. On CPUs with
 //! AVX-512 VBMI2 the bitmask rows are also timed with the AVX2 placement (`…_pshufb`), so
@@ -18,7 +18,7 @@ use attn_kernels::{CpuAttention, EncodedAttention, Isa, QuantKv, synth};
 use common::{BUFFER, KV_HEADS, Q_HEADS};
 use criterion::{Criterion, criterion_group, criterion_main};
 use half::f16;
-use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int8Values, ValueCode};
+use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, ValueCode};
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
@@ -99,6 +99,8 @@ fn formats(c: &mut Criterion) {
             quant::<Fp8Rows>(c, &mut attn, (d, len), &q, "fp8");
             bitmask::<Elems<Fp8E4M3>>(c, &mut attn, (d, len), &q, "fp8");
             bitmask::<Int8Values>(c, &mut attn, (d, len), &q, "int8");
+            bitmask::<Int4Values>(c, &mut attn, (d, len), &q, "int4");
+            bitmask::<Elems<f16>>(c, &mut attn, (d, len), &q, "f16");
             if let Some(a) = &mut shuffled {
                 bitmask::<Elems<Fp8E4M3>>(c, a, (d, len), &q, "fp8_pshufb");
                 bitmask::<Int8Values>(c, a, (d, len), &q, "int8_pshufb");

@@ -224,10 +224,12 @@ pub fn decode_int4(bytes: &[u8], out: &mut [f32]) {
         return;
     }
     let s = read_scale(bytes);
-    for (j, o) in out.iter_mut().enumerate() {
-        let b = bytes[2 + j / 2];
-        let q = if j % 2 == 0 { b & 0x0f } else { b >> 4 };
-        *o = f32::from(q as i8 - 8) * s;
+    let codes = &bytes[2..2 + out.len().div_ceil(2)];
+    for (pair, &b) in out.chunks_mut(2).zip(codes) {
+        pair[0] = f32::from((b & 0x0f) as i8 - 8) * s;
+        if let Some(high) = pair.get_mut(1) {
+            *high = f32::from((b >> 4) as i8 - 8) * s;
+        }
     }
 }
 

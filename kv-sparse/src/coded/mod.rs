@@ -29,7 +29,7 @@
 
 mod store;
 
-pub use store::{CodedRow, CodedStore, CodedView};
+pub use store::{CodedRow, CodedStore, CodedView, EXPAND_ON_STACK};
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -135,6 +135,10 @@ pub trait IndexCode: private::Sealed + Copy + Default + Send + Sync + fmt::Debug
     /// Calls `f(j, index)` for the kept entries `j = k−1, …, 0` (descending).
     fn for_each_rev(part: &[u8], k: usize, f: impl FnMut(usize, usize));
 
+    /// Calls `f(j, index)` for the kept entries `j = 0, …, k−1` (ascending); a mask is read
+    /// 64 bits at a time.
+    fn for_each(part: &[u8], k: usize, f: impl FnMut(usize, usize));
+
     /// Checks an untrusted index part for `k` entries: ascending, below `head_dim`, and for
     /// a mask, popcount equal to `k`.
     ///
@@ -163,6 +167,12 @@ impl<I: SparseIndex> IndexCode for List<I> {
         for j in (0..k).rev() {
             let at = j * I::BYTES;
             f(j, bytemuck::pod_read_unaligned::<I>(&part[at..at + I::BYTES]).to_usize());
+        }
+    }
+
+    fn for_each(part: &[u8], k: usize, mut f: impl FnMut(usize, usize)) {
+        for (j, b) in part[..k * I::BYTES].chunks_exact(I::BYTES).enumerate() {
+            f(j, bytemuck::pod_read_unaligned::<I>(b).to_usize());
         }
     }
 
@@ -200,6 +210,32 @@ impl IndexCode for Bitmask {
                 f(j, p * 8 + bit);
                 b &= !(1 << bit);
             }
+        }
+    }
+
+    fn for_each(part: &[u8], k: usize, mut f: impl FnMut(usize, usize)) {
+        let mut j = 0;
+        let mut base = 0;
+        let mut words = part.chunks_exact(8);
+        for word in &mut words {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(word);
+            let mut w = u64::from_le_bytes(bytes);
+            while w != 0 && j < k {
+                f(j, base + w.trailing_zeros() as usize);
+                j += 1;
+                w &= w - 1;
+            }
+            base += 64;
+        }
+        for &byte in words.remainder() {
+            let mut b = byte;
+            while b != 0 && j < k {
+                f(j, base + b.trailing_zeros() as usize);
+                j += 1;
+                b &= b - 1;
+            }
+            base += 8;
         }
     }
 

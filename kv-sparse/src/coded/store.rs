@@ -551,6 +551,10 @@ impl<'a, X: IndexCode, Y: ValueCode> CodedView<'a, X, Y> {
     }
 }
 
+/// Rows keeping at most this many values are expanded through a stack buffer
+/// ([`CodedRow::expand`]); every head size up to 256 takes that path.
+pub const EXPAND_ON_STACK: usize = 256;
+
 /// One coded row, borrowed.
 pub struct CodedRow<'a, X, Y> {
     head_dim: usize,
@@ -596,13 +600,22 @@ impl<'a, X: IndexCode, Y: ValueCode> CodedRow<'a, X, Y> {
         Ok(())
     }
 
-    /// [`CodedRow::scatter_into`] without the length check (`out.len() == head_dim`): the
-    /// values are decoded into `out[..k]`, then moved to their indices from the last one
-    /// down (index `j` of an ascending list is at least `j`, so nothing unread is
-    /// overwritten), zeros filling the gaps.
+    /// [`CodedRow::scatter_into`] without the length check (`out.len() == head_dim`). Rows
+    /// keeping at most [`EXPAND_ON_STACK`] values decode them into a stack buffer, zero `out`
+    /// in one pass and place each value at its index in ascending order (a mask read 64 bits
+    /// at a time). Longer rows decode into `out[..k]` and move the values to their indices
+    /// from the last one down (index `j` of an ascending list is at least `j`, so nothing
+    /// unread is overwritten), zeros filling the gaps. Both give the same `out`.
     pub fn expand(&self, out: &mut [f32]) {
         let (d, k) = (self.head_dim, self.k());
         let (index_part, value_part) = self.bytes.split_at(X::bytes(k, d));
+        if k <= EXPAND_ON_STACK {
+            let mut values = [0.0f32; EXPAND_ON_STACK];
+            Y::decode(value_part, &mut values[..k]);
+            out[..d].fill(0.0);
+            X::for_each(index_part, k, |j, i| out[i] = values[j]);
+            return;
+        }
         Y::decode(value_part, &mut out[..k]);
         let mut end = d;
         X::for_each_rev(index_part, k, |j, i| {
@@ -678,6 +691,50 @@ mod tests {
                 check_round_trip::<List<u8>, Int8Values>(d, k, 11.0 / 127.0);
                 check_round_trip::<Bitmask, Int4Values>(d, k, 11.0 / 7.0);
                 check_round_trip::<List<u8>, Int4Values>(d, k, 11.0 / 7.0);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_longer_than_the_stack_buffer_expand_alike() {
+        // k ≤ EXPAND_ON_STACK goes through the stack buffer, longer rows expand in place.
+        for d in [200, 300, 520] {
+            for k in [2, 254, 256, 258, d & !1] {
+                let k = k.min(d & !1);
+                check_round_trip::<Bitmask, Elems<f32>>(d, k, 0.0);
+                check_round_trip::<List<u16>, Elems<f32>>(d, k, 0.0);
+                check_round_trip::<Bitmask, Int8Values>(d, k, 11.0 / 127.0);
+                check_round_trip::<Bitmask, Int4Values>(d, k, 11.0 / 7.0);
+                check_round_trip::<List<u16>, Int4Values>(d, k, 11.0 / 7.0);
+            }
+        }
+    }
+
+    #[test]
+    fn ascending_and_descending_walks_agree() {
+        for d in [1, 7, 8, 9, 63, 64, 65, 130, 256, 300] {
+            for seed in 0..20u64 {
+                let mut mask = vec![0u8; Bitmask::fixed_bytes(d)];
+                let mut list = Vec::new();
+                for i in 0..d {
+                    if (i as u64 * 2_654_435_761 + seed * 40_503).rotate_left(7) % 3 == 0 {
+                        mask[i / 8] |= 1 << (i % 8);
+                        list.push(i);
+                    }
+                }
+                let k = list.len();
+                let (mut up, mut down) = (Vec::new(), Vec::new());
+                Bitmask::for_each(&mask, k, |j, i| up.push((j, i)));
+                Bitmask::for_each_rev(&mask, k, |j, i| down.push((j, i)));
+                down.reverse();
+                let expected: Vec<(usize, usize)> = list.iter().copied().enumerate().collect();
+                assert_eq!(up, expected, "d {d} seed {seed}");
+                assert_eq!(down, expected, "d {d} seed {seed}");
+                let mut bytes = vec![0u8; 2 * k];
+                List::<u16>::encode(&list, d, &mut bytes);
+                let mut from_list = Vec::new();
+                List::<u16>::for_each(&bytes, k, |j, i| from_list.push((j, i)));
+                assert_eq!(from_list, expected);
             }
         }
     }
