@@ -58,9 +58,13 @@ fn batched_decode_matches_one_cache_at_a_time() {
     assert!(!group_models[0].same_weights(&group_models[1]).unwrap());
     let build = |s: &str| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap().0;
     let mixed = [groups[0][0], groups[1][0], groups[0][1], groups[1][2], "swan:k=8,basis=random:4"];
-    let grouped = kvtide::reproduce::decode::group_by_weights(mixed.map(build)).unwrap();
+    let grouped = kvtide::reproduce::decode::group_by_weights(mixed.map(|s| Ok(build(s)))).unwrap();
     let members: Vec<Vec<usize>> = grouped.into_iter().map(|(_, m)| m).collect();
     assert_eq!(members, [vec![0, 2], vec![1, 3], vec![4]]);
+    // A model that fails to build fails the grouping with its own error.
+    let bad = "dense:format=nope".parse::<CacheSpec>().map_err(Error::from).map(|_| build("dense"));
+    let failed = kvtide::reproduce::decode::group_by_weights([Ok(build("dense")), bad]);
+    assert!(matches!(failed, Err(Error::Model(_))), "{:?}", failed.map(|g| g.len()));
     // A cache that already holds tokens, or an empty batch, is refused.
     let (m, mut c) = "dense:format=f32".parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
     let logits = m.prefill(prompt, Some(c.as_mut()), &mut models::llama::NoObserver, false);
