@@ -717,7 +717,7 @@ mod tests {
                 let mut mask = vec![0u8; Bitmask::fixed_bytes(d)];
                 let mut list = Vec::new();
                 for i in 0..d {
-                    if (i as u64 * 2_654_435_761 + seed * 40_503).rotate_left(7) % 3 == 0 {
+                    if (i as u64 * 2_654_435_761 + seed * 40_503).rotate_left(7).is_multiple_of(3) {
                         mask[i / 8] |= 1 << (i % 8);
                         list.push(i);
                     }
