@@ -350,7 +350,7 @@ impl Llama {
         let n = self.check_embeds(h, &tables)?;
         let mut caches: Vec<&mut dyn KvCache> = cache.into_iter().collect();
         let request = caches.first_mut().and_then(|c| c.attention_request(n as usize));
-        self.prefill_core(h, &tables, &mut caches, request.as_ref(), obs, all_logits)
+        self.prefill_core(n, h, &tables, &mut caches, request.as_ref(), obs, all_logits)
     }
 
     /// [`Llama::prefill`] for several caches of the same prompt at once: the forward runs
@@ -393,6 +393,7 @@ impl Llama {
                 })
                 .collect();
             let l = self.prefill_core(
+                n,
                 &h,
                 &tables,
                 &mut group,
@@ -405,10 +406,13 @@ impl Llama {
         logits.ok_or_else(|| invalid("shared prefill", "no caches"))
     }
 
-    /// The prefill forward of `h` at `tables`, feeding every layer's K/V (and the attention
+    /// The prefill forward of `h` (`n` rows, checked by the caller with
+    /// [`Llama::check_embeds`]) at `tables`, feeding every layer's K/V (and the attention
     /// statistics of `request`) to each of `caches`.
+    #[allow(clippy::too_many_arguments)]
     fn prefill_core(
         &self,
+        n: i64,
         h: &Tensor,
         tables: &(Tensor, Tensor),
         caches: &mut [&mut dyn KvCache],
@@ -416,7 +420,6 @@ impl Llama {
         obs: &mut dyn PrefillObserver,
         all_logits: bool,
     ) -> Result<Tensor> {
-        let n = self.check_embeds(h, tables)?;
         let _guard = tch::no_grad_guard();
         let mut h = h.to_kind(Kind::Float);
         obs.hidden("embed", &h)?;
