@@ -67,6 +67,41 @@ pub fn hadamard(d: usize) -> Result<Mat> {
     Ok(Mat::from_fn(d, d, |i, j| if (i & j).count_ones() % 2 == 0 { s } else { -s }))
 }
 
+/// Block size of the Walsh–Hadamard blocks [`ProjectionSet::hadamard`] rotates values with.
+pub const HADAMARD_V_BLOCK: usize = 64;
+
+/// The block-diagonal `d × d` matrix of normalized `block × block` Walsh–Hadamard blocks
+/// ([`hadamard`] of `block` on the diagonal, zero elsewhere): orthogonal and symmetric, its
+/// own inverse, mixing each run of `block` coordinates only. With `block = d` it is
+/// [`hadamard`]`(d)`.
+///
+/// # Errors
+/// [`Error::InvalidDims`] when `block` is not a power of two or does not divide `d`.
+///
+/// # Examples
+/// ```
+/// let h = projection::hadamard_blocks(8, 4)?;
+/// assert_eq!(h.row(5), &[0.0, 0.0, 0.0, 0.0, 0.5, -0.5, 0.5, -0.5]);
+/// assert!(h.orthogonality_error() < 1e-6);
+/// assert!(projection::hadamard_blocks(12, 8).is_err());
+/// # Ok::<(), projection::Error>(())
+/// ```
+pub fn hadamard_blocks(d: usize, block: usize) -> Result<Mat> {
+    if block == 0 || !d.is_multiple_of(block) {
+        return Err(Error::InvalidDims {
+            reason: format!("Hadamard blocks of {block} do not tile head_dim {d}"),
+        });
+    }
+    let h = hadamard(block)?;
+    Ok(Mat::from_fn(
+        d,
+        d,
+        |i, j| {
+            if i / block == j / block { h.row(i % block)[j % block] } else { 0.0 }
+        },
+    ))
+}
+
 /// A uniformly random cyclic permutation of `0..n` (Sattolo's algorithm): no element stays
 /// in place when `n >= 2`, so a shuffle ablation never keeps a head's own basis.
 fn cyclic_permutation(n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
@@ -82,13 +117,13 @@ fn synthetic(
     dims: ModelDims,
     model: &str,
     kind: BasisKind,
-    mut make: impl FnMut() -> Mat,
+    mut make: impl FnMut(Stream) -> Mat,
 ) -> Result<ProjectionSet> {
     let mut qk = Vec::with_capacity(dims.sites());
     let mut vo = Vec::with_capacity(dims.sites());
     for _ in 0..dims.sites() {
-        qk.push(Basis::new(make())?);
-        vo.push(Basis::new(make())?);
+        qk.push(Basis::new(make(Stream::Qk))?);
+        vo.push(Basis::new(make(Stream::Vo))?);
     }
     let provenance =
         Provenance { model: model.to_owned(), calibration_tokens: 0, kind, config: None };
@@ -110,10 +145,14 @@ impl ProjectionSet {
     /// ```
     pub fn identity(dims: ModelDims, model: &str) -> Result<Self> {
         let d = dims.head_dim();
-        synthetic(dims, model, BasisKind::Identity, || Mat::identity(d))
+        synthetic(dims, model, BasisKind::Identity, |_| Mat::identity(d))
     }
 
-    /// The normalized Walsh–Hadamard basis ([`hadamard`]) for every (layer, kv-head, stream).
+    /// The data-free rotation of a quantized KV cache, as llama.cpp applies it: keys (with
+    /// queries) by the normalized Walsh–Hadamard matrix of size `head_dim` ([`hadamard`]),
+    /// values (with `W_O`) by blocks of [`HADAMARD_V_BLOCK`] ([`hadamard_blocks`]; the whole
+    /// head when `head_dim` is smaller), for every layer and kv-head. At `head_dim` ≤ 64 both
+    /// streams get the same full-size matrix.
     ///
     /// # Errors
     /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
@@ -127,8 +166,12 @@ impl ProjectionSet {
     /// # Ok::<(), projection::Error>(())
     /// ```
     pub fn hadamard(dims: ModelDims, model: &str) -> Result<Self> {
-        let h = hadamard(dims.head_dim())?;
-        synthetic(dims, model, BasisKind::Hadamard, || h.clone())
+        let d = dims.head_dim();
+        let (qk, vo) = (hadamard(d)?, hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?);
+        synthetic(dims, model, BasisKind::Hadamard, |s| match s {
+            Stream::Qk => qk.clone(),
+            Stream::Vo => vo.clone(),
+        })
     }
 
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
@@ -149,7 +192,7 @@ impl ProjectionSet {
     pub fn random(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let d = dims.head_dim();
-        synthetic(dims, model, BasisKind::Random { seed }, || random_orthogonal_from(d, &mut rng))
+        synthetic(dims, model, BasisKind::Random { seed }, |_| random_orthogonal_from(d, &mut rng))
     }
 
     /// Moves every layer's bases (both streams, all heads) to another layer along a seeded
@@ -307,5 +350,30 @@ mod tests {
         assert_ne!(a.qk(0, 0).unwrap(), a.vo(0, 0).unwrap());
         assert_ne!(a.qk(0, 0).unwrap(), a.qk(1, 0).unwrap());
         assert_ne!(a.qk(0, 0).unwrap(), b.qk(0, 0).unwrap());
+    }
+
+    /// llama.cpp's rotation: keys by the full-size matrix, values by 64 × 64 blocks, so at
+    /// head_dim 256 a value coordinate mixes with its own 64-run only; at 64 and below both
+    /// streams are the same full matrix.
+    #[test]
+    fn hadamard_sets_rotate_values_in_blocks_of_64() {
+        let dims = ModelDims::new(2, 4, 2, 256).unwrap();
+        let set = ProjectionSet::hadamard(dims, "m").unwrap();
+        let (qk, vo) = (set.qk(1, 1).unwrap(), set.vo(1, 1).unwrap());
+        assert_eq!(qk, &hadamard(256).unwrap());
+        assert!(qk.row(0).iter().all(|&x| (x - 1.0 / 16.0).abs() < 1e-7));
+        let row = vo.row(70);
+        assert!(row[..64].iter().chain(&row[128..]).all(|&x| x == 0.0));
+        assert!(row[64..128].iter().all(|&x| (x.abs() - 1.0 / 8.0).abs() < 1e-7));
+        assert!(vo.orthogonality_error() < 1e-6);
+        assert_eq!(vo, &hadamard_blocks(256, 64).unwrap());
+        for d in [8, 64] {
+            let set = ProjectionSet::hadamard(ModelDims::new(1, 2, 1, d).unwrap(), "m").unwrap();
+            assert_eq!(set.qk(0, 0).unwrap(), set.vo(0, 0).unwrap());
+            assert_eq!(set.vo(0, 0).unwrap(), &hadamard(d).unwrap());
+        }
+        assert_eq!(hadamard_blocks(64, 64).unwrap(), hadamard(64).unwrap());
+        assert!(hadamard_blocks(64, 0).is_err());
+        assert!(hadamard_blocks(64, 24).is_err());
     }
 }

@@ -31,9 +31,10 @@ pub enum BasisKind {
     },
     /// No rotation (`P = I`).
     Identity,
-    /// The normalized Walsh–Hadamard matrix of size `head_dim` (a power of two) for every
-    /// head and stream: the data-free rotation quantized KV caches use (llama.cpp rotates
-    /// q/k/v this way whenever its KV cache is quantized).
+    /// The data-free rotation quantized KV caches use, as llama.cpp applies it whenever its
+    /// KV cache is quantized: the normalized Walsh–Hadamard matrix of size `head_dim` (a power
+    /// of two) for q/k, and 64 × 64 Walsh–Hadamard blocks for v/o (the same full matrix
+    /// when `head_dim` ≤ 64).
     Hadamard,
     /// Calibrated bases moved to other layers (cyclic permutation of layers).
     LayerShuffle {
