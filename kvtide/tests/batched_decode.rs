@@ -99,7 +99,7 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
         specs.iter().map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap()).collect();
     let model = built[0].0.clone();
     let mut caches: Vec<_> = built.into_iter().map(|(_, c)| c).collect();
-    let batched = teacher_force_texts(&model, &mut caches, &texts, false).unwrap();
+    let batched = teacher_force_texts(&model, &mut caches, &texts, false, 1).unwrap();
     for ((spec, &(prompt, targets)), b) in specs.iter().zip(&texts).zip(&batched) {
         let (m, c) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
         let mut session = Session::new(m, c).unwrap();
@@ -114,6 +114,20 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
     }
     // Different texts give different scores (the rows really carry their own tokens).
     assert_ne!(batched[0].nll, batched[1].nll);
+    // Serving the members from several threads (an even and an uneven split) changes
+    // nothing: each cache attends on its own thread over the same matmul rows.
+    for workers in [2, 3, 9] {
+        let mut caches: Vec<_> = specs
+            .iter()
+            .map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap().1)
+            .collect();
+        let threaded = teacher_force_texts(&model, &mut caches, &texts, false, workers).unwrap();
+        for ((spec, t), b) in specs.iter().zip(&threaded).zip(&batched) {
+            assert_eq!(t.nll, b.nll, "{spec}: {workers} workers");
+            assert_eq!(t.hit, b.hit, "{spec}: {workers} workers");
+            assert_eq!(t.at_end.total(), b.at_end.total(), "{spec}: {workers} workers");
+        }
+    }
     // Texts of unequal length, or fewer texts than caches, are refused.
     let short = &windows[0][..30];
     let uneven: Vec<(&[u32], &[u32])> = vec![texts[0], short.split_at(6)];
@@ -122,12 +136,12 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
     };
     let mut caches = two("dense:format=f32");
     assert!(matches!(
-        teacher_force_texts(&model, &mut caches, &uneven, false),
+        teacher_force_texts(&model, &mut caches, &uneven, false, 1),
         Err(Error::InvalidInput { .. })
     ));
     let mut caches = two("dense:format=f32");
     assert!(matches!(
-        teacher_force_texts(&model, &mut caches, &texts[..1], false),
+        teacher_force_texts(&model, &mut caches, &texts[..1], false, 1),
         Err(Error::InvalidInput { .. })
     ));
 }

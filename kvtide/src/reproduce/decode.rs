@@ -88,6 +88,18 @@ fn score_one(logits: &Tensor, target: u32) -> Result<(f64, bool)> {
     Ok((nll, argmax(logits)? == target))
 }
 
+/// [`score_one`] for every row of `logits` (`[batch, vocab]`) at once: row `b` scored
+/// against `targets[b]`.
+fn score_rows(logits: &Tensor, targets: &[u32]) -> Result<Vec<(f64, bool)>> {
+    let lp = logits.f_log_softmax(1, Kind::Float).op("log_softmax")?;
+    let ids: Vec<i64> = targets.iter().map(|&t| i64::from(t)).collect();
+    let index = Tensor::f_from_slice(&ids).op("targets")?.f_unsqueeze(1).op("targets")?;
+    let picked = lp.f_gather(1, &index, false).op("gather")?.f_flatten(0, -1).op("flatten")?;
+    let lp = Vec::<f32>::try_from(&picked).op("log probs")?;
+    let best = Vec::<i64>::try_from(&logits.f_argmax(1, false).op("argmax")?).op("argmax")?;
+    Ok(lp.iter().zip(best).zip(ids).map(|((&lp, b), t)| (-f64::from(lp), b == t)).collect())
+}
+
 fn sample(session: &Session, step: usize) -> StepSample {
     sample_cache(session.cache(), step)
 }
@@ -194,13 +206,15 @@ pub fn teacher_force_batch(
     sample_steps: bool,
 ) -> Result<Vec<Trace>> {
     let texts = vec![(prompt, targets); caches.len()];
-    teacher_force_texts(model, caches, &texts, sample_steps)
+    teacher_force_texts(model, caches, &texts, sample_steps, 1)
 }
 
 /// [`teacher_force_batch`] with text `texts[b] = (prompt, targets)` for `caches[b]`: the
 /// texts may differ (several evaluation windows of one configuration share a batch) but
 /// must have prompts of one length and target lists of one length, so every member decodes
-/// at the same position each step.
+/// at the same position each step. `workers` threads serve the members' caches each step
+/// ([`BatchScratch::with_workers`]; for caches built with `threads=1`): scores are the same
+/// for any count, time figures are per thread.
 ///
 /// # Errors
 /// [`crate::Error::InvalidInput`] for an empty batch, empty prompts or target lists,
@@ -211,6 +225,7 @@ pub fn teacher_force_texts(
     caches: &mut [Box<dyn KvCache>],
     texts: &[(&[u32], &[u32])],
     sample_steps: bool,
+    workers: usize,
 ) -> Result<Vec<Trace>> {
     const OP: &str = "batched teacher-forced decode";
     let Some(&(first_prompt, first_targets)) = texts.first() else {
@@ -269,7 +284,9 @@ pub fn teacher_force_texts(
             prefill_s[i] = share;
         }
     }
-    let mut logits: Vec<Tensor> = first_logits.into_iter().flatten().collect();
+    let rows: Vec<Tensor> = first_logits.into_iter().flatten().collect();
+    let mut logits = Tensor::f_stack(&rows, 0).op("stack logits")?;
+    drop(rows);
     let mut traces: Vec<Trace> = caches
         .iter()
         .zip(&prefill_s)
@@ -282,7 +299,7 @@ pub fn teacher_force_texts(
             ..Trace::default()
         })
         .collect();
-    let mut scratch = BatchScratch::new(model.config(), batch)?;
+    let mut scratch = BatchScratch::new(model.config(), batch)?.with_workers(workers);
     let mut ids = vec![0u32; batch];
     let (mut wall, mut steps) = (0.0, 0);
     {
@@ -294,20 +311,17 @@ pub fn teacher_force_texts(
             })
             .collect();
         for i in 0..target_len {
-            for ((trace, l), (id, &(_, targets))) in
-                traces.iter_mut().zip(&logits).zip(ids.iter_mut().zip(texts))
-            {
-                let (nll, hit) = score_one(l, targets[i])?;
+            for (id, &(_, targets)) in ids.iter_mut().zip(texts) {
+                *id = targets[i];
+            }
+            for (trace, (nll, hit)) in traces.iter_mut().zip(score_rows(&logits, &ids)?) {
                 trace.nll.push(nll);
                 trace.hit.push(hit);
-                *id = targets[i];
             }
             if i + 1 < target_len {
                 let t = Instant::now();
                 let all = model.decode_batch(&ids, prompt_len + i, &mut refs, &mut scratch)?;
-                for (b, l) in logits.iter_mut().enumerate() {
-                    *l = all.f_select(0, b as i64).op("select logits")?;
-                }
+                logits = all;
                 wall += t.elapsed().as_secs_f64();
                 steps += 1;
                 if sample_steps {

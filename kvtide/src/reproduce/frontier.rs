@@ -570,7 +570,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     let runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
     let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(runs.len());
     let groups = group_by_weights(runs.iter().map(|run| {
-        let spec: CacheSpec = run.spec(&proj, ctx.plan.threads).parse()?;
+        let spec: CacheSpec = run.spec(&proj, 1).parse()?;
         let (model, c) = spec.build_many(&ctx.model, windows.len())?;
         caches.push(c);
         Ok(model)
@@ -586,7 +586,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
                 texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
-            let out = teacher_force_texts(model, &mut batch, &texts, false)?;
+            let out = teacher_force_texts(model, &mut batch, &texts, false, ctx.plan.threads)?;
             ctx.log(&format!(
                 "frontier: {} configurations × {} windows in {:.0} s",
                 members.len(),
@@ -627,7 +627,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
             let point = FrontierPoint {
                 run: run.clone(),
                 label: run.label(),
-                spec: run.spec(&proj, ctx.plan.threads).replace(&proj, "<calibrated.safetensors>"),
+                spec: run.spec(&proj, 1).replace(&proj, "<calibrated.safetensors>"),
                 perplexity: (nll / n.max(1) as f64).exp(),
                 top1: hits as f64 / n.max(1) as f64,
                 window_bytes,

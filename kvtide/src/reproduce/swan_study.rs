@@ -195,7 +195,7 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
                 texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
-            let traces = teacher_force_texts(model, &mut caches, &texts, false)?;
+            let traces = teacher_force_texts(model, &mut caches, &texts, false, 1)?;
             ctx.log(&format!(
                 "swan: {} configurations × {} windows decoded in {:.0} s",
                 members.len(),

@@ -63,6 +63,7 @@ pub struct BatchScratch {
     k: Vec<f32>,
     out: HostTensor,
     cache_s: Vec<f64>,
+    workers: usize,
 }
 
 impl BatchScratch {
@@ -81,7 +82,24 @@ impl BatchScratch {
             k: vec![0.0; cfg.kv_heads * d],
             out: HostTensor::zeros(&[batch as i64, (cfg.q_heads * d) as i64])?,
             cache_s: vec![0.0; batch],
+            workers: 1,
         })
+    }
+
+    /// Serves the members' caches from up to `workers` threads per layer (at least 1, at
+    /// most the batch), each thread a contiguous run of members. Meant for caches that
+    /// attend on one thread each (`threads=1` in their spec): the batch, not each cache,
+    /// is then split across the cores. Results are the same for any worker count; with more
+    /// than one, [`BatchScratch::cache_seconds`] is each member's own time on its thread.
+    #[must_use]
+    pub fn with_workers(mut self, workers: usize) -> Self {
+        self.workers = workers.clamp(1, self.cache_s.len());
+        self
+    }
+
+    /// Threads the members' caches are served from ([`BatchScratch::with_workers`]).
+    pub fn workers(&self) -> usize {
+        self.workers
     }
 
     /// Caches served per step.
@@ -474,15 +492,54 @@ impl Attention {
         // writes to it while the rows are borrowed.
         let rows = unsafe { f32_slice(&qkv)? };
         let width = rows.len() / batch;
-        let BatchScratch { q, k, out, cache_s } = scratch;
+        let BatchScratch { q, k, out, cache_s, workers } = scratch;
         let out_rows = out.as_mut_slice();
         let out_width = out_rows.len() / batch;
-        for (b, cache) in caches.iter_mut().enumerate() {
-            let row = &rows[b * width..(b + 1) * width];
-            let out_row = &mut out_rows[b * out_width..(b + 1) * out_width];
-            let t = std::time::Instant::now();
-            attend_row(row, (q, k), rope, position, (layer, &mut **cache), out_row)?;
-            cache_s[b] += t.elapsed().as_secs_f64();
+        let serve = |(q, k): (&mut [f32], &mut [f32]),
+                     caches: &mut [&mut dyn KvCache],
+                     rows: &[f32],
+                     out_rows: &mut [f32],
+                     cache_s: &mut [f64]|
+         -> Result<()> {
+            let members = caches.iter_mut().zip(rows.chunks_exact(width));
+            for ((cache, row), (out_row, s)) in
+                members.zip(out_rows.chunks_exact_mut(out_width).zip(cache_s.iter_mut()))
+            {
+                let t = std::time::Instant::now();
+                attend_row(
+                    row,
+                    (&mut *q, &mut *k),
+                    rope,
+                    position,
+                    (layer, &mut **cache),
+                    out_row,
+                )?;
+                *s += t.elapsed().as_secs_f64();
+            }
+            Ok(())
+        };
+        if *workers <= 1 {
+            serve((q, k), caches, rows, out_rows, cache_s)?;
+        } else {
+            let per = batch.div_ceil(*workers);
+            let (qn, kn) = (q.len(), k.len());
+            std::thread::scope(|scope| {
+                let parts = caches
+                    .chunks_mut(per)
+                    .zip(rows.chunks(per * width))
+                    .zip(out_rows.chunks_mut(per * out_width).zip(cache_s.chunks_mut(per)));
+                let handles: Vec<_> = parts
+                    .map(|((c, r), (o, s))| {
+                        scope.spawn(move || {
+                            let (mut q, mut k) = (vec![0.0; qn], vec![0.0; kn]);
+                            serve((&mut q, &mut k), c, r, o, s)
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            })?;
         }
         self.output(out.tensor())
     }
