@@ -132,6 +132,12 @@ fn coded_hybrid_every_encoding_and_layout() {
             coded_case::<Bitmask, Int4Values>(layout, d, seed + 6);
             coded_case::<List<u8>, Int4Values>(layout, d, seed + 7);
         }
+        // Int4 rows are read in place up to 256 components and expanded beyond.
+        for (j, d) in [256usize, 264].into_iter().enumerate() {
+            let seed = 500 * i as u64 + 50 * j as u64 + 300;
+            coded_case::<Bitmask, Int4Values>(layout, d, seed);
+            coded_case::<List<u16>, Int4Values>(layout, d, seed + 1);
+        }
     }
 }
 

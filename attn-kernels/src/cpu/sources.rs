@@ -12,10 +12,11 @@
 //! * quantized — dense int8 / int4 / scaled-fp8 rows read in place by the coded-row
 //!   kernels of [`super::codes`] (rows whose width those kernels cannot read are decoded
 //!   a tile at a time into per-thread scratch and streamed through the f32 dense kernel);
-//! * coded hybrid — coded SWAN rows (bitmask or list indices); with fp8 or int8 values
-//!   each tile's rows are placed into per-thread code rows and read by the coded-row
-//!   kernels, other value codes are expanded to `f32` as above; then the dense buffer,
-//!   under one softmax state.
+//! * coded hybrid — coded SWAN rows (bitmask or list indices); with fp8, int8 or int4
+//!   values (int4 widened to the i8 codes it stands for, heads up to 256 wide) each tile's
+//!   rows are placed into per-thread code rows and read by the coded-row kernels, other
+//!   value codes are expanded to `f32` as above; then the dense buffer, under one softmax
+//!   state.
 //!
 //! Every segment prefetches the rows of the tile after the one it computes.
 
@@ -497,9 +498,13 @@ impl<'v, 'a, X: IndexCode, Y: ValueCode> RowWalk<'v, 'a, X, Y> {
     }
 }
 
+/// Widest head whose int4 coded rows are read in place (their nibbles are widened on the
+/// stack); wider heads expand their rows to `f32`.
+const INT4_IN_PLACE_MAX: usize = 256;
+
 /// Places the coded row at `at` (keeping `kept` entries) of `view` into `out` (`head_dim`
-/// codes: the kept codes at their components, zeros elsewhere) and returns the factor its
-/// values carry (row scale times `head_scale`).
+/// codes: the kept codes at their components, zeros elsewhere; int4 values as the i8 codes
+/// they stand for) and returns the factor its values carry (row scale times `head_scale`).
 fn place<X: IndexCode, Y: ValueCode>(
     k: Kernels,
     view: &CodedView<'_, X, Y>,
@@ -516,7 +521,22 @@ fn place<X: IndexCode, Y: ValueCode>(
     } else {
         (1.0, index_bytes)
     };
-    if X::KIND == IndexKind::Bitmask {
+    if Y::KIND == ValueKind::Int4 {
+        // Nibbles widened to the i8 codes they stand for (`q − 8`, element 2j in the low
+        // nibble of byte j), then placed like an int8 row's codes.
+        let mut wide = [0u8; INT4_IN_PLACE_MAX];
+        let wide = &mut wide[..kept];
+        for (pair, &b) in wide.chunks_exact_mut(2).zip(&bytes[codes_at..]) {
+            pair[0] = ((b & 0x0f) as i8 - 8) as u8;
+            pair[1] = ((b >> 4) as i8 - 8) as u8;
+        }
+        if X::KIND == IndexKind::Bitmask {
+            k.place_masked(index, wide, 0, out);
+        } else {
+            out.fill(0);
+            X::for_each_rev(index, kept, |e, i| out[i] = wide[e]);
+        }
+    } else if X::KIND == IndexKind::Bitmask {
         // Read from the whole byte buffer, so the shuffle's 16-byte loads may run past the
         // row into its successors (never past the buffer).
         k.place_masked(index, view.bytes(), at.start + codes_at, out);
@@ -555,7 +575,8 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let (mut kw, mut vw) = (RowWalk::at(keys, range.start), RowWalk::at(values, range.start));
     let ahead = (range.start + TILE).min(range.end);
     let (mut ka, mut va) = (RowWalk::at(keys, ahead), RowWalk::at(values, ahead));
-    let bitmask = X::KIND == IndexKind::Bitmask;
+    // Bitmask rows of 8-bit codes are placed a tile at a time; int4 rows row by row.
+    let bitmask = X::KIND == IndexKind::Bitmask && Y::KIND != ValueKind::Int4;
     let (mut kst, mut vst) = ([0usize; TILE], [0usize; TILE]);
     let mut r = range.start;
     while r < range.end {
@@ -678,14 +699,17 @@ fn coded_hybrid_rows<X: IndexCode, Y: ValueCode, D: Value, const W: usize>(
         &mut Slot,
     );
     // 8-bit value codes are placed and read in place; the type picks the kernels.
-    let placed: Option<Placed<'_, X, Y, D>> =
-        if Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3) && Fp8Codes::supports(d) {
-            Some(placed_segment::<X, Y, D, Fp8Codes, W>)
-        } else if Y::KIND == ValueKind::Int8 && I8Codes::supports(d) {
-            Some(placed_segment::<X, Y, D, I8Codes, W>)
-        } else {
-            None
-        };
+    let placed: Option<Placed<'_, X, Y, D>> = if Y::KIND == ValueKind::Elems(ValueFormat::Fp8E4M3)
+        && Fp8Codes::supports(d)
+    {
+        Some(placed_segment::<X, Y, D, Fp8Codes, W>)
+    } else if I8Codes::supports(d)
+        && (Y::KIND == ValueKind::Int8 || (Y::KIND == ValueKind::Int4 && d <= INT4_IN_PLACE_MAX))
+    {
+        Some(placed_segment::<X, Y, D, I8Codes, W>)
+    } else {
+        None
+    };
     if start < split {
         let sparse = start..end.min(split);
         if let Some(placed) = placed {
