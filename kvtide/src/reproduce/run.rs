@@ -44,6 +44,11 @@ pub struct ReproduceArgs {
     /// the report says so (a full-size run on the run's model in a few hours of 2 cores).
     #[arg(long)]
     pub primary_model_only: bool,
+    /// The frontier study reduced to llama.cpp's counterparts (dense f16, Hadamard int8 and
+    /// int4) on its full windows, with the external check: the peer comparison in minutes,
+    /// without the SWAN grid.
+    #[arg(long)]
+    pub frontier_external_only: bool,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -164,13 +169,17 @@ fn progress(total: usize) -> ProgressBar {
 /// The frontier study on one model (one leg): its section, findings, check and record.
 fn frontier_leg(
     leg: &frontier::Leg,
-    llama_cpp: Option<&std::path::Path>,
+    (llama_cpp, external_only): (Option<&std::path::Path>, bool),
     ctx: &mut Context,
     out: &mut Outputs<'_>,
 ) -> Result<()> {
     if ctx.model_path().file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {
         let d = ctx.model.config().head_dim;
         ctx.plan.further_model_frontier(d);
+    }
+    if external_only {
+        ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
+        ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
     }
     let s = frontier::run(ctx, llama_cpp)?;
     let title = if leg.tag.is_empty() {
@@ -197,6 +206,7 @@ struct Outputs<'a> {
 /// Runs one study and adds its section, findings and checks.
 fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<'_>) -> Result<()> {
     let llama_cpp = args.llama_cpp.as_deref();
+    let ext_only = args.frontier_external_only;
     if name == "frontier" {
         let gemma = crate::paths::gemma_model();
         let choice = if args.further_models_only {
@@ -213,11 +223,11 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
                     ctx.log(&line);
                     out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
                 }
-                (Ok(_), true) => frontier_leg(&leg, llama_cpp, ctx, out)?,
+                (Ok(_), true) => frontier_leg(&leg, (llama_cpp, ext_only), ctx, out)?,
                 (Ok(path), false) => {
                     ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
                     let mut further = ctx.for_model(path)?;
-                    frontier_leg(&leg, llama_cpp, &mut further, out)?;
+                    frontier_leg(&leg, (llama_cpp, ext_only), &mut further, out)?;
                 }
             }
         }
