@@ -28,6 +28,7 @@ fn a_missing_gemma_model_is_a_reported_skip() {
         llama_cpp: None,
         further_models_only: true,
         primary_model_only: false,
+        frontier_external_only: false,
         only: vec!["frontier".into()],
     };
     let outcome = run(&args).expect("reproduce --only frontier --further-models-only");

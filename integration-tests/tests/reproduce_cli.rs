@@ -20,6 +20,7 @@ fn memory_study_writes_a_complete_report() {
         llama_cpp: None,
         further_models_only: false,
         primary_model_only: false,
+        frontier_external_only: false,
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -45,6 +46,7 @@ fn unknown_study_is_a_typed_error() {
         llama_cpp: None,
         further_models_only: false,
         primary_model_only: false,
+        frontier_external_only: false,
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());
