@@ -408,8 +408,8 @@ pub struct FrontierStudy {
     pub dense_f16_llamacpp_positions: Option<f64>,
     /// llama.cpp's own conditions for its KV types' counterparts (dense f16, Hadamard int8
     /// and int4): every position of each window through the cache (a one-token prompt), the
-    /// perplexity over the positions llama.cpp's tool scores. Computed with the external
-    /// check (empty without `--llama-cpp`).
+    /// perplexity over the positions llama.cpp's tool scores. Computed when the external
+    /// check ran (empty without `--llama-cpp` or when the tool could not run).
     pub whole_window: Vec<(String, f64)>,
 }
 
@@ -569,6 +569,16 @@ fn run_external(
     Ok(rows)
 }
 
+/// Perplexity over each trace's scored tokens from index `skip` on (the positions
+/// llama.cpp's tool scores).
+fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
+    let (sum, n) = traces.iter().fold((0.0, 0usize), |(s, n), t| {
+        let kept = t.nll.get(skip..).unwrap_or(&[]);
+        (s + kept.iter().sum::<f64>(), n + kept.len())
+    });
+    (sum / n.max(1) as f64).exp()
+}
+
 /// The study's counterparts of llama.cpp's KV types, in the grid's labels.
 const LLAMACPP_COUNTERPARTS: [(&str, &str); 3] = [
     ("f16", "dense f16"),
@@ -610,11 +620,7 @@ fn whole_window(
         }
         let traces = teacher_force_texts(model, &mut batch, &all_texts, false, ctx.plan.threads)?;
         for (&i, ts) in members.iter().zip(traces.chunks(windows.len())) {
-            let (sum, n) = ts.iter().fold((0.0, 0usize), |(s, n), t| {
-                let kept = t.nll.get(skip..).unwrap_or(&[]);
-                (s + kept.iter().sum::<f64>(), n + kept.len())
-            });
-            let ppl = (sum / n.max(1) as f64).exp();
+            let ppl = perplexity_from(ts, skip);
             ctx.log(&format!(
                 "frontier whole-window {}: ppl {ppl:.4} on llama.cpp's positions",
                 chosen[i].label()
@@ -689,14 +695,10 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     // llama.cpp's perplexity tool predicts positions len/2 + 1 … len − 1 of each window;
     // kvtide scores prefix … len − 1. Dense f16 on llama.cpp's positions alone:
     let skip = (wlen / 2 + 1).saturating_sub(prefix);
-    let on_llamacpp_tokens =
-        runs.iter().position(|r| *r == FrontierRun::dense("f16", "none")).map(|i| {
-            let (sum, n) = traces[i].iter().fold((0.0, 0usize), |(s, n), t| {
-                let kept = t.nll.get(skip..).unwrap_or(&[]);
-                (s + kept.iter().sum::<f64>(), n + kept.len())
-            });
-            (sum / n.max(1) as f64).exp()
-        });
+    let on_llamacpp_tokens = runs
+        .iter()
+        .position(|r| *r == FrontierRun::dense("f16", "none"))
+        .map(|i| perplexity_from(&traces[i], skip));
     let mut points: Vec<FrontierPoint> = runs
         .iter()
         .zip(traces)
@@ -737,7 +739,8 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
         &crate::paths::plays_dir().join(format!("{SWAN_EVAL_PLAY}.md")),
     )?;
     let external = external(ctx, llama_cpp, &text, (count, wlen));
-    let whole_window = if llama_cpp.is_some() {
+    // Only worth its decode when there are peer rows to compare with.
+    let whole_window = if !external.rows.is_empty() {
         whole_window(ctx, &windows, &runs, wlen / 2)?
     } else {
         Vec::new()
