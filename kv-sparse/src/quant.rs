@@ -453,6 +453,43 @@ impl<C: DenseCodec> QuantRows<C> {
         }
     }
 
+    /// Replaces row `i` (`i < len`) with `row` (`head_dim` elements), as a ring of rows
+    /// overwrites its oldest slot. Nothing changes on an error.
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] for `i >= len`; as [`QuantRows::check`] for `row`, and
+    /// [`Error::LengthMismatch`] when it is not one row.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::quant::{Int8Blocks, QuantRows};
+    /// let mut rows = QuantRows::<Int8Blocks>::new(32)?;
+    /// rows.push(&[1.0; 64])?;
+    /// rows.replace(1, &[-2.0; 32])?;
+    /// let mut out = [0.0; 32];
+    /// rows.decode_row(1, &mut out)?;
+    /// assert!(out.iter().all(|&x| (x + 2.0).abs() < 1e-2));
+    /// assert!(rows.replace(2, &[0.0; 32]).is_err());
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn replace(&mut self, i: usize, row: &[f32]) -> Result<()> {
+        const OP: &str = "QuantRows::replace";
+        if i >= self.len() {
+            return Err(Error::OutOfRange { op: OP, what: "row", index: i, len: self.len() });
+        }
+        if row.len() != self.head_dim {
+            return Err(Error::LengthMismatch {
+                op: OP,
+                what: "row",
+                expected: self.head_dim,
+                got: row.len(),
+            });
+        }
+        self.check(OP, row)?;
+        C::encode(row, &mut self.bytes[i * self.row_bytes..(i + 1) * self.row_bytes]);
+        Ok(())
+    }
+
     /// An owned copy of a view's rows (e.g. of a mapped file, to keep appending).
     pub fn from_view(view: QuantView<'_, C>) -> Self {
         Self {

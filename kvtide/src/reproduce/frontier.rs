@@ -16,7 +16,8 @@
 //! (SmolLM2 by default) always, and Gemma 3 270M when `scripts/setup.sh gemma` fetched it —
 //! a missing model is a printed skip, never a silent one. On a model with sliding-window
 //! layers (Gemma 3) the caches serve the global layers and the local layers keep a dense
-//! f16 ring of their window; the budgets count both (ring bytes included, dense f16 of the
+//! ring of their window — in a dense configuration's own format (a quantized one quantizes
+//! every layer, as llama.cpp's `-ctk/-ctv` does), f16 for SWAN; the budgets count both (ring bytes included, dense f16 of the
 //! same windowed model as the reference), and a third measure counts the global layers
 //! alone, the part a cache format changes.
 
@@ -130,7 +131,7 @@ pub struct LocalLayers {
 }
 
 /// How bytes are counted on one model: `global_heads` (layer, kv-head) pairs served by the
-/// cache under study plus, for a windowed model, the local layers' f16 rings.
+/// cache under study plus, for a windowed model, the local layers' rings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ByteModel {
     /// Head dimension.
@@ -159,20 +160,22 @@ impl ByteModel {
         }
     }
 
-    /// Bytes the local layers' f16 rings hold after `tokens` positions (0 without local layers).
-    pub fn ring_bytes(&self, tokens: usize) -> usize {
-        self.local
-            .map_or(0, |l| l.layers * self.kv_heads * 2 * tokens.min(l.window) * self.head_dim * 2)
+    /// Bytes the local layers' rings of `run` hold after `tokens` positions (0 without
+    /// local layers).
+    pub fn ring_bytes(&self, run: &FrontierRun, tokens: usize) -> usize {
+        self.local.map_or(0, |l| {
+            l.layers * self.kv_heads * tokens.min(l.window) * run.ring_token_bytes(self.head_dim)
+        })
     }
 
     /// Bytes `run` holds for `tokens` positions, every layer counted.
     pub fn bytes(&self, run: &FrontierRun, tokens: usize) -> usize {
-        self.global_heads * run.head_bytes(self.head_dim, tokens) + self.ring_bytes(tokens)
+        self.global_heads * run.head_bytes(self.head_dim, tokens) + self.ring_bytes(run, tokens)
     }
 
     /// Bytes dense f16 holds for `tokens` positions on this model (local rings included).
     pub fn dense_f16(&self, tokens: usize) -> usize {
-        self.global_heads * 2 * tokens * 2 * self.head_dim + self.ring_bytes(tokens)
+        self.bytes(&FrontierRun::dense("f16", "none"), tokens)
     }
 
     /// `run`'s bytes over dense f16's, every layer counted.
@@ -276,6 +279,13 @@ impl FrontierRun {
         };
         let blocks = 2 * sparse.div_ceil(rows_per_block);
         2 * tokens.min(self.buffer) * 2 * d + sparse * cfg.sparse_token_bytes(d) + 8 * blocks
+    }
+
+    /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
+    /// configuration's own rows (the spec's ring follows its format), a SWAN
+    /// configuration's f16 buffer rows.
+    pub fn ring_token_bytes(&self, d: usize) -> usize {
+        if self.k.is_none() { self.head_bytes(d, 1) } else { 2 * 2 * d }
     }
 
     fn swan_config(&self, d: usize, k: usize) -> models::cache::SwanConfig {
@@ -779,7 +789,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     ));
     if let Some(l) = s.local {
         out.text(format!(
-            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense f16 ring of its last {} positions in every configuration. The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (global layers dense f16 plus the rings); `4096 global` counts the global layers alone, the part a cache format changes. A {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
+            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
             l.global_layers,
             l.layers,
             l.window,
@@ -1189,9 +1199,15 @@ mod tests {
     fn windowed_budgets_count_the_rings_and_the_global_layers() {
         let bm = gemma();
         // The rings after 767 positions (the measured figure of the Gemma SWAN check).
-        assert_eq!(bm.ring_bytes(767), 7_864_320);
-        assert_eq!(bm.ring_bytes(100), 15 * 2 * 100 * 256 * 2);
         let f16 = FrontierRun::dense("f16", "none");
+        assert_eq!(bm.ring_bytes(&f16, 767), 7_864_320);
+        assert_eq!(bm.ring_bytes(&f16, 100), 15 * 2 * 100 * 256 * 2);
+        // A quantized dense configuration quantizes the rings too (q4_0: 18 bytes per 32);
+        // SWAN keeps f16 rings.
+        let int4 = FrontierRun::dense("int4", "hadamard");
+        assert_eq!(bm.ring_bytes(&int4, 767), 15 * 2 * 512 * 8 * 18);
+        assert_eq!(bm.ring_bytes(&FrontierRun::swan("bitmask", "int8", 128, 128), 767), 7_864_320);
+        assert!((bm.ratio(&int4, LONG_CACHE) - 18.0 / 64.0).abs() < 1e-12, "every layer q4_0");
         assert_eq!(bm.dense_f16(767), 3 * 2 * 767 * 2 * 256 + 7_864_320);
         assert_eq!(bm.bytes(&f16, 767), bm.dense_f16(767));
         assert_eq!(bm.ratio(&f16, LONG_CACHE), 1.0);
@@ -1223,7 +1239,7 @@ mod tests {
     fn without_local_layers_the_budget_is_the_per_head_formula() {
         let bm = ByteModel { head_dim: 64, kv_heads: 3, global_heads: 90, local: None };
         let run = FrontierRun::dense("int4", "hadamard");
-        assert_eq!(bm.ring_bytes(4096), 0);
+        assert_eq!(bm.ring_bytes(&run, 4096), 0);
         assert_eq!(bm.global_ratio(&run, LONG_CACHE), None);
         let per_head = run.head_bytes(64, LONG_CACHE) as f64 / (2 * LONG_CACHE * 2 * 64) as f64;
         assert!((bm.ratio(&run, LONG_CACHE) - per_head).abs() < 1e-12);

@@ -32,7 +32,7 @@ pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
 pub use swan::{Fp8Scale, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
-pub use window::{WindowCache, WindowedCache, global_layers};
+pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
 
 use std::ops::Range;
 

@@ -15,10 +15,12 @@
 //! row.
 //!
 //! Every cache also takes `threads=N` (attention threads; default: all cores) and
-//! `ring=f32|f16|bf16`: on a model with sliding-window layers (Gemma 3) the cache named
-//! serves the global layers and every local layer keeps a dense ring of its window
-//! ([`crate::cache::WindowedCache`]) in this format (default: the dense format of a `dense`
-//! spec, the buffer format of a SWAN spec, f16 otherwise). SWAN
+//! `ring=f32|f16|bf16|fp8|int8|int4`: on a model with sliding-window layers (Gemma 3) the
+//! cache named serves the global layers and every local layer keeps a dense ring of its
+//! window ([`crate::cache::WindowedCache`]) in this format (default: the format of a `dense`
+//! spec — so `dense:format=int4` quantizes every layer, as llama.cpp's `-ctk/-ctv q4_0`
+//! does — the buffer format of a SWAN spec, f16 otherwise). A quantized ring stores q/k in
+//! the basis the spec rotates into (`rotate=` of a dense spec, `basis=` of a SWAN spec). SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
 //! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
 //! (needs a `ProjectionSet` file: `proj=PATH`, or the default the application supplies through
@@ -120,15 +122,7 @@ impl DenseSpec {
     }
 
     fn parse(p: &mut Params<'_>) -> Result<Self> {
-        let format = match p.take("format") {
-            None | Some("f16") => DenseStorage::Float(ValueFormat::F16),
-            Some("f32") => DenseStorage::Float(ValueFormat::F32),
-            Some("bf16") => DenseStorage::Float(ValueFormat::Bf16),
-            Some("fp8") | Some("e4m3") => DenseStorage::Quant(DenseFormat::Fp8),
-            Some("int8") | Some("q8_0") => DenseStorage::Quant(DenseFormat::Int8),
-            Some("int4") | Some("q4_0") => DenseStorage::Quant(DenseFormat::Int4),
-            Some(v) => return Err(spec_err(p.spec(), format!("`format={v}`: unknown format"))),
-        };
+        let format = storage_param(p, "format")?.unwrap_or(DenseStorage::Float(ValueFormat::F16));
         let rotate = match p.take("rotate") {
             None | Some("none") => None,
             Some(r) => Some(
@@ -161,7 +155,7 @@ pub struct CacheSpec {
     pub threads: Option<usize>,
     /// Row format of the local layers' window rings (`ring=`; `None`: follow the spec, see
     /// the module docs).
-    pub ring: Option<ValueFormat>,
+    pub ring: Option<DenseStorage>,
     text: String,
 }
 
@@ -234,6 +228,20 @@ fn format_param(
         return Err(spec_err(p.spec(), format!("`{key}={v}` is not allowed here")));
     }
     Ok(Some(f))
+}
+
+/// A dense storage parameter (`key=f32|f16|bf16|fp8|int8|int4`, also `e4m3`, `q8_0`, `q4_0`).
+fn storage_param(p: &mut Params<'_>, key: &str) -> Result<Option<DenseStorage>> {
+    Ok(Some(match p.take(key) {
+        None => return Ok(None),
+        Some("f16") => DenseStorage::Float(ValueFormat::F16),
+        Some("f32") => DenseStorage::Float(ValueFormat::F32),
+        Some("bf16") => DenseStorage::Float(ValueFormat::Bf16),
+        Some("fp8") | Some("e4m3") => DenseStorage::Quant(DenseFormat::Fp8),
+        Some("int8") | Some("q8_0") => DenseStorage::Quant(DenseFormat::Int8),
+        Some("int4") | Some("q4_0") => DenseStorage::Quant(DenseFormat::Int4),
+        Some(v) => return Err(spec_err(p.spec(), format!("`{key}={v}`: unknown format"))),
+    }))
 }
 
 const DENSE_FORMATS: [ValueFormat; 3] = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16];
@@ -351,7 +359,7 @@ impl FromStr for CacheSpec {
         if threads == Some(0) {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
-        let ring = format_param(&mut p, "ring", &DENSE_FORMATS)?;
+        let ring = storage_param(&mut p, "ring")?;
         let kind = match name {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
@@ -430,11 +438,13 @@ impl CacheSpec {
     }
 
     /// The format of the local layers' window rings (see the module docs).
-    pub fn ring_format(&self) -> ValueFormat {
+    pub fn ring_format(&self) -> DenseStorage {
         self.ring.unwrap_or(match &self.kind {
-            CacheKind::Dense(DenseSpec { format: DenseStorage::Float(f), .. }) => *f,
-            CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer_format,
-            _ => ValueFormat::F16,
+            CacheKind::Dense(d) => d.format,
+            CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => {
+                DenseStorage::Float(s.buffer_format)
+            }
+            CacheKind::Tiered(_) => DenseStorage::Float(ValueFormat::F16),
         })
     }
 
@@ -443,24 +453,38 @@ impl CacheSpec {
     /// (the spec's cache then serves the global layers alone, with their projections).
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
         let Some(local) = model.config().local_attention.clone() else {
-            return self.global_parts(model, None);
+            let (model, make, _) = self.global_parts(model, None)?;
+            return Ok((model, make));
         };
         let layers = crate::cache::global_layers(&local);
-        let (model, make) = self.global_parts(model, Some(&layers))?;
+        let (model, make, set) = self.global_parts(model, Some(&layers))?;
         let (format, threads) = (self.ring_format(), self.threads.unwrap_or_else(default_threads));
+        // A quantized ring stores q/k in the basis the spec rotates into (its values already
+        // are: the model absorbed the whole set); a float ring attends the same either way.
+        let locals: Vec<usize> = (0..local.local.len()).filter(|&i| local.local[i]).collect();
+        let rotation = match (format, set) {
+            (DenseStorage::Quant(_), Some(set)) if !locals.is_empty() => {
+                Some(Arc::new(select_layers(&set, &locals)?))
+            }
+            _ => None,
+        };
         let wrap = move || -> Result<Box<dyn KvCache>> {
-            Ok(Box::new(crate::cache::WindowedCache::new(&local, format, make()?, threads)?))
+            let (global, rotation) = (make()?, rotation.clone());
+            Ok(Box::new(crate::cache::WindowedCache::new(
+                &local, format, rotation, global, threads,
+            )?))
         };
         Ok((model, Box::new(wrap)))
     }
 
-    /// The model this spec runs with and a maker of the spec's own caches, for every layer
-    /// or (`layers`) for those layers only, in order.
+    /// The model this spec runs with, a maker of the spec's own caches, for every layer
+    /// or (`layers`) for those layers only, in order, and the projection set the model
+    /// absorbed (every layer's), if any.
     fn global_parts(
         &self,
         model: &Llama,
         layers: Option<&[usize]>,
-    ) -> Result<(Llama, CacheMaker<'_>)> {
+    ) -> Result<(Llama, CacheMaker<'_>, Option<ProjectionSet>)> {
         let full = CacheShape::of(model.config())?;
         let shape = CacheShape { layers: layers.map_or(full.layers, <[usize]>::len), ..full };
         let threads = self.threads.unwrap_or_else(default_threads);
@@ -473,32 +497,36 @@ impl CacheSpec {
         };
         Ok(match &self.kind {
             CacheKind::Dense(spec) => match spec.rotate {
-                None => (model.clone(), Box::new(move || dense(shape, spec.format, None, threads))),
+                None => {
+                    let make = move || dense(shape, spec.format, None, threads);
+                    (model.clone(), Box::new(make), None)
+                }
                 Some(basis) => {
-                    let set = projection_set(basis, spec.proj.as_deref(), model)?;
-                    let absorbed = model.absorb_vo(&set)?;
-                    let set = served(&set)?;
+                    let full = projection_set(basis, spec.proj.as_deref(), model)?;
+                    let absorbed = model.absorb_vo(&full)?;
+                    let set = served(&full)?;
                     let make = move || dense(shape, spec.format, Some(set.clone()), threads);
-                    (absorbed, Box::new(make))
+                    (absorbed, Box::new(make), Some(full))
                 }
             },
             CacheKind::Swan(swan) => {
-                let set = swan.projection(model)?;
+                let full = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
-                let absorbed = model.absorb_vo(&set)?;
-                let set = served(&set)?;
-                (absorbed, Box::new(move || swan_cache(shape, cfg, set.clone(), threads)))
+                let absorbed = model.absorb_vo(&full)?;
+                let set = served(&full)?;
+                let make = move || swan_cache(shape, cfg, set.clone(), threads);
+                (absorbed, Box::new(make), Some(full))
             }
             CacheKind::Tiered(t) => {
-                (model.clone(), Box::new(move || t.build(shape, None, threads)))
+                (model.clone(), Box::new(move || t.build(shape, None, threads)), None)
             }
             CacheKind::SwanTiered(swan, t) => {
-                let set = swan.projection(model)?;
+                let full = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
-                let absorbed = model.absorb_vo(&set)?;
-                let set = served(&set)?;
+                let absorbed = model.absorb_vo(&full)?;
+                let set = served(&full)?;
                 let make = move || t.build(shape, Some((cfg, set.clone())), threads);
-                (absorbed, Box::new(make))
+                (absorbed, Box::new(make), Some(full))
             }
         })
     }

@@ -5,7 +5,10 @@
 //!   all a local layer ever attends to, so it never grows past the window and never holds
 //!   a sparse history. Position `p` lives in slot `p mod window`; attention is a softmax
 //!   over a set, so the ring's slot order does not change the result beyond float rounding.
-//! * [`WindowedCache`]: local layers go to a [`WindowCache`], global layers to any other
+//! * [`QuantWindowCache`]: the same ring with rows stored by a dense quantized codec (fp8
+//!   with a per-token scale, `q8_0` / `q4_0` blocks), q and k optionally rotated first, so a
+//!   quantized cache quantizes every layer of the model as llama.cpp's `-ctk/-ctv` does.
+//! * [`WindowedCache`]: local layers go to a ring, global layers to any other
 //!   cache (dense, quantized, SWAN, tiered), and the bytes are reported per layer kind. Each
 //!   part is built for its own layers only (global layer `j` of the model is layer `j` of
 //!   the global cache, counting global layers alone), so a SWAN projection set or a WnW
@@ -14,9 +17,15 @@
 //! [`crate::cache::CacheSpec::build`] wraps every cache it builds for such a model in a
 //! [`WindowedCache`].
 
-use attn_kernels::{CpuAttention, DecodeAttention, DenseKv};
-use kv_sparse::{Value, ValueFormat};
+use std::sync::Arc;
 
+use attn_kernels::{CpuAttention, DecodeAttention, DenseKv, EncodedAttention, QuantKv};
+use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+use kv_sparse::{Value, ValueFormat};
+use projection::ProjectionSet;
+
+use super::rotation::QkRotation;
+use super::spec::DenseStorage;
 use super::{AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
 use crate::error::{Result, invalid};
 use crate::load::config::LocalAttention;
@@ -163,6 +172,228 @@ impl<D: Value> KvCache for WindowCache<D> {
     }
 }
 
+/// The last `window` keys and values per (layer, kv-head), each row encoded by `C` (a
+/// [`WindowCache`] of quantized rows). With a rotation, q and k are turned into its basis
+/// before storing (values come from a model with the set's `P_VO` absorbed).
+pub struct QuantWindowCache<C: DenseCodec> {
+    shape: CacheShape,
+    window: usize,
+    kernel: CpuAttention,
+    rotation: Option<QkRotation>,
+    /// `keys[layer * kv_heads + h]`, at most `window` rows; position `p` in row `p mod window`.
+    keys: Vec<QuantRows<C>>,
+    values: Vec<QuantRows<C>>,
+    /// Positions appended to each layer.
+    seen: Vec<usize>,
+}
+
+impl<C: DenseCodec> QuantWindowCache<C> {
+    /// An empty ring of `window` positions per layer; with `rotation` (a projection set for
+    /// `shape`), q and k are rotated by its `P_QK`.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] for a zero window or a set of another shape;
+    /// [`crate::Error::Sparse`] when `C` cannot hold rows of `head_dim`;
+    /// [`crate::Error::Attention`] for no threads.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::quant::Int8Blocks;
+    /// use models::cache::{CacheShape, KvCache, QuantWindowCache, StepQkv};
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 32)?);
+    /// let mut ring = QuantWindowCache::<Int8Blocks>::new(shape, 2, None, 1)?;
+    /// let mut out = [0.0; 32];
+    /// for v in [1.0, 2.0, 3.0] {
+    ///     let step = StepQkv { q: &[0.0; 32], k: &[0.0; 32], v: &[v; 32] };
+    ///     ring.decode(0, step, &mut out)?;
+    /// }
+    /// assert!(out.iter().all(|&x| (x - 2.5).abs() < 0.02)); // the mean of the last two
+    /// assert_eq!(ring.bytes().total(), 2 * 2 * 34); // 2 rows of k and v, one q8_0 block each
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn new(
+        shape: CacheShape,
+        window: usize,
+        rotation: Option<Arc<ProjectionSet>>,
+        threads: usize,
+    ) -> Result<Self> {
+        if window == 0 {
+            return Err(invalid("quantized window cache", "a window of 0 positions"));
+        }
+        let heads = shape.layers * shape.kv_heads();
+        let rows = || QuantRows::<C>::new(shape.head_dim());
+        let rotation = rotation
+            .map(|set| QkRotation::new("quantized window cache", shape, set))
+            .transpose()?;
+        Ok(Self {
+            shape,
+            window,
+            kernel: CpuAttention::new(threads)?,
+            rotation,
+            keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
+            values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
+            seen: vec![0; shape.layers],
+        })
+    }
+
+    fn heads(&self, layer: usize) -> std::ops::Range<usize> {
+        layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
+    }
+
+    /// Checks positions `from..to` of a block (`[kv_heads][tokens][head_dim]`, `stride`
+    /// elements per head), then writes each into its slot: all-or-nothing.
+    fn push(
+        &mut self,
+        layer: usize,
+        (keys, values): (&[f32], &[f32]),
+        stride: usize,
+        (from, to): (usize, usize),
+    ) -> Result<()> {
+        const OP: &str = "quantized window cache append";
+        let d = self.shape.head_dim();
+        let rows = |i: usize| i * stride + from * d..i * stride + to * d;
+        for (i, slot) in self.heads(layer).enumerate() {
+            self.keys[slot].check(OP, &keys[rows(i)])?;
+            self.values[slot].check(OP, &values[rows(i)])?;
+        }
+        for t in from..to {
+            let ring = self.seen[layer] % self.window;
+            for (i, slot) in self.heads(layer).enumerate() {
+                let at = i * stride + t * d;
+                for (dst, src) in [(&mut self.keys[slot], keys), (&mut self.values[slot], values)] {
+                    let row = &src[at..at + d];
+                    if dst.len() < ring {
+                        // A prefill longer than the window starts past slot 0; it fills every
+                        // slot before attention reads the ring.
+                        dst.push_checked(&vec![0.0; (ring - dst.len()) * d]);
+                    }
+                    if dst.len() == ring {
+                        dst.push_checked(row);
+                    } else {
+                        dst.replace(ring, row)?;
+                    }
+                }
+            }
+            self.seen[layer] += 1;
+        }
+        Ok(())
+    }
+}
+
+impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
+    fn label(&self) -> String {
+        let rotate = self
+            .rotation
+            .as_ref()
+            .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
+        format!("window {} {}{rotate}", self.window, C::FORMAT)
+    }
+
+    fn shape(&self) -> CacheShape {
+        self.shape
+    }
+
+    fn len(&self) -> usize {
+        self.seen.iter().map(|&s| s.min(self.window)).max().unwrap_or(0)
+    }
+
+    fn reserve(&mut self, tokens: usize) -> Result<()> {
+        let room = tokens.min(self.window);
+        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            rows.reserve(room.saturating_sub(rows.len()));
+        }
+        self.kernel.reserve(&self.shape.attn, room);
+        Ok(())
+    }
+
+    fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
+        self.shape.check_prefill(layer, &kv)?;
+        let (shape, n) = (self.shape, kv.tokens);
+        // Positions before the last `window` would be overwritten: skip them, but count
+        // them, so every position lands in its own slot.
+        let skip = n.saturating_sub(self.window);
+        let mut rotation = self.rotation.take();
+        let result = (|| {
+            let kv = match rotation.as_mut() {
+                Some(r) => r.prefill(layer, &shape, kv)?,
+                None => kv,
+            };
+            let seen = self.seen[layer];
+            self.seen[layer] += skip;
+            let pushed = self.push(layer, (kv.keys, kv.values), n * shape.head_dim(), (skip, n));
+            if pushed.is_err() {
+                self.seen[layer] = seen;
+            }
+            pushed
+        })();
+        self.rotation = rotation;
+        result
+    }
+
+    fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
+        self.shape.check_step(layer, &step, out)?;
+        let mut rotation = self.rotation.take();
+        let result = (|| {
+            let step = match rotation.as_mut() {
+                Some(r) => r.step(layer, step)?,
+                None => step,
+            };
+            let d = self.shape.head_dim();
+            self.push(layer, (step.k, step.v), d, (0, 1))?;
+            let views: Vec<QuantKv<'_, C>> = self
+                .heads(layer)
+                .map(|s| QuantKv::new(self.keys[s].view(), self.values[s].view()))
+                .collect();
+            self.kernel.quantized(&self.shape.attn, step.q, &views, out)?;
+            Ok(())
+        })();
+        self.rotation = rotation;
+        result
+    }
+
+    fn window(&self, _layer: usize) -> Option<usize> {
+        Some(self.window)
+    }
+
+    fn projection(&self) -> Option<&ProjectionSet> {
+        self.rotation.as_ref().map(QkRotation::set)
+    }
+
+    fn bytes(&self) -> CacheBytes {
+        let held = self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        CacheBytes { resident: held, offloaded: 0 }
+    }
+}
+
+/// The ring of the local layers of `shape` in `format`: a [`WindowCache`] of floats, or a
+/// [`QuantWindowCache`] rotating q/k by `rotation` when given (a float ring needs none: an
+/// orthogonal basis change leaves its attention unchanged).
+fn ring_cache(
+    shape: CacheShape,
+    window: usize,
+    format: DenseStorage,
+    rotation: Option<Arc<ProjectionSet>>,
+    threads: usize,
+) -> Result<Box<dyn KvCache>> {
+    let (w, t) = (window, threads);
+    Ok(match format {
+        DenseStorage::Float(ValueFormat::F32) => Box::new(WindowCache::<f32>::new(shape, w, t)?),
+        DenseStorage::Float(ValueFormat::Bf16) => {
+            Box::new(WindowCache::<half::bf16>::new(shape, w, t)?)
+        }
+        DenseStorage::Float(_) => Box::new(WindowCache::<half::f16>::new(shape, w, t)?),
+        DenseStorage::Quant(DenseFormat::Fp8) => {
+            Box::new(QuantWindowCache::<Fp8Rows>::new(shape, w, rotation, t)?)
+        }
+        DenseStorage::Quant(DenseFormat::Int8) => {
+            Box::new(QuantWindowCache::<Int8Blocks>::new(shape, w, rotation, t)?)
+        }
+        DenseStorage::Quant(DenseFormat::Int4) => {
+            Box::new(QuantWindowCache::<Int4Blocks>::new(shape, w, rotation, t)?)
+        }
+    })
+}
+
 /// A [`WindowCache`] for the local layers of a model and any cache for its global layers.
 pub struct WindowedCache {
     shape: CacheShape,
@@ -179,16 +410,20 @@ pub fn global_layers(layers: &LocalAttention) -> Vec<usize> {
 }
 
 impl WindowedCache {
-    /// Serves the local layers of `layers` from a ring of `format` rows (f32, f16 or bf16;
-    /// anything else keeps f16) and the global layers from `global`, which must be built for
+    /// Serves the local layers of `layers` from a ring of `format` rows (a float format, or a
+    /// quantized one whose q/k are rotated by `rotation`, a set for the local layers alone
+    /// in order, when given) and the global layers from `global`, which must be built for
     /// them alone: its layer `j` is the model's `j`-th global layer ([`global_layers`]).
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] if `global` has another number of layers than the
-    /// model has global layers, already holds tokens, or the window is 0.
+    /// model has global layers, already holds tokens, the window is 0, or `rotation` has
+    /// another shape than the local layers; [`crate::Error::Sparse`] for a quantized format
+    /// that cannot hold rows of the head dimension.
     pub fn new(
         layers: &LocalAttention,
-        format: ValueFormat,
+        format: DenseStorage,
+        rotation: Option<Arc<ProjectionSet>>,
         global: Box<dyn KvCache>,
         threads: usize,
     ) -> Result<Self> {
@@ -215,11 +450,7 @@ impl WindowedCache {
             })
             .collect();
         let (w, local_shape) = (layers.window, CacheShape { layers: counts[1], ..inner });
-        let ring: Box<dyn KvCache> = match format {
-            ValueFormat::F32 => Box::new(WindowCache::<f32>::new(local_shape, w, threads)?),
-            ValueFormat::Bf16 => Box::new(WindowCache::<half::bf16>::new(local_shape, w, threads)?),
-            _ => Box::new(WindowCache::<half::f16>::new(local_shape, w, threads)?),
-        };
+        let ring = ring_cache(local_shape, w, format, rotation, threads)?;
         let shape = CacheShape { layers: layers.local.len(), ..inner };
         Ok(Self { shape, window: w, slots, ring, global })
     }
