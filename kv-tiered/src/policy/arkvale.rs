@@ -5,13 +5,18 @@
 //! (r_GPU+CPU = 1). Each page has a digest — the per-dimension bounding box `[min_d, max_d]`
 //! of its keys. Each decode step, for each KV-head, a page's importance is the upper bound
 //! of `q·k` over its box, `Σ_d max(q_d·min_d, q_d·max_d)`, maximised over the group's
-//! q-heads; the top `B = round(r · T_a / 32)` pages are resident, missing ones are recalled
+//! q-heads; the top `B = r · T_a / 32` pages are resident, missing ones are recalled
 //! and unselected ones released immediately. Initially resident pages are the top-`B` pages by
-//! observation-window attention mass.
+//! observation-window attention mass. A fractional `B` is kept on average over the heads:
+//! each holds `⌊B⌋` or `⌈B⌉` pages, the larger budgets spread evenly so that all heads
+//! together hold `round(B · heads)` pages — so the measured r_GPU moves with the target in
+//! steps of one page of one head, not one page of every head (on a short prompt a page is
+//! several points of r_GPU).
 //!
 //! Simplifications relative to ArkVale: the decision at step s uses the queries of step s−1
 //! (so recall overlaps compute, like WnW's anchor signal) instead of the current query;
-//! digests are cuboids only (ArkVale also offers spheres); all heads share one page budget.
+//! digests are cuboids only (ArkVale also offers spheres); all heads share one page budget
+//! (up to the one page that spreads a fractional budget).
 
 use crate::error::{Result, check_len, param};
 use crate::layout::AudioLayout;
@@ -49,7 +54,8 @@ pub struct ArkValePolicy {
     kv_heads: usize,
     head_dim: usize,
     pages: usize,
-    budget: usize,
+    /// Pages each head keeps on the device (`⌊B⌋` or `⌈B⌉`).
+    budgets: Vec<usize>,
     /// `[head][page][min | max][d]`.
     digests: Vec<f32>,
     page_scores: Vec<f32>,
@@ -79,7 +85,7 @@ impl ArkValePolicy {
             kv_heads: 0,
             head_dim: 0,
             pages: 0,
-            budget: 0,
+            budgets: Vec::new(),
             digests: Vec::new(),
             page_scores: Vec::new(),
             order: Vec::new(),
@@ -87,9 +93,23 @@ impl ArkValePolicy {
         })
     }
 
-    /// Pages kept on the device per head.
-    pub fn budget(&self) -> usize {
-        self.budget
+    /// Pages each head keeps on the device, in head order (layer-major), after prefill.
+    pub fn budgets(&self) -> &[usize] {
+        &self.budgets
+    }
+
+    /// Per-head page budgets averaging `b` pages (at least 1, at most `pages` each): heads
+    /// get `⌊b⌋` pages, and `round(b · heads) − ⌊b⌋ · heads` of them, spread evenly, one more.
+    fn spread(b: f64, heads: usize, pages: usize) -> Vec<usize> {
+        let b = b.clamp(1.0, pages as f64);
+        let (base, extra) = (b.floor() as usize, (b * heads as f64).round() as usize);
+        let extra = extra.saturating_sub(base * heads).min(heads);
+        (0..heads)
+            .map(|h| {
+                let more = (h + 1) * extra / heads > h * extra / heads;
+                (base + usize::from(more)).min(pages)
+            })
+            .collect()
     }
 
     fn build_digests(&mut self, ctx: &PrefillContext<'_>) {
@@ -150,10 +170,10 @@ impl Policy for ArkValePolicy {
         let (t, p) = (ctx.layout.audio_len(), self.config.page_size);
         (self.layers, self.kv_heads, self.head_dim) = (ctx.layers, ctx.kv_heads, ctx.head_dim);
         self.pages = t.div_ceil(p);
-        self.budget = ((self.config.target_r_gpu * t as f64 / p as f64).round() as usize)
-            .clamp(1, self.pages);
-        self.build_digests(ctx);
         let heads = ctx.layers * ctx.kv_heads;
+        self.budgets =
+            Self::spread(self.config.target_r_gpu * t as f64 / p as f64, heads, self.pages);
+        self.build_digests(ctx);
         check_len("ArkValePolicy::plan_prefill", "scores", ctx.scores, heads * t)?;
         let mut plans = Vec::with_capacity(heads);
         let mut mass = Vec::with_capacity(self.pages);
@@ -162,7 +182,7 @@ impl Policy for ArkValePolicy {
             mass.clear();
             mass.extend(s.chunks(p).map(|c| c.iter().sum::<f32>()));
             let mut initial = Vec::new();
-            top_k_into(&mass, self.budget, 0, &mut initial);
+            top_k_into(&mass, self.budgets[h], 0, &mut initial);
             plans.push(HeadPlan {
                 host: (0..t as u32).collect(),
                 initially_resident: initial,
@@ -187,7 +207,8 @@ impl Policy for ArkValePolicy {
                 let s = self.page_bound(h, page, qs);
                 self.page_scores.push(s);
             }
-            top_k_into(&self.page_scores, self.budget, 0, &mut self.order);
+            let budget = self.budgets.get(h).copied().unwrap_or(1);
+            top_k_into(&self.page_scores, budget, 0, &mut self.order);
             self.selected.fill(false);
             for &u in &self.order {
                 self.selected[u as usize] = true;
