@@ -56,10 +56,13 @@ impl DecodeScratch {
 }
 
 /// Host buffers a batched decode step reuses ([`crate::llama::Llama::decode_batch`]): one
-/// query/key row for the member being served, the `[batch, q_heads·head_dim]` attention
-/// outputs every member's cache writes into, and the seconds each member's cache spent.
+/// query/key row per worker for the member it is serving, the `[batch, q_heads·head_dim]`
+/// attention outputs every member's cache writes into, and the seconds each member's cache
+/// spent. Nothing is allocated per step.
 pub struct BatchScratch {
+    /// `[workers][q_heads·head_dim]`.
     q: Vec<f32>,
+    /// `[workers][kv_heads·head_dim]`.
     k: Vec<f32>,
     out: HostTensor,
     cache_s: Vec<f64>,
@@ -93,7 +96,10 @@ impl BatchScratch {
     /// than one, [`BatchScratch::cache_seconds`] is each member's own time on its thread.
     #[must_use]
     pub fn with_workers(mut self, workers: usize) -> Self {
+        let (qn, kn) = (self.q.len() / self.workers, self.k.len() / self.workers);
         self.workers = workers.clamp(1, self.cache_s.len());
+        self.q.resize(qn * self.workers, 0.0);
+        self.k.resize(kn * self.workers, 0.0);
         self
     }
 
@@ -518,23 +524,19 @@ impl Attention {
             }
             Ok(())
         };
+        let (qn, kn) = (q.len() / *workers, k.len() / *workers);
         if *workers <= 1 {
             serve((q, k), caches, rows, out_rows, cache_s)?;
         } else {
             let per = batch.div_ceil(*workers);
-            let (qn, kn) = (q.len(), k.len());
             std::thread::scope(|scope| {
                 let parts = caches
                     .chunks_mut(per)
                     .zip(rows.chunks(per * width))
-                    .zip(out_rows.chunks_mut(per * out_width).zip(cache_s.chunks_mut(per)));
+                    .zip(out_rows.chunks_mut(per * out_width).zip(cache_s.chunks_mut(per)))
+                    .zip(q.chunks_exact_mut(qn).zip(k.chunks_exact_mut(kn)));
                 let handles: Vec<_> = parts
-                    .map(|((c, r), (o, s))| {
-                        scope.spawn(move || {
-                            let (mut q, mut k) = (vec![0.0; qn], vec![0.0; kn]);
-                            serve((&mut q, &mut k), c, r, o, s)
-                        })
-                    })
+                    .map(|(((c, r), (o, s)), qk)| scope.spawn(move || serve(qk, c, r, o, s)))
                     .collect();
                 handles
                     .into_iter()
