@@ -174,6 +174,34 @@ impl ProjectionSet {
         })
     }
 
+    /// The value half of [`ProjectionSet::hadamard`]: `P_QK = I`, `P_VO` the
+    /// [`HADAMARD_V_BLOCK`]-blocks Walsh–Hadamard matrix ([`BasisKind::HadamardValues`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{BasisKind, ModelDims, ProjectionSet, Stream};
+    /// let set = ProjectionSet::hadamard_values(ModelDims::new(1, 2, 1, 128)?, "toy")?;
+    /// assert_eq!(set.kind(), BasisKind::HadamardValues);
+    /// let full = ProjectionSet::hadamard(ModelDims::new(1, 2, 1, 128)?, "toy")?;
+    /// assert_eq!(set.basis(Stream::Vo, 0, 0)?, full.basis(Stream::Vo, 0, 0)?);
+    /// assert_eq!(set.basis(Stream::Qk, 0, 0)?.matrix().row(1)[1], 1.0);
+    /// assert!(ProjectionSet::hadamard_values(ModelDims::new(1, 2, 1, 96)?, "toy").is_err());
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn hadamard_values(dims: ModelDims, model: &str) -> Result<Self> {
+        let d = dims.head_dim();
+        // `hadamard` checks the power of two the full rotation needs, as for `hadamard`.
+        hadamard(d)?;
+        let (qk, vo) = (Mat::identity(d), hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?);
+        synthetic(dims, model, BasisKind::HadamardValues, |s| match s {
+            Stream::Qk => qk.clone(),
+            Stream::Vo => vo.clone(),
+        })
+    }
+
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
     /// layer-major order (QK then VO per head) from one `ChaCha8Rng` seeded with `seed`.
     ///
@@ -297,6 +325,7 @@ impl ProjectionSet {
             BasisKind::Random { seed } => Self::random(self.dims(), model, seed),
             BasisKind::Identity => Self::identity(self.dims(), model),
             BasisKind::Hadamard => Self::hadamard(self.dims(), model),
+            BasisKind::HadamardValues => Self::hadamard_values(self.dims(), model),
             BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
             BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
             BasisKind::KvShuffle => self.kv_shuffle(),

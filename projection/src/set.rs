@@ -36,6 +36,10 @@ pub enum BasisKind {
     /// of two) for q/k, and 64 × 64 Walsh–Hadamard blocks for v/o (the same full matrix
     /// when `head_dim` ≤ 64).
     Hadamard,
+    /// The value half of [`BasisKind::Hadamard`] alone: q/k stay unrotated (`P_QK = I`), v/o
+    /// by 64 × 64 Walsh–Hadamard blocks. For models whose keys quantize better in their own
+    /// basis (Gemma 3's QK-normed keys lose more at int4 once spread by a rotation).
+    HadamardValues,
     /// Calibrated bases moved to other layers (cyclic permutation of layers).
     LayerShuffle {
         /// ChaCha8 seed of the permutation.
@@ -58,6 +62,7 @@ impl BasisKind {
             BasisKind::Random { .. } => "random",
             BasisKind::Identity => "identity",
             BasisKind::Hadamard => "hadamard",
+            BasisKind::HadamardValues => "hadamard-v",
             BasisKind::LayerShuffle { .. } => "layer-shuffle",
             BasisKind::HeadShuffle { .. } => "head-shuffle",
             BasisKind::KvShuffle => "kv-shuffle",
@@ -84,6 +89,8 @@ impl BasisKind {
     /// use projection::BasisKind;
     /// assert_eq!(BasisKind::from_name("random", Some(7))?, BasisKind::Random { seed: 7 });
     /// assert!(BasisKind::from_name("random", None).is_err());
+    /// let v = BasisKind::HadamardValues;
+    /// assert_eq!(BasisKind::from_name(v.name(), v.seed())?, v); // "hadamard-v"
     /// # Ok::<(), projection::Error>(())
     /// ```
     pub fn from_name(name: &str, seed: Option<u64>) -> Result<Self> {
@@ -94,6 +101,7 @@ impl BasisKind {
             "calibrated" => Ok(BasisKind::Calibrated),
             "identity" => Ok(BasisKind::Identity),
             "hadamard" => Ok(BasisKind::Hadamard),
+            "hadamard-v" => Ok(BasisKind::HadamardValues),
             "kv-shuffle" => Ok(BasisKind::KvShuffle),
             "random" => need(|seed| BasisKind::Random { seed }),
             "layer-shuffle" => need(|seed| BasisKind::LayerShuffle { seed }),

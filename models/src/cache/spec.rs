@@ -2,14 +2,16 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
 //! `rotate` turns q/k (and, absorbed into `W_V`/`W_O`, v/o) into another orthonormal basis
 //! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
-//! for a quantized KV cache), `calibrated` the SWAN basis (same file as `basis=calibrated`).
+//! for a quantized KV cache), `hadamard-v` its value half alone (keys stay in their own
+//! basis: better at int4 on Gemma 3, whose keys lose more once spread by any rotation),
+//! `calibrated` the SWAN basis (same file as `basis=calibrated`).
 //! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row.
@@ -336,6 +338,7 @@ fn projection_set(basis: BasisKind, proj: Option<&Path>, model: &Llama) -> Resul
         BasisKind::Identity => ProjectionSet::identity(dims, &cfg.name)?,
         BasisKind::Random { seed } => ProjectionSet::random(dims, &cfg.name, seed)?,
         BasisKind::Hadamard => ProjectionSet::hadamard(dims, &cfg.name)?,
+        BasisKind::HadamardValues => ProjectionSet::hadamard_values(dims, &cfg.name)?,
         BasisKind::Calibrated => load()?,
         kind => load()?.ablation(kind)?,
     })
