@@ -1,7 +1,7 @@
 //! The frontier study: perplexity against KV bytes for the formats a runtime already has —
 //! dense f16, fp8 (per-token scale), int8 (`q8_0` blocks) and int4 (`q4_0` blocks), each
-//! unrotated, Walsh–Hadamard-rotated (as llama.cpp rotates a quantized cache) or in the SWAN
-//! calibrated basis — and SWAN (`papers/swan.txt`, method section) under every row encoding
+//! unrotated, Walsh–Hadamard-rotated (as llama.cpp rotates a quantized cache; in the full
+//! grid also its value half alone, `hadamard-v`) or in the SWAN calibrated basis — and SWAN (`papers/swan.txt`, method section) under every row encoding
 //! (`u8` index list or bitmask × f16 / fp8 / int8 / int4 values) × `k` × buffer `b`.
 //!
 //! Every byte a cache holds is counted (buffer, indices or masks, offsets, scales, block
@@ -313,8 +313,11 @@ impl FrontierRun {
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
 pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) -> Vec<FrontierRun> {
     let mut runs = vec![FrontierRun::dense("f16", "none")];
-    let rotations: &[&str] =
-        if full { &["none", "hadamard", "calibrated"] } else { &["none", "hadamard"] };
+    let rotations: &[&str] = if full {
+        &["none", "hadamard", "hadamard-v", "calibrated"]
+    } else {
+        &["none", "hadamard"]
+    };
     for values in ["fp8", "int8", "int4"] {
         for &rotate in rotations {
             runs.push(FrontierRun::dense(values, rotate));
