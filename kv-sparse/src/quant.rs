@@ -486,8 +486,18 @@ impl<C: DenseCodec> QuantRows<C> {
             });
         }
         self.check(OP, row)?;
-        C::encode(row, &mut self.bytes[i * self.row_bytes..(i + 1) * self.row_bytes]);
+        self.replace_checked(i, row);
         Ok(())
+    }
+
+    /// [`QuantRows::replace`] after [`QuantRows::check`] succeeded for `row`, which must be
+    /// one row (`head_dim` elements; checked in debug builds).
+    ///
+    /// # Panics
+    /// If `i >= len`.
+    pub fn replace_checked(&mut self, i: usize, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.head_dim, "QuantRows::replace_checked: one row");
+        C::encode(row, &mut self.bytes[i * self.row_bytes..(i + 1) * self.row_bytes]);
     }
 
     /// An owned copy of a view's rows (e.g. of a mapped file, to keep appending).

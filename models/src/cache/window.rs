@@ -270,7 +270,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
                     if dst.len() == ring {
                         dst.push_checked(row);
                     } else {
-                        dst.replace(ring, row)?;
+                        dst.replace_checked(ring, row);
                     }
                 }
             }
