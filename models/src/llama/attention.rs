@@ -17,6 +17,7 @@ use crate::cache::{AttentionRequest, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, TorchOp};
 use crate::llama::gemma::{QkNorm, attention_mask};
 use crate::llama::host::{HostTensor, f32_slice};
+use crate::llama::linear::linear;
 use crate::llama::rope::Rope;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -276,7 +277,7 @@ impl Attention {
         sin: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let t = x.size()[0];
-        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let qkv = linear(x, &self.qkv, self.qkv_bias.as_ref(), "qkv proj")?;
         let (nq, nkv, d) = (self.q_heads, self.kv_heads, self.head_dim);
         let part = |start: i64, heads: i64| -> Result<Tensor> {
             qkv.f_narrow(1, start * d, heads * d)
@@ -345,7 +346,7 @@ impl Attention {
 
     /// `W_O` applied to per-head outputs laid out `[tokens, q_heads·head_dim]`.
     fn output(&self, o: &Tensor) -> Result<Tensor> {
-        o.f_linear(&self.o, self.o_bias.as_ref()).op("o proj")
+        linear(o, &self.o, self.o_bias.as_ref(), "o proj")
     }
 
     /// Full causal attention over `x` (`[tokens, hidden]`): returns the layer output
@@ -426,7 +427,7 @@ impl Attention {
     /// `x` (`[batch, hidden]`), q and k normalised per head where the layer has QK-norm;
     /// contiguous, so the host can read them.
     fn decode_qkv(&self, x: &Tensor) -> Result<Tensor> {
-        let qkv = x.f_linear(&self.qkv, self.qkv_bias.as_ref()).op("qkv proj")?;
+        let qkv = linear(x, &self.qkv, self.qkv_bias.as_ref(), "qkv proj")?;
         let Some(norm) = &self.qk_norm else { return Ok(qkv) };
         let (b, nq, nkv, d) = (qkv.size()[0], self.q_heads, self.kv_heads, self.head_dim);
         let part = |start: i64, heads: i64| -> Result<Tensor> {

@@ -4,6 +4,7 @@
 use tch::Tensor;
 
 use crate::error::{Result, TorchOp};
+use crate::llama::linear::linear;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 
@@ -68,7 +69,7 @@ impl Mlp {
     /// # Errors
     /// [`crate::Error::Torch`] on a shape mismatch.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = x.f_linear(&self.gate_up, self.gate_up_bias.as_ref()).op("mlp gate_up")?;
+        let gu = linear(x, &self.gate_up, self.gate_up_bias.as_ref(), "mlp gate_up")?;
         let gate = gu.f_narrow(-1, 0, self.inner).op("mlp narrow")?;
         let up = gu.f_narrow(-1, self.inner, self.inner).op("mlp narrow")?;
         let gate = if self.gelu {
@@ -77,6 +78,6 @@ impl Mlp {
             gate.f_silu().op("mlp silu")?
         };
         let act = gate.f_mul(&up).op("mlp mul")?;
-        act.f_linear(&self.down, self.down_bias.as_ref()).op("mlp down")
+        linear(&act, &self.down, self.down_bias.as_ref(), "mlp down")
     }
 }

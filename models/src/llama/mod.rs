@@ -8,6 +8,7 @@ mod absorb;
 mod attention;
 pub mod gemma;
 pub mod host;
+pub mod linear;
 mod mlp;
 mod norm;
 pub mod rope;
@@ -440,7 +441,7 @@ impl Llama {
         let last = if all_logits { h } else { h.f_narrow(0, n - 1, 1).op("last")? };
         let normed = self.norm.forward(&last)?;
         obs.hidden("final_norm", &normed)?;
-        normed.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+        linear::linear(&normed, &self.lm_head, None, "lm_head")
     }
 
     /// The output head: final norm and `lm_head` of residual-stream rows `[rows, hidden]`
@@ -451,7 +452,7 @@ impl Llama {
     /// [`crate::Error::Torch`] on a shape mismatch.
     pub fn head(&self, h: &Tensor) -> Result<Tensor> {
         let _guard = tch::no_grad_guard();
-        self.norm.forward(h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+        linear::linear(&self.norm.forward(h)?, &self.lm_head, None, "lm_head")
     }
 
     /// Checks input embeddings `[n, hidden]` and rotary tables `[n, head_dim]`; returns `n`.
@@ -511,7 +512,7 @@ impl Llama {
                 probs(i, &p)?;
                 h = block.finish(&h, &attn_out)?;
             }
-            self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+            linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
         })
     }
 
@@ -541,7 +542,7 @@ impl Llama {
             h = block.finish(&h, &attn_out)?;
         }
         cache.end_step()?;
-        self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+        linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
     }
 }
 
@@ -676,7 +677,7 @@ impl Llama {
             cache.end_step()?;
             scratch.add_cache_seconds(b, t.elapsed().as_secs_f64());
         }
-        self.norm.forward(&h)?.f_linear(&self.lm_head, None::<Tensor>).op("lm_head")
+        linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
     }
 }
 

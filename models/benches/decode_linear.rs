@@ -1,0 +1,62 @@
+//! Criterion bench of the decode step's linear layers: libtorch's `linear` (the baseline,
+//! measured in the same run) against `models::llama::linear::linear` (the `gemm` crate) for
+//! 1, 4, 8 and 16 input rows over eight layers of SmolLM2-135M-shaped weights (`q|k|v`
+//! 960 × 576, `o` 576 × 576, `gate|up` 3072 × 576, `down` 576 × 1536: 113 MB, more than the
+//! last-level cache, so every step streams its weights from memory as a real decode does).
+//! `Throughput::Bytes` is the weight bytes one step reads, so criterion reports bandwidth.
+//!
+//! `cargo bench -p models --bench decode_linear`; `LINEAR_BENCH_QUICK=1` for a short run.
+
+use std::time::Duration;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tch::{Device, Kind, Tensor};
+
+const LAYERS: usize = 8;
+const SHAPES: [(i64, i64); 4] = [(960, 576), (576, 576), (3072, 576), (576, 1536)];
+
+fn weights() -> Vec<Tensor> {
+    tch::manual_seed(3);
+    (0..LAYERS)
+        .flat_map(|_| SHAPES)
+        .map(|(out, inner)| Tensor::randn([out, inner], (Kind::Float, Device::Cpu)))
+        .collect()
+}
+
+fn decode_linear(c: &mut Criterion) {
+    let quick = std::env::var_os("LINEAR_BENCH_QUICK").is_some();
+    let ws = weights();
+    let bytes: usize = ws.iter().map(|w| w.numel() * 4).sum();
+    let mut g = c.benchmark_group("decode_linear");
+    g.throughput(Throughput::Bytes(bytes as u64));
+    if quick {
+        g.sample_size(10).measurement_time(Duration::from_secs(1));
+    }
+    let _guard = tch::no_grad_guard();
+    for rows in [1i64, 4, 8, 16] {
+        let xs: Vec<Tensor> = SHAPES
+            .iter()
+            .map(|&(_, inner)| Tensor::randn([rows, inner], (Kind::Float, Device::Cpu)))
+            .collect();
+        let input = |i: usize| &xs[i % SHAPES.len()];
+        g.bench_with_input(BenchmarkId::new("libtorch", rows), &rows, |b, _| {
+            b.iter(|| {
+                for (i, w) in ws.iter().enumerate() {
+                    std::hint::black_box(input(i).linear(w, None::<Tensor>));
+                }
+            })
+        });
+        g.bench_with_input(BenchmarkId::new("gemm", rows), &rows, |b, _| {
+            b.iter(|| {
+                for (i, w) in ws.iter().enumerate() {
+                    let y = models::llama::linear::linear(input(i), w, None, "bench").unwrap();
+                    std::hint::black_box(y);
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode_linear);
+criterion_main!(benches);

@@ -1,0 +1,155 @@
+//! The linear layers of the decode step: `y = x·Wᵀ + b` for a few rows `x`, computed by the
+//! `gemm` crate straight from the weight's libtorch storage.
+//!
+//! A decode step (`papers/swan.txt`, "decode step") multiplies one row — or one row per
+//! sequence of a batched decode — by every weight matrix of the model, so its time is the
+//! time to stream the weights from memory. libtorch's CPU path for such a product (MKL's
+//! `sgemv` on these shapes) reads them at about half the memory bandwidth the `gemm`
+//! crate's kernel reaches (SmolLM2-135M, 2 cores: 11–12 vs 19–20 GB/s). Inputs with many
+//! rows (prefill), tensors that take part in autograd, and anything not a contiguous f32
+//! CPU matrix go to libtorch's `linear` unchanged.
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Result, TorchOp};
+
+/// The most rows an input may have to take the `gemm` path; a prefill's hundreds of rows
+/// are compute-bound and stay with libtorch's blocked GEMM.
+pub const SKINNY_ROWS: i64 = 16;
+
+/// `x·wᵀ (+ bias)` for `x` `[rows, in]` and `w` `[out, in]`, as libtorch's `linear`
+/// (which it calls for inputs that do not take the `gemm` path).
+///
+/// # Examples
+/// ```
+/// use tch::{Device, Kind, Tensor};
+/// let opts = (Kind::Float, Device::Cpu);
+/// let (x, w) = (Tensor::randn([1, 64], opts), Tensor::randn([32, 64], opts));
+/// let y = models::llama::linear::linear(&x, &w, None, "example")?;
+/// let want = x.linear(&w, None::<Tensor>);
+/// assert!((y - want).abs().max().double_value(&[]) < 1e-4);
+/// # Ok::<(), models::Error>(())
+/// ```
+///
+/// # Errors
+/// [`crate::Error::Torch`] (named by `op`) on a shape mismatch or allocation failure.
+pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -> Result<Tensor> {
+    let Some((rows, out, inner)) = skinny_shape(x, w) else {
+        return x.f_linear(w, bias).op(op);
+    };
+    let x = x.f_contiguous().op(op)?;
+    let y = Tensor::f_empty([rows as i64, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
+    let parallelism = if rows <= 2 {
+        gemm::Parallelism::None
+    } else {
+        gemm::Parallelism::Rayon(tch::get_num_threads().max(1) as usize)
+    };
+    // SAFETY: `x` is a contiguous f32 CPU tensor `[rows, inner]` (checked by `skinny_shape`,
+    // and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU tensor `[out, inner]`,
+    // and `y` a fresh contiguous f32 tensor `[rows, out]` that no other handle shares, so
+    // every pointer covers the elements its strides address: `x[r, j]` at `r·inner + j`,
+    // `w[i, j]` — read as the `[inner, out]` matrix `wᵀ` — at `i·inner + j`, `y[r, i]` at
+    // `r·out + i`. Nothing writes to `x` or `w` during the call (model weights are never
+    // modified in place; `x` is borrowed for the call), and `y` is written only here.
+    // `read_dst = false` with `alpha = 0`, `beta = 1` stores `x·wᵀ` without reading `y`.
+    unsafe {
+        gemm::gemm(
+            rows,
+            out,
+            inner,
+            y.data_ptr() as *mut f32,
+            1,
+            out as isize,
+            false,
+            x.data_ptr() as *const f32,
+            1,
+            inner as isize,
+            w.data_ptr() as *const f32,
+            inner as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+    match bias {
+        Some(b) => y.f_add(b).op(op),
+        None => Ok(y),
+    }
+}
+
+/// `(rows, out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
+/// contiguous `[out, in]` matrix, `x` `[rows ≤ SKINNY_ROWS, in]`, neither needing grad.
+fn skinny_shape(x: &Tensor, w: &Tensor) -> Option<(usize, usize, usize)> {
+    let (xs, ws) = (x.size(), w.size());
+    let ([rows, inner], [out, w_inner]) = (xs.as_slice(), ws.as_slice()) else {
+        return None;
+    };
+    let plain =
+        |t: &Tensor| t.kind() == Kind::Float && t.device() == Device::Cpu && !t.requires_grad();
+    let fits = (1..=SKINNY_ROWS).contains(rows)
+        && *inner > 0
+        && *out > 0
+        && inner == w_inner
+        && plain(x)
+        && plain(w)
+        && w.is_contiguous();
+    fits.then_some((*rows as usize, *out as usize, *inner as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Equal up to f32 summation order: within 1e-5 of the largest output.
+    fn close(a: &Tensor, b: &Tensor) -> bool {
+        let scale = b.abs().max().double_value(&[]).max(1.0);
+        let diff = (a - b).abs().max().double_value(&[]);
+        a.size() == b.size() && diff <= 1e-5 * scale
+    }
+
+    #[test]
+    fn skinny_inputs_match_libtorch_linear() {
+        tch::manual_seed(7);
+        let opts = (Kind::Float, Device::Cpu);
+        for (rows, out, inner) in
+            [(1, 1, 1), (1, 576, 576), (2, 1728, 576), (3, 7, 33), (16, 65, 130)]
+        {
+            let x = Tensor::randn([rows, inner], opts);
+            let w = Tensor::randn([out, inner], opts);
+            let b = Tensor::randn([out], opts);
+            let want = x.linear(&w, None::<Tensor>);
+            assert!(close(&linear(&x, &w, None, "t").unwrap(), &want), "{rows}×{inner}·{out}");
+            let want_b = x.linear(&w, Some(&b));
+            assert!(close(&linear(&x, &w, Some(&b), "t").unwrap(), &want_b));
+        }
+    }
+
+    #[test]
+    fn other_inputs_fall_back_to_libtorch() {
+        let opts = (Kind::Float, Device::Cpu);
+        let w = Tensor::randn([8, 4], opts);
+        // A strided input is made contiguous; a strided weight, many rows, a 3-D input,
+        // f64 and autograd take libtorch's path; every result equals libtorch's.
+        let x = Tensor::randn([4, 3], opts).transpose(0, 1);
+        assert!(skinny_shape(&x, &w).is_some());
+        assert!(close(&linear(&x, &w, None, "t").unwrap(), &x.linear(&w, None::<Tensor>)));
+        let strided = Tensor::randn([4, 8], opts).transpose(0, 1);
+        assert!(skinny_shape(&x, &strided).is_none());
+        let want = x.linear(&strided, None::<Tensor>);
+        assert!(close(&linear(&x, &strided, None, "t").unwrap(), &want));
+        let tracked = w.copy().set_requires_grad(true);
+        assert!(skinny_shape(&x, &tracked).is_none());
+        let many = Tensor::randn([SKINNY_ROWS + 1, 4], opts);
+        assert!(skinny_shape(&many, &w).is_none());
+        let cube = Tensor::randn([2, 1, 4], opts);
+        assert!(close(&linear(&cube, &w, None, "t").unwrap(), &cube.linear(&w, None::<Tensor>)));
+        let f64x = Tensor::randn([1, 4], (Kind::Double, Device::Cpu));
+        assert!(skinny_shape(&f64x, &w).is_none());
+        let bad = Tensor::randn([1, 5], opts);
+        assert!(linear(&bad, &w, None, "t").is_err());
+    }
+}
