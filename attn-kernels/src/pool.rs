@@ -8,14 +8,29 @@
 //! as a scoped thread, without the spawn). Work distribution (an atomic work-item counter)
 //! is the caller's business.
 //!
+//! Waking a parked thread is a futex call that interrupts the sleeping core — tens of
+//! microseconds on a virtual machine, as long as a layer's attention at a few thousand
+//! tokens. So an idle worker first spins (yielding to any other runnable thread) for
+//! [`ThreadPool::SPIN`] — longer than the rest of a decode layer takes — and the caller
+//! spins while the workers finish; only then do they park, and a broadcast or a finished
+//! worker calls into the kernel only when someone is parked. A worker stops spinning as soon
+//! as another pool broadcasts: a batch of caches, each with its own pool, then keeps at most
+//! the latest pool's workers spinning instead of one spinner per cache.
+//!
 //! No paper section: this is the execution substrate of the CPU kernels (SWAN's decode
 //! step, method section and Appendix A.2, and WnW's gathered decode, §2.3).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+
+/// Broadcasts with workers, over every pool of the process: a spinning worker parks when
+/// another pool starts one.
+static BROADCASTS: AtomicU64 = AtomicU64::new(0);
 
 /// A job as the workers see it: the borrowed closure with its lifetime erased.
 #[derive(Clone, Copy)]
@@ -35,6 +50,10 @@ struct State {
     /// A worker's closure panicked during the current generation.
     panicked: bool,
     shutdown: bool,
+    /// Workers parked on `work`.
+    parked: usize,
+    /// The caller is parked on `done`.
+    caller_parked: bool,
 }
 
 #[derive(Default)]
@@ -42,6 +61,10 @@ struct Shared {
     state: Mutex<State>,
     work: Condvar,
     done: Condvar,
+    /// `generation`, bumped also at shutdown, readable by spinning workers without the lock.
+    epoch: AtomicU64,
+    /// `pending`, readable by the spinning caller without the lock.
+    remaining: AtomicUsize,
 }
 
 impl Shared {
@@ -66,6 +89,9 @@ impl std::fmt::Debug for ThreadPool {
 }
 
 impl ThreadPool {
+    /// How long an idle worker, or a caller waiting for the workers, spins before parking.
+    pub const SPIN: Duration = Duration::from_millis(2);
+
     /// A pool of `threads` threads in total: the caller plus `threads - 1` workers.
     ///
     /// # Errors
@@ -122,14 +148,22 @@ impl ThreadPool {
         // exit path of this function, unwinding included) blocks until `pending == 0` and
         // clears `state.job`, so `job` outlives every dereference.
         let ptr: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(ptr) };
-        {
+        let parked = {
             let mut st = self.shared.lock();
             st.job = Some(JobPtr(ptr));
             st.pending = self.workers.len();
             st.panicked = false;
             st.generation = st.generation.wrapping_add(1);
+            self.shared.remaining.store(st.pending, Ordering::Release);
+            self.shared.epoch.store(st.generation, Ordering::Release);
+            st.parked
+        };
+        BROADCASTS.fetch_add(1, Ordering::Release);
+        // A worker parks only after checking `generation` under the lock, so one that is
+        // not counted in `parked` here sees the new generation without a notification.
+        if parked > 0 {
+            self.shared.work.notify_all();
         }
-        self.shared.work.notify_all();
         let wait = WaitForWorkers(&self.shared);
         job(0);
         let worker_panicked = wait.finish();
@@ -149,10 +183,13 @@ impl WaitForWorkers<'_> {
     }
 
     fn wait(&self) -> bool {
+        spin_until(|| self.0.remaining.load(Ordering::Acquire) == 0);
         let mut st = self.0.lock();
         while st.pending > 0 {
+            st.caller_parked = true;
             st = self.0.done.wait(st).unwrap_or_else(PoisonError::into_inner);
         }
+        st.caller_parked = false;
         st.job = None;
         st.panicked
     }
@@ -164,13 +201,39 @@ impl Drop for WaitForWorkers<'_> {
     }
 }
 
+/// Spins until `ready()` or [`ThreadPool::SPIN`] has passed (yielding the core every few
+/// checks, so a spinning thread does not starve a runnable one); returns `ready()`.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    let mut checks = 0u32;
+    while !ready() {
+        checks = checks.wrapping_add(1);
+        if checks.is_multiple_of(64) {
+            if start.elapsed() > ThreadPool::SPIN {
+                return ready();
+            }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    true
+}
+
 fn worker_loop(shared: &Shared, index: usize) {
     let mut seen = 0u64;
     loop {
+        let others = BROADCASTS.load(Ordering::Acquire);
+        spin_until(|| {
+            shared.epoch.load(Ordering::Acquire) != seen
+                || BROADCASTS.load(Ordering::Acquire) != others
+        });
         let job = {
             let mut st = shared.lock();
             while st.generation == seen && !st.shutdown {
+                st.parked += 1;
                 st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+                st.parked -= 1;
             }
             if st.shutdown {
                 return;
@@ -185,7 +248,8 @@ fn worker_loop(shared: &Shared, index: usize) {
         let mut st = shared.lock();
         st.panicked |= !ok;
         st.pending -= 1;
-        if st.pending == 0 {
+        shared.remaining.store(st.pending, Ordering::Release);
+        if st.pending == 0 && st.caller_parked {
             shared.done.notify_all();
         }
     }
@@ -193,7 +257,11 @@ fn worker_loop(shared: &Shared, index: usize) {
 
 impl Drop for ThreadPool {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
+        {
+            let mut st = self.shared.lock();
+            st.shutdown = true;
+            self.shared.epoch.store(st.generation.wrapping_add(1), Ordering::Release);
+        }
         self.shared.work.notify_all();
         for w in self.workers.drain(..) {
             // A worker never panics outside `catch_unwind`; a join error carries nothing
@@ -220,6 +288,41 @@ mod tests {
             }
             assert!(seen.iter().all(|s| s.load(Ordering::Relaxed) == 50), "threads={threads}");
         }
+    }
+
+    #[test]
+    fn parked_and_spinning_workers_both_take_the_next_broadcast() {
+        // Gaps shorter than the spin (workers still spinning), longer (workers parked), and
+        // a slow worker (the caller spins, then parks until it is done).
+        let pool = ThreadPool::new(3).unwrap();
+        let hits = AtomicUsize::new(0);
+        for round in 0..12u64 {
+            pool.broadcast(&|t| {
+                if t == 2 && round % 3 == 0 {
+                    std::thread::sleep(ThreadPool::SPIN * 2);
+                }
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 3 * (round as usize + 1));
+            if round % 2 == 1 {
+                std::thread::sleep(ThreadPool::SPIN * 3);
+            }
+        }
+    }
+
+    #[test]
+    fn pools_taking_turns_each_run_every_broadcast() {
+        // Each pool's broadcast stops the other's spinning worker, which must still wake
+        // for its own pool's next broadcast.
+        let pools = [ThreadPool::new(2).unwrap(), ThreadPool::new(2).unwrap()];
+        let hits = [AtomicUsize::new(0), AtomicUsize::new(0)];
+        for round in 0..40 {
+            let p = round % 2;
+            pools[p].broadcast(&|_| {
+                hits[p].fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 40));
     }
 
     #[test]
