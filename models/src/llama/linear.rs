@@ -1,21 +1,21 @@
-//! The linear layers of the decode step: `y = x·Wᵀ + b` for a few rows `x`, computed by the
-//! `gemm` crate straight from the weight's libtorch storage.
+//! The linear layers of the decode step: `y = x·Wᵀ + b` for one row `x`, computed by the
+//! `gemm` crate's matrix–vector kernel straight from the weight's libtorch storage.
 //!
-//! A decode step (`papers/swan.txt`, "decode step") multiplies one row — or one row per
-//! sequence of a batched decode — by every weight matrix of the model, so its time is the
-//! time to stream the weights from memory. libtorch's CPU path for such a product (MKL's
-//! `sgemv` on these shapes) reads them at about half the memory bandwidth the `gemm`
-//! crate's kernel reaches (SmolLM2-135M, 2 cores: 11–12 vs 19–20 GB/s). Inputs with many
-//! rows (prefill), tensors that take part in autograd, and anything not a contiguous f32
-//! CPU matrix go to libtorch's `linear` unchanged.
+//! A decode step of one sequence (`papers/swan.txt`, "decode step") multiplies one row by
+//! every weight matrix of the model, so its time is the time to stream the weights from
+//! memory. libtorch's CPU path for that product (MKL's `sgemv`) reads them at about half
+//! the bandwidth the `gemm` crate's kernel reaches (`cargo bench -p models --bench
+//! decode_linear`: 1.8–1.9× on SmolLM2-shaped weights, 2 cores). With several rows the
+//! `gemm` crate packs the weights and is slower than libtorch (0.7–0.85× at 4–16 rows, same
+//! bench), so batched decodes, prefill, tensors that take part in autograd, and anything
+//! not a contiguous f32 CPU matrix go to libtorch's `linear` unchanged.
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, TorchOp};
 
-/// The most rows an input may have to take the `gemm` path; a prefill's hundreds of rows
-/// are compute-bound and stay with libtorch's blocked GEMM.
-pub const SKINNY_ROWS: i64 = 16;
+/// The most rows an input may have to take the `gemm` path (see the module note).
+pub const SKINNY_ROWS: i64 = 1;
 
 /// `x·wᵀ (+ bias)` for `x` `[rows, in]` and `w` `[out, in]`, as libtorch's `linear`
 /// (which it calls for inputs that do not take the `gemm` path).
@@ -39,11 +39,6 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -
     };
     let x = x.f_contiguous().op(op)?;
     let y = Tensor::f_empty([rows as i64, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
-    let parallelism = if rows <= 2 {
-        gemm::Parallelism::None
-    } else {
-        gemm::Parallelism::Rayon(tch::get_num_threads().max(1) as usize)
-    };
     // SAFETY: `x` is a contiguous f32 CPU tensor `[rows, inner]` (checked by `skinny_shape`,
     // and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU tensor `[out, inner]`,
     // and `y` a fresh contiguous f32 tensor `[rows, out]` that no other handle shares, so
@@ -72,7 +67,7 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -
             false,
             false,
             false,
-            parallelism,
+            gemm::Parallelism::None,
         );
     }
     match bias {
@@ -134,7 +129,8 @@ mod tests {
         let w = Tensor::randn([8, 4], opts);
         // A strided input is made contiguous; a strided weight, many rows, a 3-D input,
         // f64 and autograd take libtorch's path; every result equals libtorch's.
-        let x = Tensor::randn([4, 3], opts).transpose(0, 1);
+        let x = Tensor::randn([4, 2], opts).transpose(0, 1).narrow(0, 0, 1);
+        assert!(!x.is_contiguous());
         assert!(skinny_shape(&x, &w).is_some());
         assert!(close(&linear(&x, &w, None, "t").unwrap(), &x.linear(&w, None::<Tensor>)));
         let strided = Tensor::randn([4, 8], opts).transpose(0, 1);
