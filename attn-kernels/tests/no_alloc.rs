@@ -2,10 +2,14 @@
 //! further calls (any kernel, any thread) make zero heap allocations; after
 //! `CpuAttention::reserve`, neither do calls over a cache that grows row by row (a decode
 //! loop).
+//!
+//! The counter sees every thread of the process, so this binary has no test harness
+//! (`harness = false`): libtest reports a finished test from its main thread while the next
+//! one runs, and those allocations would land in the next test's count. `main` runs the
+//! checks one after another on one thread.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, GatheredKv,
@@ -45,15 +49,21 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// The counter sees every thread: the tests of this binary run one at a time.
-fn serial() -> MutexGuard<'static, ()> {
-    static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+fn main() {
+    let checks: [(&str, fn()); 2] = [
+        ("decode_steps_after_warm_up_do_not_allocate", decode_steps_after_warm_up_do_not_allocate),
+        (
+            "a_growing_cache_does_not_allocate_after_reserve",
+            a_growing_cache_does_not_allocate_after_reserve,
+        ),
+    ];
+    for (name, check) in checks {
+        check();
+        println!("test {name} ... ok");
+    }
 }
 
-#[test]
 fn decode_steps_after_warm_up_do_not_allocate() {
-    let _serial = serial();
     let cfg = AttnConfig::new(12, 2, 64).unwrap();
     let caches: Vec<HybridCache<u8, Fp8E4M3, f16>> =
         (0..2).map(|h| synth::hybrid_cache(64, 16, 32, 5000, h).unwrap()).collect();
@@ -108,9 +118,7 @@ fn decode_steps_after_warm_up_do_not_allocate() {
     }
 }
 
-#[test]
 fn a_growing_cache_does_not_allocate_after_reserve() {
-    let _serial = serial();
     let (d, k, n_max) = (64, 16, 2000);
     let cfg = AttnConfig::new(8, 2, d).unwrap();
     let rows: Vec<f16> = synth::dense_rows(n_max, d, 5);
