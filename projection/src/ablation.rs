@@ -130,6 +130,24 @@ fn synthetic(
     ProjectionSet::from_parts(dims, qk, vo, None, provenance)
 }
 
+/// [`ProjectionSet::hadamard`] (`keys`: q/k by the full-size matrix) or its value half
+/// [`ProjectionSet::hadamard_values`] (q/k unrotated); either needs a power-of-two
+/// `head_dim`.
+fn walsh_hadamard_set(dims: ModelDims, model: &str, keys: bool) -> Result<ProjectionSet> {
+    let d = dims.head_dim();
+    let full = hadamard(d)?;
+    let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+    let (kind, qk) = if keys {
+        (BasisKind::Hadamard, full)
+    } else {
+        (BasisKind::HadamardValues, Mat::identity(d))
+    };
+    synthetic(dims, model, kind, |s| match s {
+        Stream::Qk => qk.clone(),
+        Stream::Vo => vo.clone(),
+    })
+}
+
 impl ProjectionSet {
     /// The identity set (no rotation): SWAN's pruning applied in the model's own coordinates.
     ///
@@ -166,12 +184,7 @@ impl ProjectionSet {
     /// # Ok::<(), projection::Error>(())
     /// ```
     pub fn hadamard(dims: ModelDims, model: &str) -> Result<Self> {
-        let d = dims.head_dim();
-        let (qk, vo) = (hadamard(d)?, hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?);
-        synthetic(dims, model, BasisKind::Hadamard, |s| match s {
-            Stream::Qk => qk.clone(),
-            Stream::Vo => vo.clone(),
-        })
+        walsh_hadamard_set(dims, model, true)
     }
 
     /// The value half of [`ProjectionSet::hadamard`]: `P_QK = I`, `P_VO` the
@@ -192,14 +205,7 @@ impl ProjectionSet {
     /// # Ok::<(), projection::Error>(())
     /// ```
     pub fn hadamard_values(dims: ModelDims, model: &str) -> Result<Self> {
-        let d = dims.head_dim();
-        // `hadamard` checks the power of two the full rotation needs, as for `hadamard`.
-        hadamard(d)?;
-        let (qk, vo) = (Mat::identity(d), hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?);
-        synthetic(dims, model, BasisKind::HadamardValues, |s| match s {
-            Stream::Qk => qk.clone(),
-            Stream::Vo => vo.clone(),
-        })
+        walsh_hadamard_set(dims, model, false)
     }
 
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
