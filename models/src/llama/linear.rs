@@ -5,7 +5,7 @@
 //! every weight matrix of the model, so its time is the time to stream the weights from
 //! memory. libtorch's CPU path for that product (MKL's `sgemv`) reads them at about half
 //! the bandwidth the `gemm` crate's kernel reaches (`cargo bench -p models --bench
-//! decode_linear`: 1.8–1.9× on SmolLM2-shaped weights, 2 cores). With several rows the
+//! decode_linear`: 1.8–2.1× on SmolLM2-shaped weights, 2 cores). With several rows the
 //! `gemm` crate packs the weights and is slower than libtorch (0.7–0.85× at 4–16 rows, same
 //! bench), so batched decodes, prefill, tensors that take part in autograd, and anything
 //! not a contiguous f32 CPU matrix go to libtorch's `linear` unchanged.
@@ -13,9 +13,6 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Result, TorchOp};
-
-/// The most rows an input may have to take the `gemm` path (see the module note).
-pub const SKINNY_ROWS: i64 = 1;
 
 /// `x·wᵀ (+ bias)` for `x` `[rows, in]` and `w` `[out, in]`, as libtorch's `linear`
 /// (which it calls for inputs that do not take the `gemm` path).
@@ -34,22 +31,21 @@ pub const SKINNY_ROWS: i64 = 1;
 /// # Errors
 /// [`crate::Error::Torch`] (named by `op`) on a shape mismatch or allocation failure.
 pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -> Result<Tensor> {
-    let Some((rows, out, inner)) = skinny_shape(x, w) else {
+    let Some((out, inner)) = one_row_shape(x, w) else {
         return x.f_linear(w, bias).op(op);
     };
     let x = x.f_contiguous().op(op)?;
-    let y = Tensor::f_empty([rows as i64, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
-    // SAFETY: `x` is a contiguous f32 CPU tensor `[rows, inner]` (checked by `skinny_shape`,
+    let y = Tensor::f_empty([1, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
+    // SAFETY: `x` is a contiguous f32 CPU tensor `[1, inner]` (checked by `one_row_shape`,
     // and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU tensor `[out, inner]`,
-    // and `y` a fresh contiguous f32 tensor `[rows, out]` that no other handle shares, so
-    // every pointer covers the elements its strides address: `x[r, j]` at `r·inner + j`,
-    // `w[i, j]` — read as the `[inner, out]` matrix `wᵀ` — at `i·inner + j`, `y[r, i]` at
-    // `r·out + i`. Nothing writes to `x` or `w` during the call (model weights are never
+    // and `y` a fresh contiguous f32 tensor `[1, out]` that no other handle shares, so
+    // every pointer covers the elements its strides address: `x[0, j]` at `j`, `w[i, j]` —
+    // read as the `[inner, out]` matrix `wᵀ` — at `i·inner + j`, `y[0, i]` at `i`. Nothing writes to `x` or `w` during the call (model weights are never
     // modified in place; `x` is borrowed for the call), and `y` is written only here.
     // `read_dst = false` with `alpha = 0`, `beta = 1` stores `x·wᵀ` without reading `y`.
     unsafe {
         gemm::gemm(
-            rows,
+            1,
             out,
             inner,
             y.data_ptr() as *mut f32,
@@ -76,23 +72,23 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -
     }
 }
 
-/// `(rows, out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
-/// contiguous `[out, in]` matrix, `x` `[rows ≤ SKINNY_ROWS, in]`, neither needing grad.
-fn skinny_shape(x: &Tensor, w: &Tensor) -> Option<(usize, usize, usize)> {
+/// `(out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
+/// contiguous `[out, in]` matrix, `x` one row `[1, in]`, neither needing grad.
+fn one_row_shape(x: &Tensor, w: &Tensor) -> Option<(usize, usize)> {
     let (xs, ws) = (x.size(), w.size());
     let ([rows, inner], [out, w_inner]) = (xs.as_slice(), ws.as_slice()) else {
         return None;
     };
     let plain =
         |t: &Tensor| t.kind() == Kind::Float && t.device() == Device::Cpu && !t.requires_grad();
-    let fits = (1..=SKINNY_ROWS).contains(rows)
+    let fits = *rows == 1
         && *inner > 0
         && *out > 0
         && inner == w_inner
         && plain(x)
         && plain(w)
         && w.is_contiguous();
-    fits.then_some((*rows as usize, *out as usize, *inner as usize))
+    fits.then_some((*out as usize, *inner as usize))
 }
 
 #[cfg(test)]
@@ -107,14 +103,15 @@ mod tests {
     }
 
     #[test]
-    fn skinny_inputs_match_libtorch_linear() {
+    fn inputs_of_any_row_count_match_libtorch_linear() {
         tch::manual_seed(7);
         let opts = (Kind::Float, Device::Cpu);
-        for (rows, out, inner) in
-            [(1, 1, 1), (1, 576, 576), (2, 1728, 576), (3, 7, 33), (16, 65, 130)]
-        {
+        let shapes = [(1, 1, 1), (1, 576, 576), (1, 1728, 576), (1, 7, 33), (1, 65, 130)];
+        let several = [(2, 1728, 576), (3, 7, 33), (16, 65, 130)];
+        for (rows, out, inner) in shapes.into_iter().chain(several) {
             let x = Tensor::randn([rows, inner], opts);
             let w = Tensor::randn([out, inner], opts);
+            assert_eq!(one_row_shape(&x, &w).is_some(), rows == 1);
             let b = Tensor::randn([out], opts);
             let want = x.linear(&w, None::<Tensor>);
             assert!(close(&linear(&x, &w, None, "t").unwrap(), &want), "{rows}×{inner}·{out}");
@@ -131,20 +128,20 @@ mod tests {
         // f64 and autograd take libtorch's path; every result equals libtorch's.
         let x = Tensor::randn([4, 2], opts).transpose(0, 1).narrow(0, 0, 1);
         assert!(!x.is_contiguous());
-        assert!(skinny_shape(&x, &w).is_some());
+        assert!(one_row_shape(&x, &w).is_some());
         assert!(close(&linear(&x, &w, None, "t").unwrap(), &x.linear(&w, None::<Tensor>)));
         let strided = Tensor::randn([4, 8], opts).transpose(0, 1);
-        assert!(skinny_shape(&x, &strided).is_none());
+        assert!(one_row_shape(&x, &strided).is_none());
         let want = x.linear(&strided, None::<Tensor>);
         assert!(close(&linear(&x, &strided, None, "t").unwrap(), &want));
         let tracked = w.copy().set_requires_grad(true);
-        assert!(skinny_shape(&x, &tracked).is_none());
-        let many = Tensor::randn([SKINNY_ROWS + 1, 4], opts);
-        assert!(skinny_shape(&many, &w).is_none());
+        assert!(one_row_shape(&x, &tracked).is_none());
+        let many = Tensor::randn([2, 4], opts);
+        assert!(one_row_shape(&many, &w).is_none());
         let cube = Tensor::randn([2, 1, 4], opts);
         assert!(close(&linear(&cube, &w, None, "t").unwrap(), &cube.linear(&w, None::<Tensor>)));
         let f64x = Tensor::randn([1, 4], (Kind::Double, Device::Cpu));
-        assert!(skinny_shape(&f64x, &w).is_none());
+        assert!(one_row_shape(&f64x, &w).is_none());
         let bad = Tensor::randn([1, 5], opts);
         assert!(linear(&bad, &w, None, "t").is_err());
     }
