@@ -202,22 +202,22 @@ impl Drop for WaitForWorkers<'_> {
 }
 
 /// Spins until `ready()` or [`ThreadPool::SPIN`] has passed (yielding the core every few
-/// checks, so a spinning thread does not starve a runnable one); returns `ready()`.
-fn spin_until(ready: impl Fn() -> bool) -> bool {
+/// checks, so a spinning thread does not starve a runnable one). The caller re-checks its
+/// condition under the lock either way.
+fn spin_until(ready: impl Fn() -> bool) {
     let start = Instant::now();
     let mut checks = 0u32;
     while !ready() {
         checks = checks.wrapping_add(1);
         if checks.is_multiple_of(64) {
             if start.elapsed() > ThreadPool::SPIN {
-                return ready();
+                return;
             }
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
         }
     }
-    true
 }
 
 fn worker_loop(shared: &Shared, index: usize) {

@@ -1,8 +1,9 @@
 //! The frontier study: perplexity against KV bytes for the formats a runtime already has —
 //! dense f16, fp8 (per-token scale), int8 (`q8_0` blocks) and int4 (`q4_0` blocks), each
 //! unrotated, Walsh–Hadamard-rotated (as llama.cpp rotates a quantized cache; in the full
-//! grid also its value half alone, `hadamard-v`) or in the SWAN calibrated basis — and SWAN (`papers/swan.txt`, method section) under every row encoding
-//! (`u8` index list or bitmask × f16 / fp8 / int8 / int4 values) × `k` × buffer `b`.
+//! grid also its value half alone, `hadamard-v`) or in the SWAN calibrated basis — and SWAN
+//! (`papers/swan.txt`, method section) under every row encoding (`u8` index list or bitmask
+//! × f16 / fp8 / int8 / int4 values) × `k` × buffer `b`.
 //!
 //! Every byte a cache holds is counted (buffer, indices or masks, offsets, scales, block
 //! headers), two ways: at the end of each evaluation window (short windows make the dense
