@@ -53,7 +53,7 @@ fn decode(c: &mut Criterion) {
     for d in dims {
         let q = synth::values(Q_HEADS * d, 1);
         for &len in &lens {
-            common::dense_f16(c, &mut attn, (d, len), &q, 0);
+            common::dense_f16(c, &mut attn, (d, len), &q, 0, "");
             for k in [d / 4, d / 2, 3 * d / 4] {
                 hybrid_bench::<u8, f16>(c, &mut attn, (d, len, k), &q, "f16");
                 hybrid_bench::<u8, Fp8E4M3>(c, &mut attn, (d, len, k), &q, "fp8");

@@ -4,8 +4,10 @@
 //! values, k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
 //! L ∈ {4k, 32k}. `Throughput::Bytes` is the bytes each step reads as stored (scales,
 //! masks, offsets and block bases included), so criterion reports bandwidth. On CPUs with
-//! AVX-512 VBMI2 the bitmask rows are also timed with the AVX2 placement (`…_pshufb`), so
-//! the two placements compare in one run.
+//! AVX-512 VBMI2 the bitmask rows are also timed with the AVX2 placement (`…_pshufb`), and
+//! where the 512-bit products run ([`Isa::Avx512`]) dense f16, dense int8 and the 8-bit
+//! bitmask rows are also timed with the AVX2 products (`…_avx2`), so each pair compares in
+//! one run.
 //!
 //! `cargo bench -p attn-kernels --bench formats` (single-threaded); `ATTN_BENCH_THREADS=2`
 //! for two threads, `ATTN_BENCH_QUICK=1` for a short smoke run (d = 64, L = 4k).
@@ -87,13 +89,15 @@ fn bitmask<Y: ValueCode>(
 fn formats(c: &mut Criterion) {
     let mut attn = common::attention();
     // Where bitmask rows are placed by AVX-512 VBMI2, the AVX2 placement runs beside it.
-    let mut shuffled = (attn.isa() == Isa::Avx2Vbmi2)
+    let mut shuffled = matches!(attn.isa(), Isa::Avx512 | Isa::Avx2Vbmi2)
         .then(|| common::attention().with_isa(Isa::Avx2).expect("AVX2 under AVX-512"));
+    let mut narrow = (attn.isa() == Isa::Avx512)
+        .then(|| common::attention().with_isa(Isa::Avx2Vbmi2).expect("AVX2 under AVX-512"));
     let (dims, lens) = grid();
     for d in dims {
         let q = synth::values(Q_HEADS * d, 1);
         for &len in &lens {
-            common::dense_f16(c, &mut attn, (d, len), &q, SEED);
+            common::dense_f16(c, &mut attn, (d, len), &q, SEED, "");
             quant::<Int8Blocks>(c, &mut attn, (d, len), &q, "int8");
             quant::<Int4Blocks>(c, &mut attn, (d, len), &q, "int4");
             quant::<Fp8Rows>(c, &mut attn, (d, len), &q, "fp8");
@@ -101,6 +105,12 @@ fn formats(c: &mut Criterion) {
             bitmask::<Int8Values>(c, &mut attn, (d, len), &q, "int8");
             bitmask::<Int4Values>(c, &mut attn, (d, len), &q, "int4");
             bitmask::<Elems<f16>>(c, &mut attn, (d, len), &q, "f16");
+            if let Some(a) = &mut narrow {
+                common::dense_f16(c, a, (d, len), &q, SEED, "_avx2");
+                quant::<Int8Blocks>(c, a, (d, len), &q, "int8_avx2");
+                bitmask::<Elems<Fp8E4M3>>(c, a, (d, len), &q, "fp8_avx2");
+                bitmask::<Int8Values>(c, a, (d, len), &q, "int8_avx2");
+            }
             if let Some(a) = &mut shuffled {
                 bitmask::<Elems<Fp8E4M3>>(c, a, (d, len), &q, "fp8_pshufb");
                 bitmask::<Int8Values>(c, a, (d, len), &q, "int8_pshufb");

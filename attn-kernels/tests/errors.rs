@@ -202,7 +202,7 @@ fn gathered_errors() {
 #[test]
 fn unavailable_isa_is_an_error_not_ub() {
     use attn_kernels::Isa;
-    for isa in [Isa::Avx2Vbmi2, Isa::Avx2, Isa::Portable] {
+    for isa in [Isa::Avx512, Isa::Avx2Vbmi2, Isa::Avx2, Isa::Portable] {
         let r = CpuAttention::new(1).unwrap().with_isa(isa);
         assert_eq!(r.is_ok(), isa.is_available());
     }

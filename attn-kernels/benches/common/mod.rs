@@ -54,13 +54,14 @@ pub fn time_step(
 }
 
 /// The baseline: our dense f16 kernel over `len` rows per kv-head (data from
-/// [`keys_values`] with `seed`), group `dense_f16_d{d}`.
+/// [`keys_values`] with `seed`), group `dense_f16{suffix}_d{d}`.
 pub fn dense_f16(
     c: &mut Criterion,
     attn: &mut CpuAttention,
     (d, len): (usize, usize),
     q: &[f32],
     seed: u64,
+    suffix: &str,
 ) {
     let cfg = layout(d);
     let half = |x: &[f32]| -> Vec<f16> { x.iter().map(|&x| f16::from_f32(x)).collect() };
@@ -73,7 +74,7 @@ pub fn dense_f16(
     let kv: Vec<DenseKv<'_, f16>> = data.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
     let mut out = vec![0.0; cfg.q_len()];
     let bytes = 2 * KV_HEADS * len * d * 2;
-    time_step(c, format!("dense_f16_d{d}"), len, bytes, || {
+    time_step(c, format!("dense_f16{suffix}_d{d}"), len, bytes, || {
         attn.dense(&cfg, q, &kv, &mut out).expect("decode")
     });
 }

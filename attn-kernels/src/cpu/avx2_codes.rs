@@ -27,7 +27,7 @@ fn f16_bits(bits: u16) -> f32 {
 /// `p` must be valid for reading 2 bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn scale_at(p: *const u8) -> f32 {
+pub(super) unsafe fn scale_at(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees 2 readable bytes; unaligned read.
     f16_bits(unsafe { p.cast::<u16>().read_unaligned() })
 }
@@ -54,7 +54,7 @@ fn fp8x8_unscaled(v: __m128i) -> __m256 {
 }
 
 /// The factor [`load8`]'s lanes miss: 2⁸ for fp8 (see [`fp8x8_unscaled`]), else 1.
-const fn unit<C: Codes>() -> f32 {
+pub(super) const fn unit<C: Codes>() -> f32 {
     match C::KIND {
         CodeKind::Fp8 => 256.0,
         _ => 1.0,
@@ -137,7 +137,7 @@ unsafe fn load16<C: Codes>(p: *const u8, half: usize) -> [__m256; 2] {
 }
 
 /// Bytes of one block (scale and codes).
-const fn block_bytes<C: Codes>() -> usize {
+pub(super) const fn block_bytes<C: Codes>() -> usize {
     match C::KIND {
         CodeKind::Q4Blocks => 2 + BLOCK / 2,
         _ => 2 + BLOCK,

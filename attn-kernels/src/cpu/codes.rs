@@ -165,6 +165,15 @@ impl Kernels {
         assert!(heads <= DENSE_PASS && lane0 + heads <= W && s.len() >= rows.len());
         assert!(q.len() == heads * d);
         check_rows::<C>(d, rows);
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.avx512()
+            && d.is_multiple_of(16)
+        {
+            // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
+            // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
+            return unsafe { super::avx512::code_scores::<C, W>(q, d, rows, lane0, s) };
+        }
         dispatch_codes!(self, code_scores::<C, W>(q, d, rows, lane0, s))
     }
 
@@ -183,6 +192,16 @@ impl Kernels {
         assert!(heads <= DENSE_PASS && lane0 + heads <= W && p.len() >= rows.len());
         assert!(acc.len() == heads * d);
         check_rows::<C>(d, rows);
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.avx512()
+            && d.is_multiple_of(16)
+        {
+            // SAFETY: as in `code_scores`.
+            return unsafe {
+                super::avx512::code_accumulate::<C, W>(p, rows, lane0, factor, acc, d)
+            };
+        }
         dispatch_codes!(self, code_accumulate::<C, W>(p, rows, lane0, factor, acc, d))
     }
 

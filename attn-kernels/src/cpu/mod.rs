@@ -13,6 +13,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_codes;
 #[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
 mod avx512_codes;
 mod codes;
 mod engine;

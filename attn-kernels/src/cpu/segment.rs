@@ -13,7 +13,8 @@ use kv_sparse::{SparseIndex, Value};
 
 use super::codes::{CodeRow, Codes};
 use super::tile::{
-    DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, prefetch, rescale_rows,
+    DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, prefetch, prefetch_span,
+    rescale_rows,
 };
 
 /// `log2(e)`: queries carry it so that the kernels exponentiate in base 2.
@@ -174,10 +175,18 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
         for t in 0..n {
             (kr[t], vr[t]) = row(r + t);
         }
-        for j in r + n..(r + 2 * n).min(range.end) {
-            let (kn, vn) = row(j);
-            prefetch(&kn[..d]);
-            prefetch(&vn[..d]);
+        let next = r + n..(r + 2 * n).min(range.end);
+        if !next.is_empty() {
+            let ((kf, vf), (kl, vl)) = (row(next.start), row(next.end - 1));
+            let rows = next.len();
+            if !(prefetch_span(&kf[..d], &kl[..d], rows) && prefetch_span(&vf[..d], &vl[..d], rows))
+            {
+                for j in next {
+                    let (kn, vn) = row(j);
+                    prefetch(&kn[..d]);
+                    prefetch(&vn[..d]);
+                }
+            }
         }
         for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
             k.dense_scores(qp, d, &kr[..n], pass * DENSE_PASS, &mut s[..n]);

@@ -32,18 +32,35 @@ use super::segment::{
     Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, scaled_queries,
     sparse_segment, transpose_in, transpose_out, transposed_queries,
 };
-use super::tile::{Kernels, TILE, prefetch, prefetch_from};
+use super::tile::{Kernels, TILE, prefetch, prefetch_from, prefetch_span};
 use crate::views::{
     CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
 };
 
-/// Row `j` of a ring's `(older, newer)` row-major halves.
-fn ring_row<'a, D>((older, newer): (&'a [D], &'a [D]), d: usize, j: usize) -> &'a [D] {
-    let n_older = older.len() / d;
-    if j < n_older {
-        &older[j * d..(j + 1) * d]
-    } else {
-        &newer[(j - n_older) * d..(j - n_older + 1) * d]
+/// A ring's `(older, newer)` row-major halves, rows of `d`, with the older half's row
+/// count computed once (a division per row costs as much as a dense row's arithmetic).
+#[derive(Clone, Copy)]
+struct Ring<'a, D> {
+    older: &'a [D],
+    newer: &'a [D],
+    n_older: usize,
+    d: usize,
+}
+
+impl<'a, D> Ring<'a, D> {
+    fn new((older, newer): (&'a [D], &'a [D]), d: usize) -> Self {
+        Self { older, newer, n_older: older.len() / d, d }
+    }
+
+    /// Row `j`.
+    #[inline]
+    fn row(&self, j: usize) -> &'a [D] {
+        let d = self.d;
+        if j < self.n_older {
+            &self.older[j * d..(j + 1) * d]
+        } else {
+            &self.newer[(j - self.n_older) * d..(j - self.n_older + 1) * d]
+        }
     }
 }
 
@@ -65,7 +82,8 @@ impl<D: Value> ItemSource for DenseSrc<'_, '_, D> {
     ) {
         let (kv, d) = (&self.0[item.kv], job.cfg.head_dim());
         let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-        let row = |j| (ring_row(kv.keys, d, j), ring_row(kv.values, d, j));
+        let (keys, values) = (Ring::new(kv.keys, d), Ring::new(kv.values, d));
+        let row = |j| (keys.row(j), values.row(j));
         dense_segment::<D, W>(k, &row, item.rows.clone(), q, d, slot, None);
     }
 }
@@ -225,7 +243,8 @@ fn buffer_segment<D: Value, const W: usize>(
 ) {
     let d = job.cfg.head_dim();
     let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-    let row = |j: usize| (ring_row(keys, d, j - split), ring_row(values, d, j - split));
+    let (keys, values) = (Ring::new(keys, d), Ring::new(values, d));
+    let row = |j: usize| (keys.row(j - split), values.row(j - split));
     dense_segment::<D, W>(k, &row, item.rows.start.max(split)..item.rows.end, q, d, slot, None);
 }
 
@@ -433,10 +452,19 @@ fn code_segment<'r, C: Codes, const W: usize>(
         for t in 0..n {
             (kr[t], vr[t]) = row(r + t);
         }
-        for j in r + n..(r + 2 * n).min(range.end) {
-            let (kn, vn) = row(j);
-            prefetch(kn.bytes);
-            prefetch(vn.bytes);
+        let next = r + n..(r + 2 * n).min(range.end);
+        if !next.is_empty() {
+            let ((kf, vf), (kl, vl)) = (row(next.start), row(next.end - 1));
+            let rows = next.len();
+            let spans =
+                prefetch_span(kf.bytes, kl.bytes, rows) && prefetch_span(vf.bytes, vl.bytes, rows);
+            if !spans {
+                for j in next {
+                    let (kn, vn) = row(j);
+                    prefetch(kn.bytes);
+                    prefetch(vn.bytes);
+                }
+            }
         }
         code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
         r += n;
@@ -581,13 +609,14 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let mut r = range.start;
     while r < range.end {
         let n = TILE.min(range.end - r);
-        for _ in r + n..(r + 2 * n).min(range.end) {
-            if bitmask {
-                // As many bytes as the longest row holds (mask, scale, every code).
-                let most = d / 8 + Y::SCALE_BYTES + d;
-                prefetch_from(keys.bytes(), ka.next_start(), most);
-                prefetch_from(values.bytes(), va.next_start(), most);
-            } else {
+        let next = (r + 2 * n).min(range.end).saturating_sub(r + n);
+        if bitmask {
+            // As many bytes as the longest row holds (mask, scale, every code).
+            let most = d / 8 + Y::SCALE_BYTES + d;
+            prefetch_rows(keys.bytes(), &mut ka, next, most);
+            prefetch_rows(values.bytes(), &mut va, next, most);
+        } else {
+            for _ in 0..next {
                 prefetch(&keys.bytes()[ka.next_row().0]);
                 prefetch(&values.bytes()[va.next_row().0]);
             }
@@ -614,6 +643,31 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
         }
         code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
         r += n;
+    }
+}
+
+/// Prefetches the next `n` bitmask rows of `walk` (each at most `most` bytes). Consecutive
+/// rows of a view lie one after another, so the tile's bytes are one span from its first
+/// row's start to its last row's end, prefetched once (a row-by-row prefetch touches each
+/// line two or three times); rows that are not so laid out are prefetched one by one.
+fn prefetch_rows<X: IndexCode, Y: ValueCode>(
+    bytes: &[u8],
+    walk: &mut RowWalk<'_, '_, X, Y>,
+    n: usize,
+    most: usize,
+) {
+    let mut starts = [0usize; TILE];
+    let n = n.min(TILE);
+    for s in &mut starts[..n] {
+        *s = walk.next_start();
+    }
+    let Some((&first, &last)) = starts[..n].first().zip(starts[..n].last()) else {
+        return;
+    };
+    if first <= last && last - first <= n * most {
+        prefetch_from(bytes, first, last - first + most);
+    } else {
+        starts[..n].iter().for_each(|&s| prefetch_from(bytes, s, most));
     }
 }
 

@@ -83,12 +83,19 @@ impl<I> SparseTile<'_, I> {
 pub(crate) struct Avx2Token {
     /// The CPU also runs AVX-512 F + BW + VBMI2 code (checked likewise), and it was asked for.
     vbmi2: bool,
+    /// The 512-bit products were asked for (implies `vbmi2`).
+    avx512: bool,
 }
 
 impl Avx2Token {
     /// Whether bitmask rows may be placed with AVX-512 VBMI2.
     pub fn vbmi2(self) -> bool {
         self.vbmi2
+    }
+
+    /// Whether the dense and coded-row products may run on AVX-512 F + BW.
+    pub fn avx512(self) -> bool {
+        self.avx512
     }
 }
 
@@ -107,9 +114,10 @@ impl Kernels {
     pub fn new(isa: crate::Isa) -> Option<Self> {
         match isa {
             crate::Isa::Portable => Some(Self::Portable),
-            crate::Isa::Avx2 | crate::Isa::Avx2Vbmi2 => {
-                let vbmi2 = isa == crate::Isa::Avx2Vbmi2;
-                isa.is_available().then_some(Self::Avx2(Avx2Token { vbmi2 }))
+            crate::Isa::Avx2 | crate::Isa::Avx2Vbmi2 | crate::Isa::Avx512 => {
+                let avx512 = isa == crate::Isa::Avx512;
+                let vbmi2 = avx512 || isa == crate::Isa::Avx2Vbmi2;
+                isa.is_available().then_some(Self::Avx2(Avx2Token { vbmi2, avx512 }))
             }
         }
     }
@@ -117,6 +125,7 @@ impl Kernels {
     /// The instruction set these kernels use.
     pub fn isa(self) -> crate::Isa {
         match self {
+            Self::Avx2(t) if t.avx512 => crate::Isa::Avx512,
             Self::Avx2(t) if t.vbmi2 => crate::Isa::Avx2Vbmi2,
             Self::Avx2(_) => crate::Isa::Avx2,
             Self::Portable => crate::Isa::Portable,
@@ -150,6 +159,15 @@ impl Kernels {
         let heads = q.len() / d;
         assert!(heads <= DENSE_PASS && lane0 + heads <= W && s.len() >= rows.len());
         assert!(rows.iter().all(|r| r.len() >= d));
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.avx512()
+            && super::avx512::dense_supported::<D>(d)
+        {
+            // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
+            // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
+            return unsafe { super::avx512::dense_scores(q, d, rows, lane0, s) };
+        }
         dispatch!(self, dense_scores(q, d, rows, lane0, s))
     }
 
@@ -167,6 +185,14 @@ impl Kernels {
         let heads = acc.len() / d;
         assert!(heads <= DENSE_PASS && lane0 + heads <= W && p.len() >= rows.len());
         assert!(rows.iter().all(|r| r.len() >= d));
+        #[cfg(target_arch = "x86_64")]
+        if let Kernels::Avx2(t) = self
+            && t.avx512()
+            && super::avx512::dense_supported::<D>(d)
+        {
+            // SAFETY: as in `dense_scores`.
+            return unsafe { super::avx512::dense_accumulate(p, rows, lane0, factor, acc, d) };
+        }
         dispatch!(self, dense_accumulate(p, rows, lane0, factor, acc, d))
     }
 
@@ -240,6 +266,34 @@ pub(crate) fn prefetch<T>(data: &[T]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
+}
+
+/// Prefetches the `rows` rows `first ..= last` as one span (each line hinted once) when
+/// they lie in order in one stretch of memory no longer than twice their bytes — back to
+/// back, or with small gaps such as a per-row scale — and returns whether it did; rows
+/// spread over two buffers return false and are left to the caller.
+pub(crate) fn prefetch_span<T>(first: &[T], last: &[T], rows: usize) -> bool {
+    let row = std::mem::size_of_val(first);
+    let (a, b) = (first.as_ptr() as usize, last.as_ptr() as usize);
+    let Some(gap) = b.checked_sub(a) else {
+        return false;
+    };
+    if rows == 0 || last.len() != first.len() || gap > 2 * (rows - 1) * row {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        let bytes = gap + row;
+        let start = first.as_ptr().cast::<i8>();
+        for offset in (0..bytes).step_by(64).chain([bytes.saturating_sub(1)]) {
+            // SAFETY: a prefetch is a hint that never faults (whatever the address) and
+            // reads nothing the program can observe; the pointer is formed with
+            // `wrapping_add` and never dereferenced.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
+        }
+    }
+    true
 }
 
 /// Prefetches the lines of `bytes[at..at + len]` (those inside `bytes`).
