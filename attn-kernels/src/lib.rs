@@ -15,10 +15,10 @@
 //!   indices with float or integer values).
 //! * [`Reference`] — plain `f64` kernels, obviously correct, slow: the ground truth of the
 //!   CPU kernels and, over the GPU's packed layouts ([`cuda::DecodeDevice`]), of the GPU path.
-//! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX2/FMA/F16C with
-//!   run-time detection ([`Isa`]) and a portable fallback, a persistent [`ThreadPool`]
-//!   splitting heads and long caches, no allocation in the steady state. Outputs do not
-//!   depend on the thread count.
+//! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX-512 or
+//!   AVX2/FMA/F16C with run-time detection ([`Isa`]) and a portable fallback, a persistent
+//!   [`ThreadPool`] splitting heads and long caches, no allocation in the steady state.
+//!   Outputs do not depend on the thread count.
 //! * [`accuracy`] — the tolerance of every optimized kernel against the reference, per
 //!   value format, in one table.
 //! * [`synth`] — synthetic caches for tests and benchmarks.

@@ -1,8 +1,8 @@
 //! [`CpuAttention`]: the optimized CPU decode kernels (dense, sparse, hybrid, gathered).
 //!
 //! Per call: validate ([`crate::validate`]), split into work items per (kv-head, lane
-//! block, row range), run them on a persistent [`ThreadPool`] over AVX2 (or portable) tile
-//! kernels with an online softmax, merge. One pass over a kv-head's rows serves every
+//! block, row range), run them on a persistent [`ThreadPool`] over AVX-512, AVX2 (or
+//! portable) tile kernels with an online softmax, merge. One pass over a kv-head's rows serves every
 //! q-head of its GQA group: dense rows are decoded once per 16 dims for up to four heads
 //! held in registers; sparse rows fetch the query values of all group heads per index from
 //! a transposed query table (SWAN's sparse-dense products, method section and

@@ -1,5 +1,7 @@
 //! Tile-level kernels: the inner loops of every decode kernel, one tile of up to
-//! [`TILE`] rows at a time, dispatched to the AVX2 or the portable implementation.
+//! [`TILE`] rows at a time, dispatched to the AVX2 or the portable implementation (and,
+//! for the dense and coded-row products, to the AVX-512 one where [`crate::Isa::Avx512`]
+//! was chosen).
 //!
 //! Layouts shared by all kernels (SWAN method section: the sparse-dense products of the
 //! scores `q̂·k_j` and of the output `Σ a_j v_j`; online softmax so that the sparse history
