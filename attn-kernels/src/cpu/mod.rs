@@ -2,10 +2,10 @@
 //!
 //! Per call: validate ([`crate::validate`]), split into work items per (kv-head, lane
 //! block, row range), run them on a persistent [`ThreadPool`] over AVX-512, AVX2 (or
-//! portable) tile kernels with an online softmax, merge. One pass over a kv-head's rows serves every
-//! q-head of its GQA group: dense rows are decoded once per 16 dims for up to four heads
-//! held in registers; sparse rows fetch the query values of all group heads per index from
-//! a transposed query table (SWAN's sparse-dense products, method section and
+//! portable) tile kernels with an online softmax, merge. One pass over a kv-head's rows
+//! serves every q-head of its GQA group: dense rows are decoded once per 16 dims for up to
+//! four heads held in registers; sparse rows fetch the query values of all group heads per
+//! index from a transposed query table (SWAN's sparse-dense products, method section and
 //! Appendix A.2). Steady state allocates nothing.
 
 #[cfg(target_arch = "x86_64")]
