@@ -120,8 +120,9 @@ fn coded_case<X: IndexCode, Y: ValueCode>(layout: (usize, usize), d: usize, seed
 fn coded_hybrid_every_encoding_and_layout() {
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         // 40: an odd number of mask bytes; 12: a width the placing kernels leave to the
-        // expanding path.
-        for (j, d) in [16usize, 64, 24, 40, 12].into_iter().enumerate() {
+        // expanding path; 64 and 128: one and two mask words, read in place by the AVX-512
+        // kernels.
+        for (j, d) in [16usize, 64, 24, 40, 12, 128].into_iter().enumerate() {
             let seed = 500 * i as u64 + 50 * j as u64;
             coded_case::<List<u8>, Elems<f16>>(layout, d, seed);
             coded_case::<List<u8>, Elems<Fp8E4M3>>(layout, d, seed + 1);

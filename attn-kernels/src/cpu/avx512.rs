@@ -1,15 +1,21 @@
-//! AVX-512 F tile kernels (x86-64) for the products over dense rows (f32, f16, bf16) and
-//! byte-coded rows (fp8, int8, `q8_0`, `q4_0`; placed bitmask rows among them) — the dense
-//! baseline and SWAN's sparse-dense products (method section: scores `q̂·k_j`, output
-//! `Σ a_j v_j`) with the contracts of [`super::tile::Kernels`] and the layouts of
-//! [`super::codes`].
+//! AVX-512 tile kernels (x86-64) for the products over dense rows (f32, f16, bf16),
+//! byte-coded rows (fp8, int8, `q8_0`, `q4_0`) and bitmask rows of fp8 or int8 codes read
+//! where they are stored — the dense baseline and SWAN's sparse-dense products (method
+//! section: scores `q̂·k_j`, output `Σ a_j v_j`) with the contracts of
+//! [`super::tile::Kernels`] and the layouts of [`super::codes`].
 //!
-//! Sixteen components per vector. A row is decoded 32 components at a time and multiplied
-//! into every head of the pass. For the weighted sum of rows, the accumulators of up to four
-//! heads × 64 components (16 of the 32 vector registers) stay in registers while a tile's
-//! rows stream past: per row and 64 components, four vectors of decoded values, one
-//! broadcast weight per head and `4·G` multiply-adds. Rows whose length is not a multiple
-//! of 16, and dense element types other than these three, take the AVX2 kernels.
+//! Sixteen components per vector. A row is decoded 64 components at a time (then 32, 16)
+//! and multiplied into every head of the pass. For the weighted sum of rows, the
+//! accumulators of up to four heads × 64 components (16 of the 32 vector registers) stay in
+//! registers while a tile's rows stream past: per row and 64 components, four vectors of
+//! decoded values, one broadcast weight per head and `4·G` multiply-adds. Rows whose length
+//! is not a multiple of 16, and dense element types other than these three, take the AVX2
+//! kernels.
+//!
+//! A bitmask row of 8-bit codes whose length is a multiple of 64 is not placed into a
+//! per-thread row first: each 64-bit word of its mask expands the row's next codes into one
+//! register (`vpexpandb`, VBMI2), decoded there into the four vectors the products take —
+//! the placement of [`super::avx512_codes`] without its store and reload.
 
 use std::any::TypeId;
 use std::arch::x86_64::*;
@@ -20,7 +26,8 @@ use kv_sparse::Value;
 
 use super::avx2::store_sums;
 use super::avx2_codes::{block_bytes, scale_at, unit};
-use super::codes::{BLOCK, CodeKind, CodeRow, Codes};
+use super::avx512_codes::expand_word;
+use super::codes::{BLOCK, CodeKind, CodeRow, Codes, MaskedRow, NO_MASK};
 
 fn same<A: 'static, B: 'static>() -> bool {
     TypeId::of::<A>() == TypeId::of::<B>()
@@ -49,6 +56,17 @@ trait Row: Copy {
         // SAFETY: the caller's contract covers both halves.
         unsafe { [self.load16(c), self.load16(c + 16)] }
     }
+
+    /// Components `c..c + 64`.
+    ///
+    /// # Safety
+    /// As [`Row::load16`], for components `c..c + 64` with `c` a multiple of 64.
+    #[inline(always)]
+    unsafe fn load64(self, c: usize) -> [__m512; 4] {
+        // SAFETY: the caller's contract covers both halves.
+        let ([a, b], [x, y]) = unsafe { (self.load32(c), self.load32(c + 32)) };
+        [a, b, x, y]
+    }
 }
 
 /// A dense row of `D` (f32, f16 or bf16: [`dense_supported`]).
@@ -76,7 +94,7 @@ impl<D: Value> Row for DenseRow<D> {
 }
 
 /// Sixteen `i8` codes as f32 lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 #[inline]
 fn i8x16(v: __m128i) -> __m512 {
     _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v))
@@ -84,7 +102,7 @@ fn i8x16(v: __m128i) -> __m512 {
 
 /// Sixteen fp8 E4M3FN codes as f32 lanes divided by 2⁸, through f16 as the AVX2 kernels
 /// do (`avx2_codes::fp8x8_unscaled`; the factor is in [`unit`]).
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 #[inline]
 fn fp8x16_unscaled(v: __m128i) -> __m512 {
     let h = _mm256_and_si256(
@@ -146,8 +164,62 @@ impl<C: Codes> Row for CodedRow<C> {
     }
 }
 
+/// A bitmask row of fp8 or int8 codes `C` read where it is stored: each 64-component word
+/// of its mask expands the next codes into one register (`vpexpandb`), which decodes into
+/// four vectors of f32 lanes — the placement of [`super::avx512_codes`] without the store
+/// and reload of a placed row.
+#[derive(Clone, Copy)]
+struct InPlace<'a, C>(MaskedRow<'a>, PhantomData<C>);
+
+impl<C: Codes> InPlace<'_, C> {
+    /// Mask word `w` (components `64w..64w + 64`).
+    ///
+    /// # Safety
+    /// The mask holds `8w + 8` bytes.
+    #[inline(always)]
+    unsafe fn word(self, w: usize) -> u64 {
+        // SAFETY: the caller guarantees 8 mask bytes at `8w`; unaligned read.
+        u64::from_le(unsafe { self.0.mask.as_ptr().add(8 * w).cast::<u64>().read_unaligned() })
+    }
+}
+
+impl<C: Codes> Row for InPlace<'_, C> {
+    #[inline(always)]
+    unsafe fn load16(self, c: usize) -> __m512 {
+        // SAFETY: the caller's contract, for the 64 components around `c`.
+        let v = unsafe { self.load64(c & !63) };
+        v[(c % 64) / 16]
+    }
+
+    #[inline(always)]
+    unsafe fn load64(self, c: usize) -> [__m512; 4] {
+        let w = c / 64;
+        // SAFETY: the caller guarantees components `c..c + 64` of the row, so its mask
+        // (`d/8` bytes, checked by `Kernels::masked_*`) holds words `0..=w`; VBMI2 and POPCNT
+        // come with the AVX-512 kernels' token.
+        unsafe {
+            let mut pos = 0usize;
+            for i in 0..w {
+                pos += self.word(i).count_ones() as usize;
+            }
+            let v = expand_word(self.word(w), self.0.codes, pos);
+            let lane = |i: usize| match i {
+                0 => _mm512_castsi512_si128(v),
+                1 => _mm512_extracti32x4_epi32::<1>(v),
+                2 => _mm512_extracti32x4_epi32::<2>(v),
+                _ => _mm512_extracti32x4_epi32::<3>(v),
+            };
+            let decode = |x: __m128i| match C::KIND {
+                CodeKind::Fp8 => fp8x16_unscaled(x),
+                _ => i8x16(x),
+            };
+            [decode(lane(0)), decode(lane(1)), decode(lane(2)), decode(lane(3))]
+        }
+    }
+}
+
 /// The sum of the two 256-bit halves of `v`.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 #[inline]
 fn fold(v: __m512) -> __m256 {
     let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
@@ -159,7 +231,7 @@ fn fold(v: __m512) -> __m256 {
 /// # Safety
 /// Every row holds `d` components (`d` a multiple of 16) and `q.len() ≥ G·d`; `s` has
 /// `lane0 + G ≤ W` lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 unsafe fn scores_g<R: Row, const G: usize, const W: usize>(
     q: &[f32],
     d: usize,
@@ -167,14 +239,26 @@ unsafe fn scores_g<R: Row, const G: usize, const W: usize>(
     lane0: usize,
     s: &mut [[f32; W]],
 ) {
-    let d32 = d & !31;
+    let (d64, d32) = (d & !63, d & !31);
     let qp = q.as_ptr();
     for ((row, factor), st) in rows.zip(s.iter_mut()) {
         let mut a = [[_mm512_setzero_ps(); 2]; G];
         // SAFETY: the caller's contract: the row holds `d` components and `q` holds `G·d`
-        // floats; every access covers components `c..c + 32 ≤ d32` or `c..c + 16 ≤ d`.
+        // floats; every access covers components `c..c + 64 ≤ d64`, `c..c + 32 ≤ d32` or
+        // `c..c + 16 ≤ d`.
         unsafe {
             let mut c = 0;
+            while c < d64 {
+                let k = row.load64(c);
+                for (h, ah) in a.iter_mut().enumerate() {
+                    let qh = qp.add(h * d + c);
+                    for (i, ki) in k.iter().enumerate() {
+                        let qi = _mm512_loadu_ps(qh.add(16 * i));
+                        ah[i % 2] = _mm512_fmadd_ps(qi, *ki, ah[i % 2]);
+                    }
+                }
+                c += 64;
+            }
             while c < d32 {
                 let [k0, k1] = row.load32(c);
                 for (h, ah) in a.iter_mut().enumerate() {
@@ -206,7 +290,7 @@ unsafe fn scores_g<R: Row, const G: usize, const W: usize>(
 /// # Safety
 /// `acc` holds `G·d` floats, every row `d` components; `c + 16·N ≤ d` with `c` a multiple
 /// of 32 when `N ≥ 2` (of 16 otherwise); `p` has `n` rows of `lane0 + G ≤ W` lanes.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::too_many_arguments)]
 unsafe fn accumulate_chunk<R: Row, const G: usize, const N: usize, const W: usize>(
@@ -235,6 +319,8 @@ unsafe fn accumulate_chunk<R: Row, const G: usize, const N: usize, const W: usiz
             let mut v = [_mm512_setzero_ps(); N];
             if N == 1 {
                 v[0] = row.load16(c);
+            } else if N == 4 && c.is_multiple_of(64) {
+                v[..4].copy_from_slice(&row.load64(c));
             } else {
                 for j in (0..N).step_by(2) {
                     let [x, y] = row.load32(c + 16 * j);
@@ -261,7 +347,7 @@ unsafe fn accumulate_chunk<R: Row, const G: usize, const N: usize, const W: usiz
 ///
 /// # Safety
 /// As [`accumulate_chunk`], with `d` a multiple of 16.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 unsafe fn accumulate_g<R: Row, const G: usize, const W: usize>(
     p: &[[f32; W]],
     rows: impl Fn(usize) -> (R, f32),
@@ -290,7 +376,7 @@ unsafe fn accumulate_g<R: Row, const G: usize, const W: usize>(
 }
 
 /// Dense scores (see `Kernels::dense_scores`); `D` and `d` as [`dense_supported`] admits.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 pub(super) fn dense_scores<D: Value, const W: usize>(
     q: &[f32],
     d: usize,
@@ -314,7 +400,7 @@ pub(super) fn dense_scores<D: Value, const W: usize>(
 
 /// Dense accumulation (see `Kernels::dense_accumulate`); `D` and `d` as
 /// [`dense_supported`] admits.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 pub(super) fn dense_accumulate<D: Value, const W: usize>(
     p: &[[f32; W]],
     rows: &[&[D]],
@@ -339,7 +425,7 @@ pub(super) fn dense_accumulate<D: Value, const W: usize>(
 }
 
 /// Coded-row scores (see `Kernels::code_scores`), `d` a multiple of 16.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 pub(super) fn code_scores<C: Codes, const W: usize>(
     q: &[f32],
     d: usize,
@@ -364,7 +450,7 @@ pub(super) fn code_scores<C: Codes, const W: usize>(
 }
 
 /// Coded-row accumulation (see `Kernels::code_accumulate`), `d` a multiple of 16.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
 pub(super) fn code_accumulate<C: Codes, const W: usize>(
     p: &[[f32; W]],
     rows: &[CodeRow<'_>],
@@ -382,6 +468,87 @@ pub(super) fn code_accumulate<C: Codes, const W: usize>(
     // SAFETY: `Kernels::code_accumulate` asserted `acc.len() == heads · d`,
     // `lane0 + heads ≤ W` and that every row holds `C::row_bytes(d)` bytes; `d` is a
     // multiple of 16 (above; of 32 for the blocked formats).
+    unsafe {
+        match acc.len() / d {
+            1 => accumulate_g::<_, 1, W>(p, at, n, lane0, factor, acc, d),
+            2 => accumulate_g::<_, 2, W>(p, at, n, lane0, factor, acc, d),
+            3 => accumulate_g::<_, 3, W>(p, at, n, lane0, factor, acc, d),
+            _ => accumulate_g::<_, 4, W>(p, at, n, lane0, factor, acc, d),
+        }
+    }
+}
+
+/// The bitmask rows of `bytes` at `starts` as rows read in place (see
+/// `Kernels::masked_rows`; `d` a multiple of 64 up to `MASKED_MAX_DIM`), the f16 scale
+/// converted by F16C.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
+pub(super) fn masked_rows<'a>(
+    bytes: &'a [u8],
+    starts: &[usize],
+    d: usize,
+    scale_bytes: usize,
+    factor: f32,
+    rows: &mut [MaskedRow<'a>],
+) {
+    use super::codes::{bitmask_row, bitmask_scale};
+    for (&start, row) in starts.iter().zip(rows.iter_mut()) {
+        *row = match bitmask_row(bytes, start, d, scale_bytes) {
+            Some((mask, at, any)) => {
+                let f16 = |b: [u8; 2]| {
+                    let bits = i32::from(u16::from_le_bytes(b));
+                    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)))
+                };
+                let scale = bitmask_scale(bytes, at, scale_bytes, any, f16) * factor;
+                MaskedRow { mask, codes: bytes.get(at..).unwrap_or(&[]), scale }
+            }
+            None => MaskedRow { mask: &NO_MASK[..d / 8], codes: &[], scale: factor },
+        };
+    }
+}
+
+/// Scores over bitmask rows read in place (see `Kernels::masked_scores`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
+pub(super) fn masked_scores<C: Codes, const W: usize>(
+    q: &[f32],
+    d: usize,
+    rows: &[MaskedRow<'_>],
+    lane0: usize,
+    s: &mut [[f32; W]],
+) {
+    assert!(d.is_multiple_of(64) && matches!(C::KIND, CodeKind::Fp8 | CodeKind::I8));
+    let it = rows.iter().map(|r| (InPlace::<C>(*r, PhantomData), r.scale * unit::<C>()));
+    // SAFETY: `Kernels::masked_scores` asserted `q.len() == heads · d`, `lane0 + heads ≤ W`
+    // and that every mask holds `d/8` bytes (so every row `d` components, read by `load64`
+    // at multiples of 64); its codes are read inside their slice (`expand_word`).
+    unsafe {
+        match q.len() / d {
+            1 => scores_g::<_, 1, W>(q, d, it, lane0, s),
+            2 => scores_g::<_, 2, W>(q, d, it, lane0, s),
+            3 => scores_g::<_, 3, W>(q, d, it, lane0, s),
+            _ => scores_g::<_, 4, W>(q, d, it, lane0, s),
+        }
+    }
+}
+
+/// Accumulation over bitmask rows read in place (see `Kernels::masked_accumulate`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt,avx2,fma,f16c")]
+pub(super) fn masked_accumulate<C: Codes, const W: usize>(
+    p: &[[f32; W]],
+    rows: &[MaskedRow<'_>],
+    lane0: usize,
+    factor: &[f32; W],
+    acc: &mut [f32],
+    d: usize,
+) {
+    assert!(d.is_multiple_of(64) && matches!(C::KIND, CodeKind::Fp8 | CodeKind::I8));
+    let n = rows.len().min(p.len());
+    let at = |t: usize| {
+        let r = rows[t];
+        (InPlace::<C>(r, PhantomData), r.scale * unit::<C>())
+    };
+    // SAFETY: `Kernels::masked_accumulate` asserted `acc.len() == heads · d`,
+    // `lane0 + heads ≤ W` and that every mask holds `d/8` bytes; `d` is a multiple of 64,
+    // so `accumulate_g` reads every row in 64-component chunks.
     unsafe {
         match acc.len() / d {
             1 => accumulate_g::<_, 1, W>(p, at, n, lane0, factor, acc, d),

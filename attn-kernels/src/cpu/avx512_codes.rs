@@ -1,5 +1,6 @@
 //! AVX-512 VBMI2 placement of bitmask rows (x86-64) — SWAN's sparse rows (method section)
-//! in the bitmask format, made dense for the coded-row kernels of [`super::avx2_codes`].
+//! in the bitmask format, made dense for the coded-row kernels of [`super::avx2_codes`]
+//! (and expanded in registers by those of [`super::avx512`], through [`expand_word`]).
 //!
 //! `vpexpandb` loads the next `popcount(m)` codes of a row and puts them at the set bits of
 //! a 64-bit mask `m`, zeros at its clear bits: 64 components per instruction, where the
@@ -18,9 +19,7 @@ pub(super) fn place_masked(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) {
 }
 
 /// [`place_masked`], returning the union of the mask's bits (zero when the row keeps
-/// nothing). A whole 64-byte load followed by an in-register expansion when 64 bytes from
-/// the row's next code lie inside `src` (the usual case: later rows follow); an
-/// expand-load of exactly the kept codes near the end of `src`.
+/// nothing): each 64-component word of the mask by [`expand_word`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt")]
 #[inline]
 fn place_words(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) -> u64 {
@@ -36,24 +35,7 @@ fn place_words(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) -> u64 {
             }
         };
         union |= bits;
-        let n = bits.count_ones() as usize;
-        let codes = if pos.checked_add(64).is_some_and(|end| end <= src.len()) {
-            // SAFETY: `pos + 64 ≤ src.len()`: 64 readable bytes at `pos`.
-            let v = unsafe { _mm512_loadu_si512(src.as_ptr().add(pos).cast()) };
-            _mm512_maskz_expand_epi8(bits, v)
-        } else if pos.checked_add(n).is_some_and(|end| end <= src.len()) {
-            // SAFETY: an expand-load reads only the `n = popcount(bits)` contiguous bytes
-            // it places (the elements at clear bits are not accessed), and
-            // `pos + n ≤ src.len()`.
-            unsafe { _mm512_maskz_expandloadu_epi8(bits, src.as_ptr().add(pos).cast()) }
-        } else {
-            let mut tail = [0u8; 64];
-            let rest = src.get(pos..).unwrap_or(&[]);
-            let r = rest.len().min(n);
-            tail[..r].copy_from_slice(&rest[..r]);
-            // SAFETY: `tail` holds 64 bytes, and `n ≤ 64`.
-            unsafe { _mm512_maskz_expandloadu_epi8(bits, tail.as_ptr().cast()) }
-        };
+        let codes = expand_word(bits, src, pos);
         if o.len() == 64 {
             // SAFETY: `o` holds 64 bytes.
             unsafe { _mm512_storeu_si512(o.as_mut_ptr().cast(), codes) };
@@ -62,9 +44,35 @@ fn place_words(mask: &[u8], src: &[u8], at: usize, out: &mut [u8]) -> u64 {
             // SAFETY: the byte mask selects the first `o.len() < 64` bytes, all inside `o`.
             unsafe { _mm512_mask_storeu_epi8(o.as_mut_ptr().cast(), store, codes) };
         }
-        pos += n;
+        pos += bits.count_ones() as usize;
     }
     union
+}
+
+/// The next `popcount(bits)` codes of `src` from `pos` on, at the set bits of `bits` (zeros
+/// at its clear bits; codes beyond `src` read as zero). A whole 64-byte load followed by an
+/// in-register expansion when 64 bytes from `pos` lie inside `src` (the usual case: later
+/// rows follow); an expand-load of exactly the kept codes near the end of `src`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi2,popcnt")]
+#[inline]
+pub(super) fn expand_word(bits: u64, src: &[u8], pos: usize) -> __m512i {
+    let n = bits.count_ones() as usize;
+    if pos.checked_add(64).is_some_and(|end| end <= src.len()) {
+        // SAFETY: `pos + 64 ≤ src.len()`: 64 readable bytes at `pos`.
+        let v = unsafe { _mm512_loadu_si512(src.as_ptr().add(pos).cast()) };
+        _mm512_maskz_expand_epi8(bits, v)
+    } else if pos.checked_add(n).is_some_and(|end| end <= src.len()) {
+        // SAFETY: an expand-load reads only the `n = popcount(bits)` contiguous bytes it
+        // places (the elements at clear bits are not accessed), and `pos + n ≤ src.len()`.
+        unsafe { _mm512_maskz_expandloadu_epi8(bits, src.as_ptr().add(pos).cast()) }
+    } else {
+        let mut tail = [0u8; 64];
+        let rest = src.get(pos..).unwrap_or(&[]);
+        let r = rest.len().min(n);
+        tail[..r].copy_from_slice(&rest[..r]);
+        // SAFETY: `tail` holds 64 bytes, and `n ≤ 64`.
+        unsafe { _mm512_maskz_expandloadu_epi8(bits, tail.as_ptr().cast()) }
+    }
 }
 
 /// The tile form of [`place_masked`] (see `Kernels::place_bitmask_rows`): one call per

@@ -8,7 +8,8 @@
 //! byte selects a shuffle pattern from [`MASK_SHUFFLE`]; unkept lanes come out zero). The
 //! placed row then goes through the same kernel as a dense fp8 / int8 row, its row scale
 //! folded into the scores and weights. So a sparse row costs one shuffle per eight
-//! components more than a dense 8-bit row while reading only its kept codes — the
+//! components more than a dense 8-bit row while reading only its kept codes (the AVX-512
+//! kernels skip the per-thread row: [`MaskedRow`]s are expanded in registers) — the
 //! sparse-dense products of SWAN's method section (scores `q̂·k_j`, output `Σ a_j v_j`)
 //! over the bitmask format of the frontier formats. Codes are never widened to `f32` in
 //! memory: the kernels decode eight at a time in registers.
@@ -106,6 +107,32 @@ impl CodeRow<'_> {
     pub const EMPTY: CodeRow<'static> = CodeRow { bytes: &[], scale: 0.0 };
 }
 
+/// Most components a bitmask row read in place may have (the mask of a malformed row is
+/// read from a zero mask of this many bits).
+pub(crate) const MASKED_MAX_DIM: usize = 512;
+
+/// Mask of a row whose mask lies past its buffer: it keeps nothing.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) static NO_MASK: [u8; MASKED_MAX_DIM / 8] = [0; MASKED_MAX_DIM / 8];
+
+/// A bitmask row of 8-bit codes read where it is stored, by the kernels that place its
+/// codes in registers ([`Kernels::fuses_masked`]) instead of into a per-thread row.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaskedRow<'a> {
+    /// The row's `d/8` mask bytes.
+    pub mask: &'a [u8],
+    /// The buffer from the row's first kept code on: its codes, then whatever follows
+    /// (codes past its end read as zero; only a malformed row reaches them).
+    pub codes: &'a [u8],
+    /// Factor of every value (row scale times the head's value scale).
+    pub scale: f32,
+}
+
+impl MaskedRow<'_> {
+    /// An empty row (placeholder in tile arrays).
+    pub const EMPTY: MaskedRow<'static> = MaskedRow { mask: &[], codes: &[], scale: 0.0 };
+}
+
 /// Shuffle patterns placing a bitmask byte's kept codes: for mask byte `m`, byte `i` of
 /// entry `m` is the rank of bit `i` among the set bits of `m` when bit `i` is set, else
 /// `0x80` (a shuffle writes zero there).
@@ -171,7 +198,8 @@ impl Kernels {
             && d.is_multiple_of(16)
         {
             // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
-            // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
+            // returned true, so the CPU supports AVX-512 F + BW + VBMI2, AVX2, FMA, F16C and
+            // POPCNT.
             return unsafe { super::avx512::code_scores::<C, W>(q, d, rows, lane0, s) };
         }
         dispatch_codes!(self, code_scores::<C, W>(q, d, rows, lane0, s))
@@ -265,6 +293,100 @@ impl Kernels {
             self,
             place_bitmask_rows(bytes, starts, d, scale_bytes, factor, out, scales)
         )
+    }
+}
+
+impl Kernels {
+    /// Whether bitmask rows of `d` components with codes `C` are read in place
+    /// ([`Kernels::masked_rows`], [`Kernels::masked_scores`], [`Kernels::masked_accumulate`]):
+    /// the AVX-512 kernels, fp8 or int8 codes, `d` a multiple of 64 up to
+    /// [`MASKED_MAX_DIM`]. Other rows are placed ([`Kernels::place_bitmask_rows`]).
+    pub fn fuses_masked<C: Codes>(self, d: usize) -> bool {
+        let kernels = match self {
+            Kernels::Avx2(t) => t.avx512(),
+            Kernels::Portable => false,
+        };
+        kernels
+            && matches!(C::KIND, CodeKind::Fp8 | CodeKind::I8)
+            && d > 0
+            && d.is_multiple_of(64)
+            && d <= MASKED_MAX_DIM
+    }
+
+    /// The bitmask rows of `bytes` that start at `starts` (laid out as
+    /// [`Kernels::place_bitmask_rows`] reads them) as rows read in place, each row's scale
+    /// (1 without one) times `factor` in its [`MaskedRow::scale`]. A row whose mask lies
+    /// past `bytes` keeps nothing. Only where [`Kernels::fuses_masked`] holds for `d`.
+    pub fn masked_rows<'a>(
+        self,
+        bytes: &'a [u8],
+        starts: &[usize],
+        d: usize,
+        scale_bytes: usize,
+        factor: f32,
+        rows: &mut [MaskedRow<'a>],
+    ) {
+        assert!(self.fuses_masked::<I8Codes>(d), "no in-place kernels for bitmask rows of {d}");
+        assert!(scale_bytes == 0 || scale_bytes == 2, "bitmask row layout");
+        assert!(rows.len() >= starts.len(), "masked rows");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `fuses_masked` holds only for a token with `avx512`, which exists only
+        // after `Isa::Avx512.is_available()` returned true (AVX-512 F + BW + VBMI2, F16C).
+        unsafe {
+            super::avx512::masked_rows(bytes, starts, d, scale_bytes, factor, rows)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (bytes, factor);
+    }
+
+    /// [`Kernels::code_scores`] over bitmask rows read in place: `s[t][lane0 + h] = q_h ·
+    /// value(rows[t])`. Only where [`Kernels::fuses_masked`] holds for `C` and `d`.
+    pub fn masked_scores<C: Codes, const W: usize>(
+        self,
+        q: &[f32],
+        d: usize,
+        rows: &[MaskedRow<'_>],
+        lane0: usize,
+        s: &mut [[f32; W]],
+    ) {
+        let heads = q.len() / d;
+        assert!(self.fuses_masked::<C>(d), "no in-place kernels for these bitmask rows");
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && s.len() >= rows.len());
+        assert!(q.len() == heads * d);
+        assert!(rows.iter().all(|r| r.mask.len() == d / 8), "a mask of another length");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `masked_rows`.
+        unsafe {
+            super::avx512::masked_scores::<C, W>(q, d, rows, lane0, s)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (q, s);
+    }
+
+    /// [`Kernels::code_accumulate`] over bitmask rows read in place: `acc_h =
+    /// factor[lane0 + h] · acc_h + Σ_t p[t][lane0 + h] · value(rows[t])`. Only where
+    /// [`Kernels::fuses_masked`] holds for `C` and `d`.
+    pub fn masked_accumulate<C: Codes, const W: usize>(
+        self,
+        p: &[[f32; W]],
+        rows: &[MaskedRow<'_>],
+        lane0: usize,
+        factor: &[f32; W],
+        acc: &mut [f32],
+        d: usize,
+    ) {
+        let heads = acc.len() / d;
+        assert!(self.fuses_masked::<C>(d), "no in-place kernels for these bitmask rows");
+        assert!(heads <= DENSE_PASS && lane0 + heads <= W && p.len() >= rows.len());
+        assert!(acc.len() == heads * d);
+        assert!(rows.iter().all(|r| r.mask.len() == d / 8), "a mask of another length");
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as in `masked_rows`.
+        unsafe {
+            super::avx512::masked_accumulate::<C, W>(p, rows, lane0, factor, acc, d)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = factor;
     }
 }
 
@@ -498,6 +620,92 @@ mod tests {
                     let mut want = vec![0x5au8; 8 * bytes];
                     place_masked(&mask, &src, at, &mut want);
                     assert_eq!(got, want, "{isa}: {bytes} mask bytes, at {at}, src {len}");
+                }
+            }
+        }
+    }
+    /// Bitmask rows read in place give bit for bit the scores and sums of the same rows
+    /// placed first: one and two and three mask words, fp8 and int8 codes, three and four
+    /// heads, codes that end exactly at the buffer's end or are cut short by it, and a row
+    /// whose mask lies past the buffer.
+    #[test]
+    fn bitmask_rows_read_in_place_match_placed_rows() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for isa in crate::Isa::available() {
+            let k = Kernels::new(isa).expect("available");
+            for d in [64usize, 128, 192] {
+                if !k.fuses_masked::<I8Codes>(d) {
+                    continue;
+                }
+                for cut in [0usize, 1, 9] {
+                    let mut bytes = Vec::new();
+                    let mut starts = Vec::new();
+                    for t in 0..13 {
+                        starts.push(bytes.len());
+                        let mask: Vec<u8> = (0..d / 8)
+                            .map(|_| if t == 4 { 0 } else { next() as u8 & next() as u8 | 1 })
+                            .collect();
+                        let kept: usize = mask.iter().map(|m| m.count_ones() as usize).sum();
+                        bytes.extend(&mask);
+                        if kept > 0 {
+                            bytes.extend(half::f16::from_f32(0.25 + t as f32 / 8.0).to_le_bytes());
+                        }
+                        // Codes clear of fp8's NaN patterns (0x7f, 0xff).
+                        bytes.extend(
+                            (0..kept).map(|_| (next() % 0x7e) as u8 | (next() as u8 & 0x80)),
+                        );
+                    }
+                    bytes.truncate(bytes.len() - cut);
+                    starts.push(bytes.len() + 3);
+                    let n = starts.len();
+                    let mut placed = vec![0u8; n * d];
+                    let mut scales = vec![0.0f32; n];
+                    k.place_bitmask_rows(&bytes, &starts, d, 2, 0.75, &mut placed, &mut scales);
+                    let code_rows: Vec<CodeRow<'_>> = placed
+                        .chunks_exact(d)
+                        .zip(&scales)
+                        .map(|(b, &scale)| CodeRow { bytes: b, scale })
+                        .collect();
+                    let mut in_place = vec![MaskedRow::EMPTY; n];
+                    k.masked_rows(&bytes, &starts, d, 2, 0.75, &mut in_place);
+                    for heads in [3usize, 4] {
+                        let q: Vec<f32> =
+                            (0..heads * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+                        let p: Vec<[f32; 4]> = (0..n)
+                            .map(|t| std::array::from_fn(|h| 0.1 + (t * 4 + h) as f32 / 97.0))
+                            .collect();
+                        let factor = [0.5, 1.0, 0.25, 2.0];
+                        let what = format!("{isa} d={d} cut={cut} heads={heads}");
+                        fn run<C: Codes>(
+                            k: Kernels,
+                            args: (&[f32], &[[f32; 4]], [f32; 4], usize),
+                            placed: &[CodeRow<'_>],
+                            in_place: &[MaskedRow<'_>],
+                            what: &str,
+                        ) {
+                            let (q, p, factor, d) = args;
+                            let heads = q.len() / d;
+                            let n = placed.len();
+                            let (mut a, mut b) = (vec![[0.0f32; 4]; n], vec![[0.0f32; 4]; n]);
+                            k.code_scores::<C, 4>(q, d, placed, 0, &mut a);
+                            k.masked_scores::<C, 4>(q, d, in_place, 0, &mut b);
+                            assert_eq!(a, b, "{what} {:?}: scores", C::KIND);
+                            let mut x: Vec<f32> = (0..heads * d).map(|i| i as f32 / 7.0).collect();
+                            let mut y = x.clone();
+                            k.code_accumulate::<C, 4>(p, placed, 0, &factor, &mut x, d);
+                            k.masked_accumulate::<C, 4>(p, in_place, 0, &factor, &mut y, d);
+                            assert_eq!(x, y, "{what} {:?}: sums", C::KIND);
+                        }
+                        let args = (&q[..], &p[..], factor, d);
+                        run::<I8Codes>(k, args, &code_rows, &in_place, &what);
+                        run::<Fp8Codes>(k, args, &code_rows, &in_place, &what);
+                    }
                 }
             }
         }

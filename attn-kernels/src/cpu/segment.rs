@@ -11,7 +11,7 @@ use std::ops::Range;
 use kv_sparse::csr::CsrView;
 use kv_sparse::{SparseIndex, Value};
 
-use super::codes::{CodeRow, Codes};
+use super::codes::{CodeRow, Codes, MaskedRow};
 use super::tile::{
     DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, prefetch, prefetch_span,
     rescale_rows,
@@ -225,6 +225,28 @@ pub(crate) fn code_tile<C: Codes, const W: usize>(
     let factor = k.softmax_update(m, l, &mut s[..n]);
     for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
         k.code_accumulate::<C, W>(&s[..n], vr, pass * DENSE_PASS, &factor, acc, d);
+    }
+}
+
+/// [`code_tile`] over bitmask rows read in place ([`Kernels::fuses_masked`]).
+pub(crate) fn masked_tile<C: Codes, const W: usize>(
+    k: Kernels,
+    kr: &[MaskedRow<'_>],
+    vr: &[MaskedRow<'_>],
+    q: &[f32],
+    d: usize,
+    slot: &mut Slot,
+) {
+    let heads = q.len() / d;
+    let n = kr.len();
+    let mut s = [[0.0f32; W]; TILE];
+    for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
+        k.masked_scores::<C, W>(qp, d, kr, pass * DENSE_PASS, &mut s[..n]);
+    }
+    let (m, l) = slot.lanes::<W>();
+    let factor = k.softmax_update(m, l, &mut s[..n]);
+    for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
+        k.masked_accumulate::<C, W>(&s[..n], vr, pass * DENSE_PASS, &factor, acc, d);
     }
 }
 

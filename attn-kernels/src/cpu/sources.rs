@@ -26,11 +26,11 @@ use kv_sparse::hybrid::{CodedHybridView, HybridView};
 use kv_sparse::quant::{DenseCodec, DenseFormat};
 use kv_sparse::{SparseIndex, Value};
 
-use super::codes::{CodeRow, Codes, Fp8Codes, I8Codes, Q4Blocks, Q8Blocks, block_scale};
+use super::codes::{CodeRow, Codes, Fp8Codes, I8Codes, MaskedRow, Q4Blocks, Q8Blocks, block_scale};
 use super::engine::{Item, ItemSource, Job};
 use super::segment::{
-    Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, scaled_queries,
-    sparse_segment, transpose_in, transpose_out, transposed_queries,
+    Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, masked_tile,
+    scaled_queries, sparse_segment, transpose_in, transpose_out, transposed_queries,
 };
 use super::tile::{Kernels, TILE, prefetch, prefetch_from, prefetch_span};
 use crate::views::{
@@ -605,6 +605,8 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let (mut ka, mut va) = (RowWalk::at(keys, ahead), RowWalk::at(values, ahead));
     // Bitmask rows of 8-bit codes are placed a tile at a time; int4 rows row by row.
     let bitmask = X::KIND == IndexKind::Bitmask && Y::KIND != ValueKind::Int4;
+    // Where the kernels expand a mask's codes in registers, rows are read in place.
+    let in_place = bitmask && k.fuses_masked::<C>(d);
     let (mut kst, mut vst) = ([0usize; TILE], [0usize; TILE]);
     let mut r = range.start;
     while r < range.end {
@@ -626,6 +628,14 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
                 (kst[t], vst[t]) = (kw.next_start(), vw.next_start());
             }
             let sb = Y::SCALE_BYTES;
+            if in_place {
+                let (mut kr, mut vr) = ([MaskedRow::EMPTY; TILE], [MaskedRow::EMPTY; TILE]);
+                k.masked_rows(keys.bytes(), &kst[..n], d, sb, sk, &mut kr);
+                k.masked_rows(values.bytes(), &vst[..n], d, sb, sv, &mut vr);
+                masked_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+                r += n;
+                continue;
+            }
             k.place_bitmask_rows(keys.bytes(), &kst[..n], d, sb, sk, kcode, &mut ks);
             k.place_bitmask_rows(values.bytes(), &vst[..n], d, sb, sv, vcode, &mut vs);
         } else {

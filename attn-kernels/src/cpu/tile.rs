@@ -167,7 +167,8 @@ impl Kernels {
             && super::avx512::dense_supported::<D>(d)
         {
             // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
-            // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
+            // returned true, so the CPU supports AVX-512 F + BW + VBMI2, AVX2, FMA, F16C and
+            // POPCNT.
             return unsafe { super::avx512::dense_scores(q, d, rows, lane0, s) };
         }
         dispatch!(self, dense_scores(q, d, rows, lane0, s))
