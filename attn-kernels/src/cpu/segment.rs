@@ -13,8 +13,7 @@ use kv_sparse::{SparseIndex, Value};
 
 use super::codes::{CodeRow, Codes, MaskedRow};
 use super::tile::{
-    DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, prefetch, prefetch_span,
-    rescale_rows,
+    DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, one_span, prefetch, rescale_rows,
 };
 
 /// `log2(e)`: queries carry it so that the kernels exponentiate in base 2.
@@ -179,8 +178,7 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
         if !next.is_empty() {
             let ((kf, vf), (kl, vl)) = (row(next.start), row(next.end - 1));
             let rows = next.len();
-            if !(prefetch_span(&kf[..d], &kl[..d], rows) && prefetch_span(&vf[..d], &vl[..d], rows))
-            {
+            if !(one_span(&kf[..d], &kl[..d], rows) && one_span(&vf[..d], &vl[..d], rows)) {
                 for j in next {
                     let (kn, vn) = row(j);
                     prefetch(&kn[..d]);

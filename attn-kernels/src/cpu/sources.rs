@@ -18,7 +18,8 @@
 //!   value codes are expanded to `f32` as above; then the dense buffer, under one softmax
 //!   state.
 //!
-//! Every segment prefetches the rows of the tile after the one it computes.
+//! Rows that lie in order in one buffer are left to the hardware prefetcher; a segment
+//! whose next tile's rows are scattered prefetches them row by row while it computes.
 
 use kv_sparse::ValueFormat;
 use kv_sparse::coded::{CodedView, IndexCode, IndexKind, ValueCode, ValueKind};
@@ -32,7 +33,7 @@ use super::segment::{
     Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, masked_tile,
     scaled_queries, sparse_segment, transpose_in, transpose_out, transposed_queries,
 };
-use super::tile::{Kernels, TILE, prefetch, prefetch_from, prefetch_span};
+use super::tile::{Kernels, TILE, one_span, prefetch};
 use crate::views::{
     CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
 };
@@ -456,9 +457,7 @@ fn code_segment<'r, C: Codes, const W: usize>(
         if !next.is_empty() {
             let ((kf, vf), (kl, vl)) = (row(next.start), row(next.end - 1));
             let rows = next.len();
-            let spans =
-                prefetch_span(kf.bytes, kl.bytes, rows) && prefetch_span(vf.bytes, vl.bytes, rows);
-            if !spans {
+            if !(one_span(kf.bytes, kl.bytes, rows) && one_span(vf.bytes, vl.bytes, rows)) {
                 for j in next {
                     let (kn, vn) = row(j);
                     prefetch(kn.bytes);
@@ -600,9 +599,9 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let (sk, sv) = view.value_scale;
     let (mut ks, mut vs) = ([0.0f32; TILE], [0.0f32; TILE]);
     let (keys, values) = (&view.sparse_keys, &view.sparse_values);
+    // The rows of a coded view lie in order in one buffer: the hardware prefetcher streams
+    // them (see `one_span`).
     let (mut kw, mut vw) = (RowWalk::at(keys, range.start), RowWalk::at(values, range.start));
-    let ahead = (range.start + TILE).min(range.end);
-    let (mut ka, mut va) = (RowWalk::at(keys, ahead), RowWalk::at(values, ahead));
     // Bitmask rows of 8-bit codes are placed a tile at a time; int4 rows row by row.
     let bitmask = X::KIND == IndexKind::Bitmask && Y::KIND != ValueKind::Int4;
     // Where the kernels expand a mask's codes in registers, rows are read in place.
@@ -611,18 +610,6 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     let mut r = range.start;
     while r < range.end {
         let n = TILE.min(range.end - r);
-        let next = (r + 2 * n).min(range.end).saturating_sub(r + n);
-        if bitmask {
-            // As many bytes as the longest row holds (mask, scale, every code).
-            let most = d / 8 + Y::SCALE_BYTES + d;
-            prefetch_rows(keys.bytes(), &mut ka, next, most);
-            prefetch_rows(values.bytes(), &mut va, next, most);
-        } else {
-            for _ in 0..next {
-                prefetch(&keys.bytes()[ka.next_row().0]);
-                prefetch(&values.bytes()[va.next_row().0]);
-            }
-        }
         if bitmask {
             for t in 0..n {
                 (kst[t], vst[t]) = (kw.next_start(), vw.next_start());
@@ -653,31 +640,6 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
         }
         code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
         r += n;
-    }
-}
-
-/// Prefetches the next `n` bitmask rows of `walk` (each at most `most` bytes). Consecutive
-/// rows of a view lie one after another, so the tile's bytes are one span from its first
-/// row's start to its last row's end, prefetched once (a row-by-row prefetch touches each
-/// line two or three times); rows that are not so laid out are prefetched one by one.
-fn prefetch_rows<X: IndexCode, Y: ValueCode>(
-    bytes: &[u8],
-    walk: &mut RowWalk<'_, '_, X, Y>,
-    n: usize,
-    most: usize,
-) {
-    let mut starts = [0usize; TILE];
-    let n = n.min(TILE);
-    for s in &mut starts[..n] {
-        *s = walk.next_start();
-    }
-    let Some((&first, &last)) = starts[..n].first().zip(starts[..n].last()) else {
-        return;
-    };
-    if first <= last && last - first <= n * most {
-        prefetch_from(bytes, first, last - first + most);
-    } else {
-        starts[..n].iter().for_each(|&s| prefetch_from(bytes, s, most));
     }
 }
 
