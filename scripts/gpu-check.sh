@@ -27,8 +27,9 @@ FEATURES=attn-kernels/cuda,kv-tiered/cuda
 build() { # build release test binaries + example, copy them into $BUNDLE
   export CUDA_LIBRARY_PATH=${CUDA_LIBRARY_PATH:-$CACHE/cuda}
   rm -rf "$BUNDLE" && mkdir -p "$BUNDLE"
+  local target=${CARGO_TARGET_DIR:-$ROOT/target}
   cargo build --release -p kv-tiered --features "$FEATURES" --example gpu_check || return 1
-  cp target/release/examples/gpu_check "$BUNDLE/"
+  cp "$target/release/examples/gpu_check" "$BUNDLE/"
   cargo test --release -p attn-kernels -p kv-tiered --features "$FEATURES" --lib --no-run \
       --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
@@ -38,6 +39,8 @@ for l in sys.stdin:
         print(m["target"]["name"], m["executable"])' \
     | while read -r name exe; do cp "$exe" "$BUNDLE/test-$name"; done
   ls "$BUNDLE"/test-* >/dev/null || return 1
+  # Symbols are not needed to run; stripped, the bundle fits beside the tree a GPU call carries.
+  strip "$BUNDLE"/* 2>/dev/null || true
 }
 
 if [ "${1:-}" = "--bundle" ]; then
