@@ -18,7 +18,8 @@
 //! * [`CpuAttention`] — optimized kernels: online softmax over tiles, AVX-512 or
 //!   AVX2/FMA/F16C with run-time detection ([`Isa`]) and a portable fallback, a persistent
 //!   [`ThreadPool`] splitting heads and long caches, no allocation in the steady state.
-//!   Outputs do not depend on the thread count.
+//!   Outputs do not depend on the thread count. [`QueryPrecision::Int8`] (opt-in, lossy)
+//!   scores int8 keys by integer products with the queries rounded to int8.
 //! * [`accuracy`] — the tolerance of every optimized kernel against the reference, per
 //!   value format, in one table.
 //! * [`synth`] — synthetic caches for tests and benchmarks.
@@ -60,7 +61,7 @@ mod views;
 
 pub use api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
 pub use config::AttnConfig;
-pub use cpu::{CpuAttention, Isa};
+pub use cpu::{CpuAttention, Isa, QueryPrecision};
 pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;

@@ -6,7 +6,8 @@ mod common;
 
 use attn_kernels::accuracy::Kernel;
 use attn_kernels::{
-    CpuAttention, DecodeAttention, DenseKv, EncodedAttention, Error, QuantKv, Reference, synth,
+    CpuAttention, DecodeAttention, DenseKv, EncodedAttention, Error, Isa, QuantKv, QueryPrecision,
+    Reference, synth,
 };
 use common::{LAYOUTS, assert_close, cfg, engines};
 use half::f16;
@@ -169,6 +170,118 @@ fn lossless_coded_rows_equal_dense() {
             lossless_case::<List<u8>>(layout, d, tokens);
         }
     }
+}
+
+/// `q` rounded per head as [`QueryPrecision::Int8`] rounds it: `σ_h · round(q_h / σ_h)`.
+fn rounded_queries(q: &[f32], d: usize) -> Vec<f32> {
+    q.chunks_exact(d)
+        .flat_map(|qh| {
+            let sigma = bound(qh) / 127.0;
+            qh.iter().map(move |x| if sigma > 0.0 { (x / sigma).round() * sigma } else { 0.0 })
+        })
+        .collect()
+}
+
+/// Engines with int8 queries, or none (with a printed reason) on a CPU without them.
+fn int8_query_engines() -> Vec<(String, CpuAttention)> {
+    if !QueryPrecision::Int8.is_available() {
+        println!("SKIPPED: int8 queries need AVX-512 VNNI on this CPU");
+        return Vec::new();
+    }
+    [(1, CpuAttention::DEFAULT_SPLIT_ROWS), (2, 37)]
+        .into_iter()
+        .map(|(threads, split)| {
+            let e = CpuAttention::new(threads).unwrap().with_isa(Isa::Avx512).unwrap();
+            let e = e.with_query_precision(QueryPrecision::Int8).unwrap();
+            (format!("int8-q/{threads}t/split{split}"), e.with_split_rows(split).unwrap())
+        })
+        .collect()
+}
+
+/// With int8 queries the kernels attend as exact products with the queries rounded to
+/// their int8 codes do: the integer sums are exact, so only the rounding of `q` differs
+/// from f32 queries. Keys of other formats keep f32 products.
+#[test]
+fn int8_queries_attend_as_the_rounded_queries_do() {
+    let engines = int8_query_engines();
+    for (i, &layout) in LAYOUTS.iter().enumerate() {
+        for (j, d) in [64usize, 128].into_iter().enumerate() {
+            let seed = 9000 + 100 * i as u64 + 10 * j as u64;
+            let cfg = cfg(layout, d);
+            let q = synth::values(cfg.q_len(), seed + 7);
+            let qr = rounded_queries(&q, d);
+            // Dense q8_0 rows: integer products; q4_0 rows: f32 products of the f32 queries.
+            let rows = 150;
+            let mut stores = Vec::new();
+            let mut max = 0.0f32;
+            for h in 0..layout.1 as u64 {
+                let (k, v) = (
+                    synth::values(rows * d, seed + 2 * h),
+                    synth::values(rows * d, seed + 2 * h + 1),
+                );
+                max = max.max(bound(&v));
+                let mut ks = QuantRows::<Int8Blocks>::new(d).unwrap();
+                let mut vs = QuantRows::<Int8Blocks>::new(d).unwrap();
+                ks.push(&k).unwrap();
+                vs.push(&v).unwrap();
+                let (mut k4, mut v4) = (
+                    QuantRows::<Int4Blocks>::new(d).unwrap(),
+                    QuantRows::<Int4Blocks>::new(d).unwrap(),
+                );
+                k4.push(&k).unwrap();
+                v4.push(&v).unwrap();
+                stores.push((ks, vs, k4, v4));
+            }
+            let kv8: Vec<QuantKv<'_, Int8Blocks>> =
+                stores.iter().map(|s| QuantKv::new(s.0.view(), s.1.view())).collect();
+            let kv4: Vec<QuantKv<'_, Int4Blocks>> =
+                stores.iter().map(|s| QuantKv::new(s.2.view(), s.3.view())).collect();
+            let (mut want8, mut want4) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
+            Reference.quantized(&cfg, &qr, &kv8, &mut want8).unwrap();
+            Reference.quantized(&cfg, &q, &kv4, &mut want4).unwrap();
+            // Histories of bitmask and list rows with int8 values (no dense buffer: its f16
+            // rows take the f32 queries).
+            let (bm, bm_max) =
+                coded_caches::<Bitmask, Int8Values>(layout.1, d, (0, d / 2, 120), None, seed);
+            let (ls, ls_max) =
+                coded_caches::<List<u8>, Int8Values>(layout.1, d, (0, d / 4, 90), None, seed + 1);
+            let (mut want_bm, mut want_ls) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
+            Reference.coded_hybrid(&cfg, &qr, &bm, &mut want_bm).unwrap();
+            Reference.coded_hybrid(&cfg, &qr, &ls, &mut want_ls).unwrap();
+            for (name, e) in &engines {
+                let mut e = CpuAttention::new(e.threads()).unwrap();
+                e = e.with_query_precision(QueryPrecision::Int8).unwrap();
+                let what = format!("{name} {layout:?} d={d}");
+                let mut got = vec![f32::NAN; cfg.q_len()];
+                e.quantized(&cfg, &q, &kv8, &mut got).unwrap();
+                assert_close(Kernel::Dense, ValueFormat::F32, &got, &want8, max, &what);
+                e.quantized(&cfg, &q, &kv4, &mut got).unwrap();
+                assert_close(Kernel::Dense, ValueFormat::F32, &got, &want4, max, &what);
+                e.coded_hybrid(&cfg, &q, &bm, &mut got).unwrap();
+                assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want_bm, bm_max, &what);
+                e.coded_hybrid(&cfg, &q, &ls, &mut got).unwrap();
+                assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want_ls, ls_max, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn query_precision_is_lossless_unless_asked_and_refused_where_it_cannot_run() {
+    let e = CpuAttention::new(1).unwrap();
+    assert_eq!(e.query_precision(), QueryPrecision::F32);
+    let portable = e.with_isa(Isa::Portable).unwrap();
+    assert!(matches!(
+        portable.with_query_precision(QueryPrecision::Int8),
+        Err(Error::Param { what: "precision", .. })
+    ));
+    if QueryPrecision::Int8.is_available() {
+        let e = CpuAttention::new(1).unwrap().with_isa(Isa::Avx512).unwrap();
+        let e = e.with_query_precision(QueryPrecision::Int8).unwrap();
+        assert!(matches!(e.with_isa(Isa::Avx2), Err(Error::Param { what: "isa", .. })));
+    }
+    assert_eq!("f32".parse(), Ok(QueryPrecision::F32));
+    assert!("int4".parse::<QueryPrecision>().is_err());
 }
 
 #[test]

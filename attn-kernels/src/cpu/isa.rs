@@ -82,3 +82,72 @@ impl fmt::Display for Isa {
         })
     }
 }
+
+/// How the CPU kernels take the queries in the score products over keys of int8 codes
+/// (dense `q8_0` rows and int8-valued sparse rows).
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{CpuAttention, QueryPrecision};
+/// let attn = CpuAttention::new(1)?;
+/// assert_eq!(attn.query_precision(), QueryPrecision::F32); // lossless by default
+/// assert_eq!("int8".parse::<QueryPrecision>(), Ok(QueryPrecision::Int8));
+/// if QueryPrecision::Int8.is_available() {
+///     let attn = attn.with_query_precision(QueryPrecision::Int8)?;
+///     assert_eq!(attn.query_precision(), QueryPrecision::Int8);
+/// }
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QueryPrecision {
+    /// f32 queries: every score is the product of the query with the values the cache
+    /// stores (the lossless setting).
+    #[default]
+    F32,
+    /// Queries rounded to int8 codes with one scale per head and step, `σ_h =
+    /// max|q_h| / 127`, and int8 keys scored by exact integer products (AVX-512 VNNI, `d_h` a
+    /// multiple of 64 up to 512), as llama.cpp scores its `q8_0` caches. Lossy: a score
+    /// moves by at most `σ_h / 2 · Σ_i |k_i|`. Keys of other formats keep f32 products.
+    Int8,
+}
+
+impl QueryPrecision {
+    /// Whether this CPU runs it ([`QueryPrecision::Int8`] needs [`Isa::Avx512`] and
+    /// AVX-512 VNNI).
+    pub fn is_available(self) -> bool {
+        match self {
+            Self::F32 => true,
+            Self::Int8 => {
+                #[cfg(target_arch = "x86_64")]
+                {
+                    Isa::Avx512.is_available() && std::arch::is_x86_feature_detected!("avx512vnni")
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                false
+            }
+        }
+    }
+}
+
+impl fmt::Display for QueryPrecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Int8 => "int8",
+        })
+    }
+}
+
+impl std::str::FromStr for QueryPrecision {
+    type Err = String;
+
+    /// `f32` or `int8`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "int8" => Ok(Self::Int8),
+            _ => Err(format!("query precision {s:?}: expected f32 or int8")),
+        }
+    }
+}

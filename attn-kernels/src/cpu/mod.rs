@@ -16,15 +16,18 @@ mod avx2_codes;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_codes;
+#[cfg(target_arch = "x86_64")]
+mod avx512_int;
 mod codes;
 mod engine;
 mod isa;
 mod portable;
+mod qcodes;
 mod segment;
 mod sources;
 mod tile;
 
-pub use isa::Isa;
+pub use isa::{Isa, QueryPrecision};
 
 use kv_sparse::coded::{IndexCode, ValueCode};
 use kv_sparse::quant::DenseCodec;
@@ -120,14 +123,53 @@ impl CpuAttention {
     /// # Ok::<(), attn_kernels::Error>(())
     /// ```
     pub fn with_isa(mut self, isa: Isa) -> Result<Self> {
+        let int8 = self.engine.kernels.int8_queries();
         let kernels = Kernels::new(isa).ok_or_else(|| Error::Param {
             op: "CpuAttention::with_isa",
             what: "isa",
             value: isa.to_string(),
             expected: "an instruction set this CPU supports",
         })?;
-        self.engine.kernels = kernels;
+        self.engine.kernels = kernels.with_int8_queries(int8).ok_or_else(|| Error::Param {
+            op: "CpuAttention::with_isa",
+            what: "isa",
+            value: isa.to_string(),
+            expected: "avx512 (the query precision is int8)",
+        })?;
         Ok(self)
+    }
+
+    /// The same kernels taking the queries at `precision` in the score products over int8
+    /// keys ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
+    ///
+    /// # Errors
+    /// [`Error::Param`] if the kernels cannot run it: [`QueryPrecision::Int8`] needs
+    /// [`Isa::Avx512`] kernels on a CPU with AVX-512 VNNI.
+    pub fn with_query_precision(mut self, precision: QueryPrecision) -> Result<Self> {
+        self.set_query_precision(precision)?;
+        Ok(self)
+    }
+
+    /// [`CpuAttention::with_query_precision`] in place (the threads and buffers stay); on
+    /// error nothing changes.
+    ///
+    /// # Errors
+    /// As [`CpuAttention::with_query_precision`].
+    pub fn set_query_precision(&mut self, precision: QueryPrecision) -> Result<()> {
+        let on = precision == QueryPrecision::Int8;
+        self.engine.kernels =
+            self.engine.kernels.with_int8_queries(on).ok_or_else(|| Error::Param {
+                op: "CpuAttention::set_query_precision",
+                what: "precision",
+                value: precision.to_string(),
+                expected: "f32, or int8 with the avx512 kernels on a CPU with AVX-512 VNNI",
+            })?;
+        Ok(())
+    }
+
+    /// The query precision of the score products over int8 keys.
+    pub fn query_precision(&self) -> QueryPrecision {
+        if self.engine.kernels.int8_queries() { QueryPrecision::Int8 } else { QueryPrecision::F32 }
     }
 
     /// The same kernels with at most `rows` consecutive rows per work item. Smaller items

@@ -12,6 +12,7 @@ use kv_sparse::csr::CsrView;
 use kv_sparse::{SparseIndex, Value};
 
 use super::codes::{CodeRow, Codes, MaskedRow};
+use super::qcodes::QueryCodes;
 use super::tile::{
     DENSE_PASS, Kernels, MAX_LANES, SparseTile, TILE, TileValues, one_span, prefetch, rescale_rows,
 };
@@ -64,6 +65,8 @@ pub(crate) struct Scratch {
     pub kcode: Vec<u8>,
     /// Placed value codes of one tile of coded rows (`TILE × d`).
     pub vcode: Vec<u8>,
+    /// The current lane block's queries as int8 codes, for integer score products.
+    pub qi: QueryCodes,
 }
 
 impl Scratch {
@@ -85,6 +88,7 @@ impl Scratch {
         for buf in [&mut self.kcode, &mut self.vcode] {
             buf.reserve((TILE * d).saturating_sub(buf.len()));
         }
+        self.qi.reserve(lanes, d);
     }
 }
 
@@ -205,11 +209,13 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
 /// One tile of coded rows (keys `kr`, values `vr`, at most [`TILE`] of each) through
 /// `slot`, as one tile of [`dense_segment`]: `q` holds the scaled queries of the block's
 /// active heads (`heads × d`).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn code_tile<C: Codes, const W: usize>(
     k: Kernels,
     kr: &[CodeRow<'_>],
     vr: &[CodeRow<'_>],
     q: &[f32],
+    qi: Option<&QueryCodes>,
     d: usize,
     slot: &mut Slot,
 ) {
@@ -217,7 +223,14 @@ pub(crate) fn code_tile<C: Codes, const W: usize>(
     let n = kr.len();
     let mut s = [[0.0f32; W]; TILE];
     for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
-        k.code_scores::<C, W>(qp, d, kr, pass * DENSE_PASS, &mut s[..n]);
+        let lane0 = pass * DENSE_PASS;
+        match qi {
+            Some(qi) => {
+                let v = qi.view(lane0..lane0 + qp.len() / d);
+                k.code_scores_i8::<C, W>(v, kr, lane0, &mut s[..n]);
+            }
+            None => k.code_scores::<C, W>(qp, d, kr, lane0, &mut s[..n]),
+        }
     }
     let (m, l) = slot.lanes::<W>();
     let factor = k.softmax_update(m, l, &mut s[..n]);
@@ -227,11 +240,13 @@ pub(crate) fn code_tile<C: Codes, const W: usize>(
 }
 
 /// [`code_tile`] over bitmask rows read in place ([`Kernels::fuses_masked`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn masked_tile<C: Codes, const W: usize>(
     k: Kernels,
     kr: &[MaskedRow<'_>],
     vr: &[MaskedRow<'_>],
     q: &[f32],
+    qi: Option<&QueryCodes>,
     d: usize,
     slot: &mut Slot,
 ) {
@@ -239,7 +254,14 @@ pub(crate) fn masked_tile<C: Codes, const W: usize>(
     let n = kr.len();
     let mut s = [[0.0f32; W]; TILE];
     for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
-        k.masked_scores::<C, W>(qp, d, kr, pass * DENSE_PASS, &mut s[..n]);
+        let lane0 = pass * DENSE_PASS;
+        match qi {
+            Some(qi) => {
+                let v = qi.view(lane0..lane0 + qp.len() / d);
+                k.masked_scores_i8::<C, W>(v, kr, lane0, &mut s[..n]);
+            }
+            None => k.masked_scores::<C, W>(qp, d, kr, lane0, &mut s[..n]),
+        }
     }
     let (m, l) = slot.lanes::<W>();
     let factor = k.softmax_update(m, l, &mut s[..n]);

@@ -445,7 +445,12 @@ fn code_segment<'r, C: Codes, const W: usize>(
     row: impl Fn(usize) -> (CodeRow<'r>, CodeRow<'r>),
 ) {
     let d = job.cfg.head_dim();
-    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let Scratch { q: qbuf, qi, .. } = sc;
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), qbuf);
+    let qi = k.int8_scores::<C>(d).then(|| {
+        qi.quantize(q, d);
+        &*qi
+    });
     let (mut kr, mut vr) = ([CodeRow::EMPTY; TILE], [CodeRow::EMPTY; TILE]);
     let mut r = range.start;
     while r < range.end {
@@ -465,7 +470,7 @@ fn code_segment<'r, C: Codes, const W: usize>(
                 }
             }
         }
-        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
         r += n;
     }
 }
@@ -589,8 +594,12 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
     slot: &mut Slot,
 ) {
     let d = job.cfg.head_dim();
-    let Scratch { q: qbuf, kcode, vcode, .. } = sc;
+    let Scratch { q: qbuf, kcode, vcode, qi, .. } = sc;
     let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), qbuf);
+    let qi = k.int8_scores::<C>(d).then(|| {
+        qi.quantize(q, d);
+        &*qi
+    });
     for buf in [&mut *kcode, &mut *vcode] {
         if buf.len() < TILE * d {
             buf.resize(TILE * d, 0);
@@ -619,7 +628,7 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
                 let (mut kr, mut vr) = ([MaskedRow::EMPTY; TILE], [MaskedRow::EMPTY; TILE]);
                 k.masked_rows(keys.bytes(), &kst[..n], d, sb, sk, &mut kr);
                 k.masked_rows(values.bytes(), &vst[..n], d, sb, sv, &mut vr);
-                masked_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+                masked_tile::<C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
                 r += n;
                 continue;
             }
@@ -638,7 +647,7 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
             kr[t] = CodeRow { bytes: &kcode[t * d..(t + 1) * d], scale: ks[t] };
             vr[t] = CodeRow { bytes: &vcode[t * d..(t + 1) * d], scale: vs[t] };
         }
-        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, d, slot);
+        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
         r += n;
     }
 }

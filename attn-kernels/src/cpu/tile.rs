@@ -87,6 +87,9 @@ pub(crate) struct Avx2Token {
     vbmi2: bool,
     /// The 512-bit products were asked for (implies `vbmi2`).
     avx512: bool,
+    /// Integer score products with int8 queries were asked for, and the CPU runs AVX-512
+    /// VNNI (implies `avx512`).
+    vnni: bool,
 }
 
 impl Avx2Token {
@@ -119,9 +122,31 @@ impl Kernels {
             crate::Isa::Avx2 | crate::Isa::Avx2Vbmi2 | crate::Isa::Avx512 => {
                 let avx512 = isa == crate::Isa::Avx512;
                 let vbmi2 = avx512 || isa == crate::Isa::Avx2Vbmi2;
-                isa.is_available().then_some(Self::Avx2(Avx2Token { vbmi2, avx512 }))
+                let token = Avx2Token { vbmi2, avx512, vnni: false };
+                isa.is_available().then_some(Self::Avx2(token))
             }
         }
+    }
+
+    /// The same kernels with int8 queries on (`on`) or off: where on, keys of int8 codes
+    /// score by integer products with the queries rounded to int8 ([`super::qcodes`]).
+    /// `None` when asked on for kernels other than AVX-512 or on a CPU without AVX-512
+    /// VNNI.
+    pub fn with_int8_queries(self, on: bool) -> Option<Self> {
+        match self {
+            Self::Avx2(t) if !on => Some(Self::Avx2(Avx2Token { vnni: false, ..t })),
+            Self::Portable if !on => Some(self),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2(t) if t.avx512 && std::arch::is_x86_feature_detected!("avx512vnni") => {
+                Some(Self::Avx2(Avx2Token { vnni: true, ..t }))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether int8 keys score against int8 queries ([`Kernels::with_int8_queries`]).
+    pub fn int8_queries(self) -> bool {
+        matches!(self, Self::Avx2(t) if t.vnni)
     }
 
     /// The instruction set these kernels use.
