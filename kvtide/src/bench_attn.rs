@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, GatheredKv,
-    GatheredSparseAttention, GatheredSparseKv, QuantKv, SparseSlab, synth,
+    GatheredSparseAttention, GatheredSparseKv, QuantKv, QueryPrecision, SparseSlab, synth,
 };
 use half::f16;
 use kv_sparse::Value;
@@ -91,6 +91,9 @@ pub struct BenchAttnOptions {
     pub crossover_max_len: usize,
     /// Seed of the synthetic caches.
     pub seed: u64,
+    /// Also time the int8-keyed kernels (dense int8, bitmask int8) with int8 queries
+    /// (`attn_kernels::QueryPrecision::Int8`, lossy) where this CPU runs them.
+    pub int8_queries: bool,
 }
 
 impl Default for BenchAttnOptions {
@@ -119,6 +122,7 @@ impl BenchAttnOptions {
             bandwidth_mib: 512,
             crossover_max_len: 16384,
             seed: 1,
+            int8_queries: true,
         }
     }
 
@@ -582,6 +586,16 @@ impl Inputs {
         })
     }
 
+    /// The dense int8 (`q8_0`) set, the one dense set with int8 keys.
+    fn int8_quant(&self) -> Vec<&QuantSet> {
+        self.quant.iter().filter(|(n, _)| *n == "dense_int8").map(|(_, q)| q).collect()
+    }
+
+    /// The bitmask sets with int8 values, with their `k`.
+    fn int8_bitmask(&self) -> Vec<(usize, &BitmaskSet)> {
+        self.bitmask.iter().filter(|(_, v, _)| *v == "int8").map(|(k, _, b)| (*k, b)).collect()
+    }
+
     /// Rows a tiered store keeps sparse (all but the newest `b`).
     fn sparse_rows(&self) -> usize {
         self.len.saturating_sub(self.buffer)
@@ -616,12 +630,15 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         x.dense.iter().map(|(k, v)| GatheredKv::new(d, &x.positions, k, v)).collect();
     let mut out = vec![0.0f32; x.cfg.q_len()];
     let mut weights = vec![0.0f32; x.len * x.cfg.kv_heads()];
+    let int8q = int8_queries(opts);
+    let (q8, b8) = (x.int8_quant(), x.int8_bitmask());
     let n = 2
         + x.torch.len()
         + x.hybrids.len()
         + x.gathered_sparse.len()
         + x.quant.len()
-        + x.bitmask.len();
+        + x.bitmask.len()
+        + if int8q { q8.len() + b8.len() } else { 0 };
     let mut best = vec![f64::INFINITY; n];
     let scale = f64::from(x.cfg.scale());
     for _ in 0..opts.rounds {
@@ -660,9 +677,23 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
                 b.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
             })?);
         }
+        if int8q {
+            e.attn.set_query_precision(QueryPrecision::Int8).map_err(kernel_err)?;
+            for qs in &q8 {
+                record(time_best(opts.min_sample_secs, || {
+                    qs.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+                })?);
+            }
+            for (_, b) in &b8 {
+                record(time_best(opts.min_sample_secs, || {
+                    b.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+                })?);
+            }
+            e.attn.set_query_precision(QueryPrecision::F32).map_err(kernel_err)?;
+        }
     }
     let torch_check = torch_agreement(e, x, &kv, scale)?;
-    Ok(point_json(e, x, &best, torch_check))
+    Ok(point_json(e, x, &best, torch_check, int8q))
 }
 
 /// Largest |ours − libtorch f32| over the outputs (a check that both compute the same).
@@ -692,7 +723,7 @@ fn figures(e: &Engine, secs: f64, bytes: usize) -> Json {
     })
 }
 
-fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) -> Json {
+fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>, int8q: bool) -> Json {
     let dense = best[0];
     let mut p = json!({
         "threads": e.bw.threads,
@@ -775,7 +806,42 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>) ->
         })
         .collect();
     p["bitmask"] = json!(bitmask);
+    if !int8q {
+        return p;
+    }
+    // The int8-keyed kernels again, with int8 queries.
+    let mut off = off + x.bitmask.len();
+    let mut q8_secs = f64::NAN;
+    for qs in x.int8_quant() {
+        q8_secs = best[off];
+        let mut f = figures(e, q8_secs, qs.bytes());
+        f["speedup_vs_dense_f16"] = json!(dense / q8_secs);
+        f["speedup_vs_dense_int8"] = json!(int8_secs / q8_secs);
+        p["dense_int8_int8_queries"] = f;
+        off += 1;
+    }
+    let bitmask: Vec<Json> = x
+        .int8_bitmask()
+        .into_iter()
+        .enumerate()
+        .map(|(i, (k, b))| {
+            let secs = best[off + i];
+            let mut f = figures(e, secs, b.bytes());
+            f["values"] = json!("int8");
+            f["k"] = json!(k);
+            f["speedup_vs_dense_f16"] = json!(dense / secs);
+            f["speedup_vs_dense_int8"] = json!(int8_secs / secs);
+            f["speedup_vs_dense_int8_int8_queries"] = json!(q8_secs / secs);
+            f
+        })
+        .collect();
+    p["bitmask_int8_queries"] = json!(bitmask);
     p
+}
+
+/// Whether the int8-query kernels are timed: asked for, and this CPU runs them.
+fn int8_queries(opts: &BenchAttnOptions) -> bool {
+    opts.int8_queries && QueryPrecision::Int8.is_available()
 }
 
 /// The kernel targets (bandwidth, crossover, hybrid speed-up), evaluated on the measured figures.
@@ -805,13 +871,16 @@ fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json) -> Json {
     let ratio = |name, target, f: &dyn Fn(&Json, u64) -> Option<f64>| {
         ratio_target(points, max_len, name, target, f)
     };
-    let half_k = |p: &Json, d: u64, values: &str, key: &str| {
-        p["bitmask"]
+    let half_k_in = |part: &str, p: &Json, d: u64, values: &str, key: &str| {
+        p[part]
             .as_array()?
             .iter()
             .find(|b| b["values"] == json!(values) && b["k"].as_u64() == Some(d / 2))?[key]
             .as_f64()
     };
+    let half_k =
+        |p: &Json, d: u64, values: &str, key: &str| half_k_in("bitmask", p, d, values, key);
+    let q8 = |p: &Json, d: u64, key: &str| half_k_in("bitmask_int8_queries", p, d, "int8", key);
     json!({
         "hybrid_fp8_half_k_longest": headline,
         "bandwidth_at_16k_or_more": bandwidth_target(points),
@@ -839,6 +908,26 @@ fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json) -> Json {
             &|p, _| p["dense_int8"]["speedup_vs_dense_f16"].as_f64(),
         ),
         "crossover_within_2x": crossover_target(crossover),
+        "int8_queries": if opts.int8_queries && !int8_queries(opts) {
+            json!({"timed": false, "reason": "this CPU lacks AVX-512 VNNI or the AVX-512 kernels"})
+        } else {
+            json!({
+                "timed": opts.int8_queries,
+                "note": "lossy: queries rounded to int8 per head and step; the targets above take f32 queries",
+                "bitmask_int8_half_k_vs_dense_f16": ratio(
+                    "bitmask int8, k = d/2, int8 queries, vs dense f16", 2.0,
+                    &|p, d| q8(p, d, "speedup_vs_dense_f16"),
+                ),
+                "bitmask_half_k_vs_dense_int8": ratio(
+                    "bitmask int8, k = d/2, vs dense int8, both with int8 queries", 1.2,
+                    &|p, d| q8(p, d, "speedup_vs_dense_int8_int8_queries"),
+                ),
+                "dense_int8_vs_dense_f16": ratio(
+                    "dense int8 (q8_0 blocks) with int8 queries vs dense f16", 1.6,
+                    &|p, _| p["dense_int8_int8_queries"]["speedup_vs_dense_f16"].as_f64(),
+                ),
+            })
+        },
     })
 }
 
@@ -877,13 +966,19 @@ fn read_bandwidth_target(points: &[Json]) -> Json {
     let mut worst: Option<(f64, String)> = None;
     for p in points.iter().filter(|p| p["len"].as_u64().is_some_and(|l| l >= 16384)) {
         let tag = format!("t{} d{} L{}", p["threads"], p["head_dim"], p["len"]);
-        let mut kernels: Vec<(String, Json)> =
-            ["dense_f16", "gathered_f16", "dense_int8", "dense_int4", "dense_fp8"]
-                .iter()
-                .filter(|n| !p[**n].is_null())
-                .map(|n| ((*n).to_string(), p[*n].clone()))
-                .collect();
-        for part in ["hybrid", "gathered_sparse", "bitmask"] {
+        let mut kernels: Vec<(String, Json)> = [
+            "dense_f16",
+            "gathered_f16",
+            "dense_int8",
+            "dense_int4",
+            "dense_fp8",
+            "dense_int8_int8_queries",
+        ]
+        .iter()
+        .filter(|n| !p[**n].is_null())
+        .map(|n| ((*n).to_string(), p[*n].clone()))
+        .collect();
+        for part in ["hybrid", "gathered_sparse", "bitmask", "bitmask_int8_queries"] {
             for h in p[part].as_array().into_iter().flatten() {
                 kernels.push((
                     format!("{part}_{}_k{}", h["values"].as_str().unwrap_or("?"), h["k"]),
@@ -1142,5 +1237,21 @@ mod tests {
         let t = &r["targets"]["dense_int8_vs_dense_f16"];
         assert_eq!(t["target"], json!(1.6));
         assert!(t["measured"].as_f64().unwrap() > 0.0 && t["met"].is_boolean());
+        // The int8-keyed kernels timed again with int8 queries, where this CPU runs them.
+        let q8 = &r["targets"]["int8_queries"];
+        if attn_kernels::QueryPrecision::Int8.is_available() {
+            assert!(p["dense_int8_int8_queries"]["speedup_vs_dense_int8"].as_f64().unwrap() > 0.0);
+            let b = p["bitmask_int8_queries"].as_array().unwrap();
+            assert!(b.len() == 1 && b[0]["k"] == json!(32) && b[0]["values"] == json!("int8"));
+            assert_eq!(b[0]["bytes"], bitmask[1]["bytes"]);
+            assert!(b[0]["speedup_vs_dense_int8_int8_queries"].as_f64().unwrap() > 0.0);
+            assert!(q8["dense_int8_vs_dense_f16"]["met"].is_boolean(), "{q8}");
+        } else {
+            assert_eq!(q8["timed"], json!(false));
+            assert!(p["dense_int8_int8_queries"].is_null());
+        }
+        o.int8_queries = false;
+        let r = run(&o).unwrap();
+        assert!(r["results"][0]["bitmask_int8_queries"].is_null());
     }
 }

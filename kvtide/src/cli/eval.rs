@@ -242,6 +242,9 @@ pub struct BenchArgs {
     /// Interleaved timing rounds instead of the grid's (each figure is the best round).
     #[arg(long)]
     rounds: Option<usize>,
+    /// Leave out the int8-keyed kernels' second timing with int8 queries.
+    #[arg(long)]
+    no_int8_queries: bool,
 }
 
 /// Runs `kvtide bench-attn` (`crate::bench_attn`).
@@ -256,6 +259,7 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
         lengths: a.lengths.clone().unwrap_or(opts.lengths),
         threads: a.threads.clone().unwrap_or(opts.threads),
         rounds: a.rounds.unwrap_or(opts.rounds),
+        int8_queries: opts.int8_queries && !a.no_int8_queries,
         ..opts
     };
     let spinner = crate::cli::common::spinner("bench-attn: timing kernels");
