@@ -94,6 +94,7 @@ fn bad_specs_are_typed_errors() {
         "tiered:span=0..8,delta=-1",
         "swan:k=8,k=9",
         "dense:threads=0",
+        "dense:format=int8,queries=int4",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -106,6 +107,38 @@ fn bad_specs_are_typed_errors() {
     let (model, cache) = outside.build(&ckpt.model).unwrap();
     let mut session = Session::new(model, cache).unwrap();
     assert!(session.prefill(&[1, 2, 3, 4]).is_err(), "span outside the prompt");
+}
+
+/// `queries=int8` is for caches with int8 keys: others refuse it with a typed error; with
+/// int8 keys it builds where the CPU runs it (and is a typed error where it does not).
+/// Heads narrower than 64 components keep f32 products, so these 32-wide heads score
+/// exactly as with `queries=f32` (the integer products are checked in attn-kernels).
+#[test]
+fn int8_queries_need_int8_keys() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    for text in ["dense:format=f32,queries=int8", "swan:k=8,value=fp8,basis=random:2,queries=int8"]
+    {
+        let spec: CacheSpec = text.parse().unwrap();
+        let err = spec.build(&wide.model).err().unwrap_or_else(|| panic!("{text} built"));
+        assert!(matches!(err, Error::InvalidInput { .. }), "{text}: {err}");
+        assert!(err.to_string().contains("no int8 keys"), "{text}: {err}");
+    }
+    for (text, f32_text) in [
+        ("dense:format=int8,queries=int8", "dense:format=int8,queries=f32"),
+        (
+            "swan:k=8,index=bitmask,value=int8,basis=random:2,queries=int8",
+            "swan:k=8,index=bitmask,value=int8,basis=random:2",
+        ),
+    ] {
+        let spec: CacheSpec = text.parse().unwrap();
+        assert_eq!(spec.queries, Some(attn_kernels::QueryPrecision::Int8));
+        if !attn_kernels::QueryPrecision::Int8.is_available() {
+            assert!(matches!(spec.build(&wide.model), Err(Error::Attention(_))), "{text}");
+            continue;
+        }
+        let ((_, a), (_, b)) = (run(&wide, text), run(&wide, f32_text));
+        assert_eq!(a, b, "{text}: 32-wide heads keep f32 products");
+    }
 }
 
 /// `CacheSpec::build_many` gives `n` fresh caches for one model equal to `build`'s.

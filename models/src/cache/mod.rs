@@ -36,11 +36,11 @@ pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
 
 use std::ops::Range;
 
-use attn_kernels::AttnConfig;
+use attn_kernels::{AttnConfig, QueryPrecision};
 use kv_sparse::persist::{CacheImage, MappedCache};
 use projection::ProjectionSet;
 
-use crate::error::{Result, invalid};
+use crate::error::{Error, Result, invalid};
 use crate::load::config::ModelConfig;
 
 /// Dimensions of the attention a cache serves: the decoder's layer count and one layer's
@@ -302,6 +302,26 @@ pub trait KvCache: Send {
     /// Bytes currently held.
     fn bytes(&self) -> CacheBytes;
 
+    /// Whether the cache stores keys as int8 codes (dense `q8_0` rows, SWAN rows with int8
+    /// values), the keys [`QueryPrecision::Int8`] scores by integer products.
+    fn int8_keys(&self) -> bool {
+        false
+    }
+
+    /// Sets how the attention kernels take the queries against the cache's int8 keys
+    /// ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when [`QueryPrecision::Int8`] is asked of a cache
+    /// without int8 keys ([`KvCache::int8_keys`]); [`crate::Error::Attention`] when this CPU
+    /// cannot run it. On error nothing changes.
+    fn set_query_precision(&mut self, precision: QueryPrecision) -> Result<()> {
+        match precision {
+            QueryPrecision::F32 => Ok(()),
+            _ => Err(no_int8_keys(&self.label())),
+        }
+    }
+
     /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`); none by default.
     fn stats(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
@@ -338,5 +358,20 @@ pub trait KvCache: Send {
     fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
         let _ = file;
         Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() })
+    }
+}
+
+/// The error of [`KvCache::set_query_precision`] asking int8 queries of a cache without int8
+/// keys.
+pub(crate) fn no_int8_keys(label: &str) -> Error {
+    invalid("set query precision", format!("int8 queries: the {label} cache stores no int8 keys"))
+}
+
+/// ` queries=int8` for a kernel with int8 queries ([`KvCache::set_query_precision`]), else
+/// nothing: the suffix of a cache's label.
+pub(crate) fn queries_label(kernel: &attn_kernels::CpuAttention) -> &'static str {
+    match kernel.query_precision() {
+        QueryPrecision::F32 => "",
+        _ => " queries=int8",
     }
 }

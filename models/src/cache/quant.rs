@@ -105,12 +105,23 @@ impl<C: DenseCodec> QuantCache<C> {
 }
 
 impl<C: DenseCodec> KvCache for QuantCache<C> {
+    fn int8_keys(&self) -> bool {
+        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+    }
+
+    fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
+        if precision != attn_kernels::QueryPrecision::F32 && !self.int8_keys() {
+            return Err(super::no_int8_keys(&self.label()));
+        }
+        Ok(self.kernel.set_query_precision(precision)?)
+    }
+
     fn label(&self) -> String {
         let rotate = self
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
-        format!("dense {}{rotate}", C::FORMAT)
+        format!("dense {}{rotate}{}", C::FORMAT, super::queries_label(&self.kernel))
     }
 
     fn shape(&self) -> CacheShape {

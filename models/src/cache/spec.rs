@@ -16,7 +16,11 @@
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row.
 //!
-//! Every cache also takes `threads=N` (attention threads; default: all cores) and
+//! Every cache also takes `queries=f32|int8` (how the attention kernels take the queries
+//! against int8 keys — dense `format=int8` rows, SWAN `value=int8` rows, an `int8` ring:
+//! `int8` rounds them to int8 per head and step and scores by exact integer products,
+//! lossy, where the CPU has AVX-512 VNNI; default `f32`, lossless; a cache without int8
+//! keys refuses `int8`), `threads=N` (attention threads; default: all cores) and
 //! `ring=f32|f16|bf16|fp8|int8|int4`: on a model with sliding-window layers (Gemma 3) the
 //! cache named serves the global layers and every local layer keeps a dense ring of its
 //! window ([`crate::cache::WindowedCache`]) in this format (default: the format of a `dense`
@@ -158,6 +162,8 @@ pub struct CacheSpec {
     /// Row format of the local layers' window rings (`ring=`; `None`: follow the spec, see
     /// the module docs).
     pub ring: Option<DenseStorage>,
+    /// Query precision of the score products over int8 keys (`queries=`; `None`: f32).
+    pub queries: Option<attn_kernels::QueryPrecision>,
     text: String,
 }
 
@@ -363,6 +369,7 @@ impl FromStr for CacheSpec {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
         let ring = storage_param(&mut p, "ring")?;
+        let queries = p.parse_opt::<attn_kernels::QueryPrecision>("queries")?;
         let kind = match name {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
@@ -379,7 +386,7 @@ impl FromStr for CacheSpec {
             }
         };
         p.finish()?;
-        Ok(Self { kind, threads, ring, text: text.to_string() })
+        Ok(Self { kind, threads, ring, queries, text: text.to_string() })
     }
 }
 
@@ -455,6 +462,18 @@ impl CacheSpec {
     /// wrapped in a [`crate::cache::WindowedCache`] when the model has sliding-window layers
     /// (the spec's cache then serves the global layers alone, with their projections).
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
+        let (model, make) = self.layered_parts(model)?;
+        let Some(queries) = self.queries else { return Ok((model, make)) };
+        let with_queries = move || -> Result<Box<dyn KvCache>> {
+            let mut cache = make()?;
+            cache.set_query_precision(queries)?;
+            Ok(cache)
+        };
+        Ok((model, Box::new(with_queries)))
+    }
+
+    /// [`CacheSpec::parts`] before the query precision is set.
+    fn layered_parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
         let Some(local) = model.config().local_attention.clone() else {
             let (model, make, _) = self.global_parts(model, None)?;
             return Ok((model, make));

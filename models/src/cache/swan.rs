@@ -449,18 +449,30 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
 }
 
 impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
+    fn int8_keys(&self) -> bool {
+        S::ENCODING.1 == kv_sparse::coded::ValueKind::Int8
+    }
+
+    fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
+        if precision != attn_kernels::QueryPrecision::F32 && !self.int8_keys() {
+            return Err(super::no_int8_keys(&self.label()));
+        }
+        Ok(self.kernel.set_query_precision(precision)?)
+    }
+
     fn label(&self) -> String {
         let c = &self.cfg;
         let scale = if c.scaled_fp8() { " scaled" } else { "" };
         let index = if c.index == SwanIndex::Bitmask { " bitmask" } else { "" };
         format!(
-            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}",
+            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{}",
             c.k_key,
             c.k_value,
             c.value,
             c.buffer,
             D::FORMAT,
-            self.set.provenance().kind
+            self.set.provenance().kind,
+            super::queries_label(&self.kernel),
         )
     }
 

@@ -281,12 +281,28 @@ impl<C: DenseCodec> QuantWindowCache<C> {
 }
 
 impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
+    fn int8_keys(&self) -> bool {
+        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+    }
+
+    fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
+        if precision != attn_kernels::QueryPrecision::F32 && !self.int8_keys() {
+            return Err(super::no_int8_keys(&self.label()));
+        }
+        Ok(self.kernel.set_query_precision(precision)?)
+    }
+
     fn label(&self) -> String {
         let rotate = self
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
-        format!("window {} {}{rotate}", self.window, C::FORMAT)
+        format!(
+            "window {} {}{rotate}{}",
+            self.window,
+            C::FORMAT,
+            super::queries_label(&self.kernel)
+        )
     }
 
     fn shape(&self) -> CacheShape {
@@ -484,6 +500,26 @@ impl WindowedCache {
 }
 
 impl KvCache for WindowedCache {
+    fn int8_keys(&self) -> bool {
+        self.global.int8_keys() || self.ring.int8_keys()
+    }
+
+    /// Sets the precision on whichever part stores int8 keys (the global layers' cache, the
+    /// local layers' ring, or both); [`QueryPrecision::F32`] on both.
+    fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
+        use attn_kernels::QueryPrecision;
+        if precision != QueryPrecision::F32 && !self.int8_keys() {
+            return Err(super::no_int8_keys(&self.label()));
+        }
+        let parts = [self.global.as_mut(), self.ring.as_mut()];
+        for part in parts {
+            if precision == QueryPrecision::F32 || part.int8_keys() {
+                part.set_query_precision(precision)?;
+            }
+        }
+        Ok(())
+    }
+
     fn label(&self) -> String {
         format!("{} (global layers) + {} (local layers)", self.global.label(), self.ring.label())
     }
