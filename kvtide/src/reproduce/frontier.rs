@@ -207,15 +207,24 @@ pub struct FrontierRun {
     pub k: Option<usize>,
     /// Dense buffer rows (SWAN).
     pub buffer: usize,
+    /// Query precision of the score products over int8 keys (`f32`, or `int8`: the queries
+    /// rounded to int8 per head and step, as llama.cpp rounds them for a `q8_0` cache).
+    pub queries: &'static str,
 }
 
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
-        Self { family: "dense", values, rotate, index: "—", k: None, buffer: 0 }
+        Self { family: "dense", values, rotate, index: "—", k: None, buffer: 0, queries: "f32" }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
-        Self { family: "swan", values, rotate: "calibrated", index, k: Some(k), buffer }
+        let (family, rotate, queries) = ("swan", "calibrated", "f32");
+        Self { family, values, rotate, index, k: Some(k), buffer, queries }
+    }
+
+    /// The same configuration with int8 queries.
+    fn with_int8_queries(self) -> Self {
+        Self { queries: "int8", ..self }
     }
 
     /// Whether this is the counterpart of one of llama.cpp's KV types (dense f16, Hadamard
@@ -226,16 +235,20 @@ impl FrontierRun {
 
     /// A short label.
     pub fn label(&self) -> String {
+        let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         match self.k {
-            None if self.rotate == "none" => format!("dense {}", self.values),
-            None => format!("dense {} rotate={}", self.values, self.rotate),
-            Some(k) => format!("swan {} {} k={k} b={}", self.index, self.values, self.buffer),
+            None if self.rotate == "none" => format!("dense {}{queries}", self.values),
+            None => format!("dense {} rotate={}{queries}", self.values, self.rotate),
+            Some(k) => {
+                format!("swan {} {} k={k} b={}{queries}", self.index, self.values, self.buffer)
+            }
         }
     }
 
     /// The cache spec (`proj` = the calibrated projection file).
     pub fn spec(&self, proj: &str, threads: usize) -> String {
-        match self.k {
+        let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
+        let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
                     format!(",proj={proj}")
@@ -248,7 +261,8 @@ impl FrontierRun {
                 "swan:k={k},kv={k},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj},threads={threads}",
                 self.buffer, self.index, self.values
             ),
-        }
+        };
+        spec + queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -323,6 +337,11 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
         for &rotate in rotations {
             runs.push(FrontierRun::dense(values, rotate));
         }
+    }
+    // llama.cpp's q8_0 cache as it scores it, with the queries rounded to int8 (where this
+    // CPU has the integer products).
+    if attn_kernels::QueryPrecision::Int8.is_available() {
+        runs.push(FrontierRun::dense("int8", "hadamard").with_int8_queries());
     }
     let values: &[&str] =
         if full { &["f16", "fp8", "int8", "int4"] } else { &["fp8", "int8", "int4"] };
@@ -593,11 +612,14 @@ fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
     (sum / n.max(1) as f64).exp()
 }
 
-/// The study's counterparts of llama.cpp's KV types, in the grid's labels.
-const LLAMACPP_COUNTERPARTS: [(&str, &str); 3] = [
+/// The study's counterparts of llama.cpp's KV types, in the grid's labels (the first of a
+/// type is the one its target judges; `q8_0`'s second is the same cache scored with int8
+/// queries, as llama.cpp scores it, where the CPU has the integer products).
+const LLAMACPP_COUNTERPARTS: [(&str, &str); 4] = [
     ("f16", "dense f16"),
     ("q8_0", "dense int8 rotate=hadamard"),
     ("q4_0", "dense int4 rotate=hadamard"),
+    ("q8_0", "dense int8 rotate=hadamard queries=int8"),
 ];
 
 /// The counterparts of llama.cpp's KV types under llama.cpp's conditions: the tool runs each
@@ -1046,6 +1068,19 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                     100.0 * (w4 - c4).abs()
                 );
             }
+            // The same cache scored with int8 queries, as llama.cpp scores q8_0 (reported,
+            // not judged: the target names the f32-query setting).
+            let q8l = "dense int8 rotate=hadamard queries=int8";
+            if let Some(h8) = ours(q8l) {
+                let w = s.whole_window_cost(q8l).map_or_else(
+                    || "whole window not measured".to_owned(),
+                    |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - c8).abs()),
+                );
+                detail = format!(
+                    "{detail}; with int8 queries (as llama.cpp scores q8_0): {w}, half prefilled {}",
+                    pct(h8, 2)
+                );
+            }
             out.push(Finding::new(
                 "frontier-llamacpp",
                 "kvtide int8 / int4 (Hadamard) cost within 0.1 / 1.5 percentage points of llama.cpp's q8_0 / q4_0",
@@ -1163,6 +1198,18 @@ mod tests {
         assert!(f.evidence.contains("whole window") && f.evidence.contains("half prefilled"));
         assert!((s.whole_window_cost("dense int4 rotate=hadamard").unwrap() - 0.04).abs() < 1e-12);
         assert_eq!(s.whole_window_cost("dense fp8"), None);
+        assert!(!f.evidence.contains("int8 queries"));
+        // The int8-query counterpart of q8_0 is reported beside the judged one, not judged.
+        let q8 = FrontierRun::dense("int8", "hadamard").with_int8_queries();
+        assert_eq!(q8.label(), "dense int8 rotate=hadamard queries=int8");
+        assert!(q8.is_llamacpp_counterpart() && q8.spec("", 1).ends_with(",queries=int8"));
+        assert_eq!(counterpart("q8_0"), Some("dense int8 rotate=hadamard"));
+        s.points.push(point(q8, 100.2));
+        s.whole_window.push(("dense int8 rotate=hadamard queries=int8".into(), 90.09));
+        let f = peer(&s);
+        assert!(f.holds, "{}", f.evidence);
+        let want = "with int8 queries (as llama.cpp scores q8_0): whole window 0.10 % (0.00 pp)";
+        assert!(f.evidence.contains(want), "{}", f.evidence);
     }
 
     fn legs_only_further(primary: &Path, gemma: &Path) -> Vec<Leg> {
