@@ -113,15 +113,17 @@ pub enum QueryPrecision {
 }
 
 impl QueryPrecision {
-    /// Whether this CPU runs it ([`QueryPrecision::Int8`] needs [`Isa::Avx512`] and
-    /// AVX-512 VNNI).
+    /// Whether this CPU runs it ([`QueryPrecision::Int8`] needs [`Isa::Avx512`], AVX-512
+    /// VNNI and VL).
     pub fn is_available(self) -> bool {
         match self {
             Self::F32 => true,
             Self::Int8 => {
                 #[cfg(target_arch = "x86_64")]
                 {
-                    Isa::Avx512.is_available() && std::arch::is_x86_feature_detected!("avx512vnni")
+                    Isa::Avx512.is_available()
+                        && std::arch::is_x86_feature_detected!("avx512vnni")
+                        && std::arch::is_x86_feature_detected!("avx512vl")
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 false

@@ -143,7 +143,7 @@ impl Kernels {
         assert!(rows.iter().all(|r| r.bytes.len() >= C::row_bytes(q.d)), "a short coded row");
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `int8_scores` holds only for a token with `vnni`, which exists only after
-        // `Isa::Avx512.is_available()` and the AVX-512 VNNI check returned true.
+        // `Isa::Avx512.is_available()` and the AVX-512 VNNI and VL checks returned true.
         unsafe {
             super::avx512_int::code_scores::<C, W>(q, rows, lane0, s)
         }

@@ -88,7 +88,7 @@ pub(crate) struct Avx2Token {
     /// The 512-bit products were asked for (implies `vbmi2`).
     avx512: bool,
     /// Integer score products with int8 queries were asked for, and the CPU runs AVX-512
-    /// VNNI (implies `avx512`).
+    /// VNNI and VL (implies `avx512`).
     vnni: bool,
 }
 
@@ -131,13 +131,17 @@ impl Kernels {
     /// The same kernels with int8 queries on (`on`) or off: where on, keys of int8 codes
     /// score by integer products with the queries rounded to int8 ([`super::qcodes`]).
     /// `None` when asked on for kernels other than AVX-512 or on a CPU without AVX-512
-    /// VNNI.
+    /// VNNI and VL.
     pub fn with_int8_queries(self, on: bool) -> Option<Self> {
         match self {
             Self::Avx2(t) if !on => Some(Self::Avx2(Avx2Token { vnni: false, ..t })),
             Self::Portable if !on => Some(self),
             #[cfg(target_arch = "x86_64")]
-            Self::Avx2(t) if t.avx512 && std::arch::is_x86_feature_detected!("avx512vnni") => {
+            Self::Avx2(t)
+                if t.avx512
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+                    && std::arch::is_x86_feature_detected!("avx512vl") =>
+            {
                 Some(Self::Avx2(Avx2Token { vnni: true, ..t }))
             }
             _ => None,
