@@ -270,10 +270,11 @@ fn v1_cache<V: Value, D: Value>(
 
 #[test]
 fn version_1_files_still_open_and_read_the_same_rows() {
-    let v1 = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/v1-u8-fp8-f16.kvs"))
-        .unwrap();
+    // Embedded at build time, so the binary does not depend on where the checkout lies (a
+    // shared target directory can reuse a test binary built in another checkout).
+    let v1: &[u8] = include_bytes!("data/v1-u8-fp8-f16.kvs");
     assert_eq!(u32::from_le_bytes(v1[8..12].try_into().unwrap()), 1);
-    let file = MappedCache::from_bytes(&v1).unwrap();
+    let file = MappedCache::from_bytes(v1).unwrap();
     assert_eq!(file.version(), 1);
     let want =
         CacheLayout::Csr { index_bytes: 1, value: ValueFormat::Fp8E4M3, dense: ValueFormat::F16 };
@@ -301,10 +302,8 @@ fn version_1_files_still_open_and_read_the_same_rows() {
         view.sparse_keys.indices()
     );
 
-    let v1 =
-        std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/v1-u8-bf16-bf16-2x2.kvs"))
-            .unwrap();
-    let file = MappedCache::from_bytes(&v1).unwrap();
+    let v1: &[u8] = include_bytes!("data/v1-u8-bf16-bf16-2x2.kvs");
+    let file = MappedCache::from_bytes(v1).unwrap();
     let cfg = HybridConfig { k_value: 2, rows_per_block: 3, ..HybridConfig::new(8, 2, 3) };
     for h in 0..4 {
         let expected = v1_cache::<bf16, bf16>(cfg, 10, h);

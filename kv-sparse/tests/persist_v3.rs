@@ -217,11 +217,10 @@ fn heads_are_checked_once_whichever_thread_uses_them_first() {
 /// head `h` holding 5 rows of `row(t, 8, h)` keys and `row(t, 8, h + 1)` values as f16.
 #[test]
 fn version_2_files_still_open_and_read_the_same_rows() {
-    let data = |name: &str| {
-        std::fs::read(format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
-    };
-    let coded = data("v2-bitmask-int8-f16-1x2.kvs");
-    let file = MappedCache::from_bytes(&coded).unwrap();
+    // Embedded at build time, so the binary does not depend on where the checkout lies (a
+    // shared target directory can reuse a test binary built in another checkout).
+    let coded: &[u8] = include_bytes!("data/v2-bitmask-int8-f16-1x2.kvs");
+    let file = MappedCache::from_bytes(coded).unwrap();
     assert_eq!(file.version(), 2);
     assert_eq!((file.identity(), file.extra()), (&b"identity"[..], &b"extra"[..]));
     file.validate_all().unwrap();
@@ -233,13 +232,13 @@ fn version_2_files_still_open_and_read_the_same_rows() {
         assert_eq!(file.config(0, h).unwrap(), *c.config());
     }
     // Version 2 has one checksum over the whole payload, checked at open.
-    let mut bad = coded.clone();
+    let mut bad = coded.to_vec();
     let n = bad.len();
     bad[n - 1] ^= 1;
     let e = MappedCache::from_bytes(&bad).unwrap_err();
     assert!(matches!(e, Error::ChecksumMismatch { what: "payload", .. }), "{e}");
 
-    let file = MappedCache::from_bytes(&data("v2-dense-f16-2x1.kvs")).unwrap();
+    let file = MappedCache::from_bytes(include_bytes!("data/v2-dense-f16-2x1.kvs")).unwrap();
     assert_eq!(
         (file.version(), file.layout()),
         (2, CacheLayout::Dense { format: ValueFormat::F16 })
