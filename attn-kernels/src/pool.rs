@@ -17,9 +17,16 @@
 //! as another pool broadcasts: a batch of caches, each with its own pool, then keeps at most
 //! the latest pool's workers spinning instead of one spinner per cache.
 //!
+//! One broadcast runs at a time: a pool may be shared (by reference) between the kernels
+//! and other per-token work of a decode step — a model's one-row products run on the same
+//! threads as its attention, so the workers are still spinning when the next call comes —
+//! and concurrent broadcasts from several threads wait for one another. A job that
+//! broadcasts on its own pool would wait for itself; it panics instead.
+//!
 //! No paper section: this is the execution substrate of the CPU kernels (SWAN's decode
 //! step, method section and Appendix A.2, and WnW's gathered decode, §2.3).
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -31,6 +38,40 @@ use crate::error::{Error, Result};
 /// Broadcasts with workers, over every pool of the process: a spinning worker parks when
 /// another pool starts one.
 static BROADCASTS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The pools (their `Shared` addresses) whose job this thread is running, innermost
+    /// last — at most a few entries, so a fixed array without allocation.
+    static RUNNING: Cell<[usize; 4]> = const { Cell::new([0; 4]) };
+}
+
+/// Marks this thread as running a job of the pool at `id` until dropped.
+struct Running {
+    previous: [usize; 4],
+}
+
+impl Running {
+    /// Enters a job of pool `id`; `None` when this thread already runs one of its jobs.
+    fn enter(id: usize) -> Option<Self> {
+        let previous = RUNNING.get();
+        if previous.contains(&id) {
+            return None;
+        }
+        let mut now = previous;
+        // A fifth nested pool forgets the outermost; only re-entry of the latest four is
+        // then detected.
+        now.rotate_left(1);
+        now[3] = id;
+        RUNNING.set(now);
+        Some(Self { previous })
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.set(self.previous);
+    }
+}
 
 /// A job as the workers see it: the borrowed closure with its lifetime erased.
 #[derive(Clone, Copy)]
@@ -80,6 +121,9 @@ impl Shared {
 pub struct ThreadPool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// Held for the whole of a broadcast, so broadcasts from several threads run one after
+    /// the other (the workers serve one job at a time).
+    gate: Mutex<()>,
 }
 
 impl std::fmt::Debug for ThreadPool {
@@ -114,7 +158,8 @@ impl ThreadPool {
             return Err(Error::Threads { op: OP, threads, reason: "need at least one".into() });
         }
         let shared = Arc::new(Shared::default());
-        let mut pool = Self { shared, workers: Vec::with_capacity(threads - 1) };
+        let mut pool =
+            Self { shared, workers: Vec::with_capacity(threads - 1), gate: Mutex::new(()) };
         for index in 1..threads {
             let shared = Arc::clone(&pool.shared);
             let handle = std::thread::Builder::new()
@@ -132,15 +177,23 @@ impl ThreadPool {
     }
 
     /// Runs `job(t)` once on every thread `t ∈ 0..threads()` (0 = the calling thread) and
-    /// returns when all have finished. Does not allocate.
+    /// returns when all have finished. Does not allocate. Broadcasts from several threads
+    /// at once run one after the other.
     ///
     /// # Panics
     /// Re-raises (as a new panic) if `job` panicked on any thread; the pool stays usable.
+    /// Panics if called from inside a job of the same pool (which would wait for itself).
     pub fn broadcast(&self, job: &(dyn Fn(usize) + Sync)) {
+        let Some(_running) = Running::enter(Arc::as_ptr(&self.shared) as usize) else {
+            panic!("ThreadPool::broadcast: called from inside a job of the same pool");
+        };
         if self.workers.is_empty() {
             job(0);
             return;
         }
+        // The job's closure outlives every worker's use of it only if no other broadcast
+        // replaces `state.job` meanwhile.
+        let _gate = self.gate.lock().unwrap_or_else(PoisonError::into_inner);
         let ptr: *const (dyn Fn(usize) + Sync + '_) = job;
         // SAFETY: only the lifetime bound of the trait object changes (same layout). The
         // erased pointer is dereferenced by workers strictly between reading it from
@@ -241,10 +294,13 @@ fn worker_loop(shared: &Shared, index: usize) {
             seen = st.generation;
             st.job
         };
-        // SAFETY: `broadcast` set `job` for this generation and keeps the closure alive
-        // until this worker decrements `pending` below (see `ThreadPool::broadcast`).
-        let ok =
-            job.is_none_or(|j| catch_unwind(AssertUnwindSafe(|| unsafe { (*j.0)(index) })).is_ok());
+        let ok = job.is_none_or(|j| {
+            // A worker serves one pool, so it is never inside a job of it here.
+            let _running = Running::enter(std::ptr::from_ref(shared) as usize);
+            // SAFETY: `broadcast` set `job` for this generation and keeps the closure alive
+            // until this worker decrements `pending` below (see `ThreadPool::broadcast`).
+            catch_unwind(AssertUnwindSafe(|| unsafe { (*j.0)(index) })).is_ok()
+        });
         let mut st = shared.lock();
         st.panicked |= !ok;
         st.pending -= 1;
@@ -323,6 +379,57 @@ mod tests {
             });
         }
         assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 40));
+    }
+
+    #[test]
+    fn broadcasts_from_several_threads_take_turns() {
+        // Each caller's job must run exactly once on every thread, with its own borrowed
+        // state, however the callers interleave.
+        let pool = ThreadPool::new(3).unwrap();
+        let rounds = 300;
+        let counts: Vec<Vec<AtomicUsize>> =
+            (0..3).map(|_| (0..3).map(|_| AtomicUsize::new(0)).collect()).collect();
+        std::thread::scope(|s| {
+            for mine in &counts {
+                let pool = &pool;
+                s.spawn(move || {
+                    for _ in 0..rounds {
+                        pool.broadcast(&|t| {
+                            mine[t].fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        for mine in &counts {
+            assert!(mine.iter().all(|c| c.load(Ordering::Relaxed) == rounds));
+        }
+    }
+
+    #[test]
+    fn a_job_broadcasting_on_its_own_pool_panics_and_the_pool_survives() {
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for inner in 0..threads {
+                let r = catch_unwind(AssertUnwindSafe(|| {
+                    pool.broadcast(&|t| {
+                        if t == inner {
+                            pool.broadcast(&|_| {});
+                        }
+                    });
+                }));
+                assert!(r.is_err(), "threads={threads}, nested on thread {inner}");
+            }
+            // Another pool inside a job is fine.
+            let other = ThreadPool::new(2).unwrap();
+            let hits = AtomicUsize::new(0);
+            pool.broadcast(&|_| {
+                other.broadcast(&|_| {
+                    hits.fetch_add(1, Ordering::Relaxed);
+                });
+            });
+            assert_eq!(hits.load(Ordering::Relaxed), 2 * threads);
+        }
     }
 
     #[test]
