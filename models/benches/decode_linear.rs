@@ -4,6 +4,8 @@
 //! 960 × 576, `o` 576 × 576, `gate|up` 3072 × 576, `down` 576 × 1536: 113 MB, more than the
 //! last-level cache, so every step streams its weights from memory as a real decode does).
 //! `Throughput::Bytes` is the weight bytes one step reads, so criterion reports bandwidth.
+//! For one row, `models_linear_pool` splits every product's output rows among the threads of
+//! a pool of all cores (`linear_on`, as the decode step does on its cache's attention pool).
 //!
 //! `cargo bench -p models --bench decode_linear`; `LINEAR_BENCH_QUICK=1` for a short run.
 
@@ -33,6 +35,8 @@ fn decode_linear(c: &mut Criterion) {
         g.sample_size(10).measurement_time(Duration::from_secs(1));
     }
     let _guard = tch::no_grad_guard();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let pool = attn_kernels::ThreadPool::new(cores).expect("thread pool");
     for rows in [1i64, 4, 8, 16] {
         let xs: Vec<Tensor> = SHAPES
             .iter()
@@ -54,6 +58,18 @@ fn decode_linear(c: &mut Criterion) {
                 }
             })
         });
+        if rows == 1 {
+            g.bench_with_input(BenchmarkId::new("models_linear_pool", rows), &rows, |b, _| {
+                b.iter(|| {
+                    for (i, w) in ws.iter().enumerate() {
+                        let x = input(i);
+                        let y = models::llama::linear::linear_on(Some(&pool), x, w, None, "bench")
+                            .unwrap();
+                        drop(std::hint::black_box(y));
+                    }
+                })
+            });
+        }
     }
     g.finish();
 }

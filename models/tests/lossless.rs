@@ -111,3 +111,24 @@ fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
         "SmolLM2 512 tokens: swan max |Δlogit| {e1:.2e}, swan bitmask {e3:.2e}, tiered {e2:.2e}"
     );
 }
+
+#[test]
+fn smollm2_decode_logits_do_not_depend_on_the_cache_threads() {
+    // The decode step runs its matrix–vector products on the cache's attention threads;
+    // like the attention kernels, they give the same bits on one thread as on two.
+    let path = common::default_model();
+    assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
+    let ckpt = Checkpoint::load(&path).unwrap();
+    let text = models::load::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
+    let ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..1000]).unwrap();
+    let ids = &ids[..96];
+    for spec in ["dense:format=f16", "swan:k=32,kv=32,index=bitmask,value=int8,b=16,basis=hadamard"]
+    {
+        let one = logits(&ckpt, &format!("{spec},threads=1"), ids, 64);
+        let two = logits(&ckpt, &format!("{spec},threads=2"), ids, 64);
+        assert_eq!(one.len(), two.len());
+        for (p, (a, b)) in one.iter().zip(&two).enumerate() {
+            assert!(a.equal(b), "{spec}: logits at step {p} differ between 1 and 2 threads");
+        }
+    }
+}

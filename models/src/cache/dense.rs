@@ -94,6 +94,10 @@ fn mapped_rows<D: Value>(
 }
 
 impl<D: Value> KvCache for DenseCache<D> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn label(&self) -> String {
         let rotate = self
             .rotation

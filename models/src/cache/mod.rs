@@ -36,7 +36,7 @@ pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
 
 use std::ops::Range;
 
-use attn_kernels::{AttnConfig, QueryPrecision};
+use attn_kernels::{AttnConfig, QueryPrecision, ThreadPool};
 use kv_sparse::persist::{CacheImage, MappedCache};
 use projection::ProjectionSet;
 
@@ -320,6 +320,15 @@ pub trait KvCache: Send {
             QueryPrecision::F32 => Ok(()),
             _ => Err(no_int8_keys(&self.label())),
         }
+    }
+
+    /// The thread pool the cache's attention kernels run on, lent to the rest of a decode
+    /// step: [`crate::llama::Llama::decode`] splits its matrix–vector products among the
+    /// same threads, whose workers are still spinning from the last attention call (no
+    /// wake-up between the two, and no second set of threads competing for the cores).
+    /// `None` (the default) runs those products on the calling thread.
+    fn thread_pool(&self) -> Option<&ThreadPool> {
+        None
     }
 
     /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`); none by default.

@@ -105,6 +105,10 @@ impl<C: DenseCodec> QuantCache<C> {
 }
 
 impl<C: DenseCodec> KvCache for QuantCache<C> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn int8_keys(&self) -> bool {
         C::FORMAT == kv_sparse::quant::DenseFormat::Int8
     }

@@ -449,6 +449,10 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
 }
 
 impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn int8_keys(&self) -> bool {
         S::ENCODING.1 == kv_sparse::coded::ValueKind::Int8
     }

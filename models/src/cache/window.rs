@@ -114,6 +114,10 @@ impl<D: Value> WindowCache<D> {
 }
 
 impl<D: Value> KvCache for WindowCache<D> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn label(&self) -> String {
         format!("window {} {}", self.window, D::FORMAT)
     }
@@ -281,6 +285,10 @@ impl<C: DenseCodec> QuantWindowCache<C> {
 }
 
 impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn int8_keys(&self) -> bool {
         C::FORMAT == kv_sparse::quant::DenseFormat::Int8
     }
@@ -500,6 +508,12 @@ impl WindowedCache {
 }
 
 impl KvCache for WindowedCache {
+    /// The local layers' ring's pool (most layers of a sliding-window model are local),
+    /// else the global layers'.
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        self.ring.thread_pool().or_else(|| self.global.thread_pool())
+    }
+
     fn int8_keys(&self) -> bool {
         self.global.int8_keys() || self.ring.int8_keys()
     }

@@ -11,13 +11,14 @@
 
 use std::ops::Range;
 
+use attn_kernels::ThreadPool;
 use tch::{Kind, Tensor};
 
 use crate::cache::{AttentionRequest, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, TorchOp};
 use crate::llama::gemma::{QkNorm, attention_mask};
 use crate::llama::host::{HostTensor, f32_slice};
-use crate::llama::linear::linear;
+use crate::llama::linear::{linear, linear_on};
 use crate::llama::rope::Rope;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -345,8 +346,9 @@ impl Attention {
     }
 
     /// `W_O` applied to per-head outputs laid out `[tokens, q_heads·head_dim]`.
-    fn output(&self, o: &Tensor) -> Result<Tensor> {
-        linear(o, &self.o, self.o_bias.as_ref(), "o proj")
+    /// A one-row product runs on `pool`'s threads (see [`linear_on`]).
+    fn output(&self, o: &Tensor, pool: Option<&ThreadPool>) -> Result<Tensor> {
+        linear_on(pool, o, &self.o, self.o_bias.as_ref(), "o proj")
     }
 
     /// Full causal attention over `x` (`[tokens, hidden]`): returns the layer output
@@ -420,14 +422,14 @@ impl Attention {
             .op("transpose")?
             .f_reshape([t, self.q_heads * self.head_dim])
             .op("flatten")?;
-        self.output(&flat)
+        self.output(&flat, None)
     }
 
     /// The fused `q|k|v` rows `[batch, (q_heads + 2·kv_heads)·head_dim]` of decode input
     /// `x` (`[batch, hidden]`), q and k normalised per head where the layer has QK-norm;
-    /// contiguous, so the host can read them.
-    fn decode_qkv(&self, x: &Tensor) -> Result<Tensor> {
-        let qkv = linear(x, &self.qkv, self.qkv_bias.as_ref(), "qkv proj")?;
+    /// contiguous, so the host can read them. A one-row product runs on `pool`'s threads.
+    fn decode_qkv(&self, x: &Tensor, pool: Option<&ThreadPool>) -> Result<Tensor> {
+        let qkv = linear_on(pool, x, &self.qkv, self.qkv_bias.as_ref(), "qkv proj")?;
         let Some(norm) = &self.qk_norm else { return Ok(qkv) };
         let (b, nq, nkv, d) = (qkv.size()[0], self.q_heads, self.kv_heads, self.head_dim);
         let part = |start: i64, heads: i64| -> Result<Tensor> {
@@ -455,13 +457,13 @@ impl Attention {
         (layer, cache): (usize, &mut dyn KvCache),
         scratch: &mut DecodeScratch,
     ) -> Result<Tensor> {
-        let qkv = self.decode_qkv(x)?;
+        let qkv = self.decode_qkv(x, cache.thread_pool())?;
         let DecodeScratch { q, k, out } = scratch;
         // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
         // writes to it while the row is borrowed.
         let row = unsafe { f32_slice(&qkv)? };
-        attend_row(row, (q, k), rope, position, (layer, cache), out.as_mut_slice())?;
-        self.output(scratch.out.tensor())
+        attend_row(row, (q, k), rope, position, (layer, &mut *cache), out.as_mut_slice())?;
+        self.output(scratch.out.tensor(), cache.thread_pool())
     }
 }
 
@@ -494,7 +496,7 @@ impl Attention {
                 ),
             ));
         }
-        let qkv = self.decode_qkv(x)?;
+        let qkv = self.decode_qkv(x, None)?;
         // SAFETY: `qkv` is the fresh result of the linear above, held only here; nothing
         // writes to it while the rows are borrowed.
         let rows = unsafe { f32_slice(&qkv)? };
@@ -544,7 +546,7 @@ impl Attention {
                     .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
             })?;
         }
-        self.output(out.tensor())
+        self.output(out.tensor(), None)
     }
 }
 

@@ -4,7 +4,9 @@
 use tch::Tensor;
 
 use crate::error::{Result, TorchOp};
-use crate::llama::linear::linear;
+use attn_kernels::ThreadPool;
+
+use crate::llama::linear::linear_on;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 
@@ -69,7 +71,16 @@ impl Mlp {
     /// # Errors
     /// [`crate::Error::Torch`] on a shape mismatch.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let gu = linear(x, &self.gate_up, self.gate_up_bias.as_ref(), "mlp gate_up")?;
+        self.forward_on(None, x)
+    }
+
+    /// [`Mlp::forward`] with one-row products split among `pool`'s threads
+    /// ([`linear_on`]).
+    ///
+    /// # Errors
+    /// As [`Mlp::forward`].
+    pub fn forward_on(&self, pool: Option<&ThreadPool>, x: &Tensor) -> Result<Tensor> {
+        let gu = linear_on(pool, x, &self.gate_up, self.gate_up_bias.as_ref(), "mlp gate_up")?;
         let gate = gu.f_narrow(-1, 0, self.inner).op("mlp narrow")?;
         let up = gu.f_narrow(-1, self.inner, self.inner).op("mlp narrow")?;
         let gate = if self.gelu {
@@ -78,6 +89,6 @@ impl Mlp {
             gate.f_silu().op("mlp silu")?
         };
         let act = gate.f_mul(&up).op("mlp mul")?;
-        linear(&act, &self.down, self.down_bias.as_ref(), "mlp down")
+        linear_on(pool, &act, &self.down, self.down_bias.as_ref(), "mlp down")
     }
 }

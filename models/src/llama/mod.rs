@@ -19,6 +19,7 @@ pub use norm::RmsNorm;
 
 use std::ops::Range;
 
+use attn_kernels::ThreadPool;
 use tch::{Kind, Tensor};
 
 use crate::cache::{AttentionRequest, KvCache};
@@ -123,14 +124,14 @@ impl Block {
         t
     }
 
-    fn finish(&self, h: &Tensor, attn_out: &Tensor) -> Result<Tensor> {
+    fn finish(&self, h: &Tensor, attn_out: &Tensor, pool: Option<&ThreadPool>) -> Result<Tensor> {
         let Some(sandwich) = &self.sandwich else {
             let h = h.f_add(attn_out).op("residual")?;
-            let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
+            let m = self.mlp.forward_on(pool, &self.post_norm.forward(&h)?)?;
             return h.f_add(&m).op("residual");
         };
         let h = h.f_add(&sandwich.attention(attn_out)?).op("residual")?;
-        let m = self.mlp.forward(&self.post_norm.forward(&h)?)?;
+        let m = self.mlp.forward_on(pool, &self.post_norm.forward(&h)?)?;
         h.f_add(&sandwich.feedforward(&m)?).op("residual")
     }
 }
@@ -435,7 +436,7 @@ impl Llama {
             for c in caches.iter_mut() {
                 feed_cache(&mut **c, i, &tensors, received.as_ref())?;
             }
-            h = block.finish(&h, &attn_out)?;
+            h = block.finish(&h, &attn_out, None)?;
             obs.hidden(&format!("layer{i}.out"), &h)?;
         }
         let last = if all_logits { h } else { h.f_narrow(0, n - 1, 1).op("last")? };
@@ -510,7 +511,7 @@ impl Llama {
                 let (attn_out, p) =
                     block.attn.prefill_key_offset(&x, rope.0, rope.1, span.clone(), offset)?;
                 probs(i, &p)?;
-                h = block.finish(&h, &attn_out)?;
+                h = block.finish(&h, &attn_out, None)?;
             }
             linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
         })
@@ -518,7 +519,9 @@ impl Llama {
 
     /// Runs one token at `position` through every layer with `cache` (which must already
     /// hold positions `0..position`), then calls [`KvCache::end_step`]. Returns logits
-    /// `[1, vocab]`.
+    /// `[1, vocab]`. The step's matrix–vector products run on the cache's attention threads
+    /// ([`KvCache::thread_pool`]), split by output rows; the logits do not depend on the
+    /// number of threads.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for an id out of range or a position past a sliding
@@ -539,10 +542,11 @@ impl Llama {
             let x = block.input_norm.forward(&h)?;
             let rope = self.layer_rope(i);
             let attn_out = block.attn.decode(&x, rope, position, (i, &mut *cache), scratch)?;
-            h = block.finish(&h, &attn_out)?;
+            h = block.finish(&h, &attn_out, cache.thread_pool())?;
         }
         cache.end_step()?;
-        linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
+        let normed = self.norm.forward(&h)?;
+        linear::linear_on(cache.thread_pool(), &normed, &self.lm_head, None, "lm_head")
     }
 }
 
@@ -670,7 +674,7 @@ impl Llama {
             let rope = self.layer_rope(i);
             let attn_out =
                 block.attn.decode_batch(&x, rope, position, (i, &mut *caches), scratch)?;
-            h = block.finish(&h, &attn_out)?;
+            h = block.finish(&h, &attn_out, None)?;
         }
         for (b, cache) in caches.iter_mut().enumerate() {
             let t = std::time::Instant::now();

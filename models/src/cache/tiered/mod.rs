@@ -155,6 +155,10 @@ impl<D: Value> TieredCache<D> {
 }
 
 impl<D: Value> KvCache for TieredCache<D> {
+    fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
+        Some(self.kernel.pool())
+    }
+
     fn label(&self) -> String {
         let swan = self.swan.as_ref().map_or(String::new(), |(c, s)| {
             format!("swan k={}/{} basis={} + ", c.k_key, c.k_value, s.provenance().kind)
