@@ -259,14 +259,16 @@ fn per_lane(v: __m128) -> __m512 {
 
 /// [`row_scores_g`] for four rows at once: their `4 × G` integer products reduce together
 /// in one transposing tree (45 vector operations for sixteen sums, against a fold and a
-/// horizontal sum per row and head), leaving row `r`'s heads in 128-bit lane `r`.
+/// horizontal sum per row and head), leaving row `r`'s heads in 128-bit lane `r`. Row `r`'s
+/// factor is lane `r` of `factors`.
 ///
 /// # Safety
 /// As [`row_scores_g`], for the four rows of `rows` and the four rows of `s`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi2,avx512vnni,popcnt,avx2,fma,f16c")]
 unsafe fn quad_scores_g<R: IntRow, const G: usize, const W: usize>(
     q: QueryView<'_>,
-    rows: [(R, f32); 4],
+    rows: [R; 4],
+    factors: __m128,
     lane0: usize,
     s: &mut [[f32; W]],
 ) {
@@ -281,7 +283,7 @@ unsafe fn quad_scores_g<R: IntRow, const G: usize, const W: usize>(
         if G > 1 { q.scales[1] } else { 0.0 },
         q.scales[0],
     ));
-    let factors = per_lane(_mm_set_ps(rows[3].1, rows[2].1, rows[1].1, rows[0].1));
+    let factors = per_lane(factors);
     // SAFETY: the caller's contract: every row holds `d` components (`d/32` blocks), read 64
     // at a time at multiples of 64 below `d`; `q.codes` holds `G·d` codes, `q.bias`
     // `G·chunks·16` lanes and `q.total` `16·G`; every `s[r]` has `lane0 + G ≤ W` lanes, and
@@ -293,7 +295,7 @@ unsafe fn quad_scores_g<R: IntRow, const G: usize, const W: usize>(
                 let c = ch * CHUNK;
                 let mut a = [[zero; 4]; 4];
                 for (r, ar) in a.iter_mut().enumerate() {
-                    let k = _mm512_xor_si512(rows[r].0.codes64(c), flip);
+                    let k = _mm512_xor_si512(rows[r].codes64(c), flip);
                     for (h, ah) in ar.iter_mut().enumerate().take(G) {
                         let b = _mm512_loadu_si512(bp.add((h * chunks + ch) * 16).cast());
                         let qh = _mm512_loadu_si512(qp.add(h * d + c).cast());
@@ -317,8 +319,8 @@ unsafe fn quad_scores_g<R: IntRow, const G: usize, const W: usize>(
                     );
                     per_lane(_mm_cvtph_ps(bits))
                 };
-                y01 = _mm512_fmadd_ps(x01, scales(rows[0].0, rows[1].0), y01);
-                y23 = _mm512_fmadd_ps(x23, scales(rows[2].0, rows[3].0), y23);
+                y01 = _mm512_fmadd_ps(x01, scales(rows[0], rows[1]), y01);
+                y23 = _mm512_fmadd_ps(x23, scales(rows[2], rows[3]), y23);
             }
             pair_lanes_ps(y01, y23)
         } else {
@@ -329,7 +331,7 @@ unsafe fn quad_scores_g<R: IntRow, const G: usize, const W: usize>(
             for ch in 0..chunks {
                 let c = ch * CHUNK;
                 for (r, ar) in a.iter_mut().enumerate() {
-                    let k = _mm512_xor_si512(rows[r].0.codes64(c), flip);
+                    let k = _mm512_xor_si512(rows[r].codes64(c), flip);
                     for (h, ah) in ar.iter_mut().enumerate().take(G) {
                         let qh = _mm512_loadu_si512(qp.add(h * d + c).cast());
                         *ah = _mm512_dpbusd_epi32(*ah, k, qh);
@@ -371,8 +373,11 @@ unsafe fn scores_g<R: IntRow, const G: usize, const W: usize>(
     // SAFETY: the caller's contract, for every group of four rows and the rest.
     unsafe {
         for (t, st) in (0..quads).step_by(4).zip(s.chunks_exact_mut(4)) {
-            let rows = [row(t), row(t + 1), row(t + 2), row(t + 3)];
-            quad_scores_g::<R, G, W>(q, rows, lane0, st);
+            let [(r0, f0), (r1, f1), (r2, f2), (r3, f3)] =
+                [row(t), row(t + 1), row(t + 2), row(t + 3)];
+            // The row factors go straight into one vector: an array of (row, factor) pairs
+            // built on the stack and reloaded as one vector stalls on store forwarding.
+            quad_scores_g::<R, G, W>(q, [r0, r1, r2, r3], _mm_set_ps(f3, f2, f1, f0), lane0, st);
         }
         row_scores_g::<R, G, W>(q, (quads..n).map(row), lane0, &mut s[quads..]);
     }
