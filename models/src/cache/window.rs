@@ -519,7 +519,7 @@ impl KvCache for WindowedCache {
     }
 
     /// Sets the precision on whichever part stores int8 keys (the global layers' cache, the
-    /// local layers' ring, or both); [`QueryPrecision::F32`] on both.
+    /// local layers' ring, or both); [`attn_kernels::QueryPrecision::F32`] on both.
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
         use attn_kernels::QueryPrecision;
         if precision != QueryPrecision::F32 && !self.int8_keys() {
