@@ -85,14 +85,22 @@ fn tiny_models_every_lossless_cache_matches_dense() {
     }
 }
 
-#[test]
-fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
+/// SmolLM2-135M and the first `tokens` token ids of the first `chars` characters of Macbeth.
+fn smollm2_macbeth(chars: usize, tokens: usize) -> (Checkpoint, Vec<u32>) {
     let path = common::default_model();
     assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
     let ckpt = Checkpoint::load(&path).unwrap();
     let text = models::load::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
-    let ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..6000]).unwrap();
-    let ids = &ids[..512];
+    let mut ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..chars]).unwrap();
+    ids.truncate(tokens);
+    assert_eq!(ids.len(), tokens, "{chars} characters of Macbeth give too few tokens");
+    (ckpt, ids)
+}
+
+#[test]
+fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
+    let (ckpt, ids) = smollm2_macbeth(6000, 512);
+    let ids = &ids[..];
     // Dense attention over the full K/V: the libtorch prefill (whose decode path matches it
     // and transformers, see parity tests); row p − 1 predicts ids[p].
     let all = ckpt.model.prefill(ids, None, &mut models::llama::NoObserver, true).unwrap();
@@ -116,12 +124,8 @@ fn smollm2_512_tokens_swan_and_tiered_lossless_match_dense() {
 fn smollm2_decode_logits_do_not_depend_on_the_cache_threads() {
     // The decode step runs its matrix–vector products on the cache's attention threads;
     // like the attention kernels, they give the same bits on one thread as on two.
-    let path = common::default_model();
-    assert!(path.is_file(), "{} missing: run scripts/setup.sh", path.display());
-    let ckpt = Checkpoint::load(&path).unwrap();
-    let text = models::load::text::read_text(&common::plays_dir().join("macbeth.md")).unwrap();
-    let ids = ckpt.tokenizer.as_ref().unwrap().encode(&text[..1000]).unwrap();
-    let ids = &ids[..96];
+    let (ckpt, ids) = smollm2_macbeth(1000, 96);
+    let ids = &ids[..];
     for spec in ["dense:format=f16", "swan:k=32,kv=32,index=bitmask,value=int8,b=16,basis=hadamard"]
     {
         let one = logits(&ckpt, &format!("{spec},threads=1"), ids, 64);
