@@ -654,7 +654,9 @@ fn ablation_findings(s: &WnwStudy) -> Vec<Finding> {
             "A2: per-segment prefill quotas do at least as well as one global top-k at the same budget",
             a2.iter().all(|&(_, p, g)| p >= g),
             a2.iter()
-                .map(|&(r, p, g)| format!("r_GPU {r}: per segment {} vs global {}", pct(p, 1), pct(g, 1)))
+                // Two decimals: on thousands of scored tokens the two quotas can differ by a
+                // single token, which one decimal would print as a tie.
+                .map(|&(r, p, g)| format!("r_GPU {r}: per segment {} vs global {}", pct(p, 2), pct(g, 2)))
                 .collect::<Vec<_>>()
                 .join("; "),
         ));
