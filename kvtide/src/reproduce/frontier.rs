@@ -28,7 +28,6 @@ use std::process::Command;
 use serde::Serialize;
 
 use super::Context;
-use super::corpus::SWAN_EVAL_PLAY;
 use super::decode::{Trace, group_by_weights, teacher_force_texts};
 use super::findings::{Check, Finding};
 use super::plot::Plot;
@@ -425,7 +424,7 @@ pub struct FrontierStudy {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub local: Option<LocalLayers>,
     /// Evaluation play.
-    pub eval_play: &'static str,
+    pub eval_play: String,
     /// Windows × length, prefix prefilled (the rest scored through the decode path).
     pub windows: (usize, usize, usize),
     /// Head dimension.
@@ -680,7 +679,8 @@ fn whole_window(
 pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy> {
     let proj = ctx.projection()?.display().to_string();
     let (count, wlen, prefix) = ctx.plan.frontier_eval;
-    let mut windows = ctx.corpus.windows(SWAN_EVAL_PLAY, 0, wlen, count)?;
+    let play = ctx.plan.frontier_play.clone();
+    let mut windows = ctx.corpus.windows(&play, 0, wlen, count)?;
     // As llama.cpp's perplexity tool: a model that starts its text with BOS starts every
     // window with it (in place of the window's first token).
     let specials = ctx.corpus.tokenizer().encode_with("", true)?;
@@ -771,9 +771,8 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     mark_frontier(&mut points, |p| p.window_ratio, |p, f| p.frontier_window = f);
     mark_frontier(&mut points, |p| p.long_ratio, |p, f| p.frontier_long = f);
     let budgets = budget_rows(&points, bm.local.is_some());
-    let text = models::load::text::read_text(
-        &crate::paths::plays_dir().join(format!("{SWAN_EVAL_PLAY}.md")),
-    )?;
+    let text =
+        models::load::text::read_text(&crate::paths::plays_dir().join(format!("{play}.md")))?;
     let external = external(ctx, llama_cpp, &text, (count, wlen));
     // Only worth its decode when there are peer rows to compare with.
     let whole_window = if !external.rows.is_empty() {
@@ -785,7 +784,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     Ok(FrontierStudy {
         model: format!("{} ({file})", ctx.model.config().name),
         local: bm.local,
-        eval_play: SWAN_EVAL_PLAY,
+        eval_play: play,
         windows: (count, wlen, prefix),
         head_dim: d,
         points,
@@ -1166,7 +1165,7 @@ mod tests {
         let mut s = FrontierStudy {
             model: "m".into(),
             local: None,
-            eval_play: SWAN_EVAL_PLAY,
+            eval_play: super::super::corpus::SWAN_EVAL_PLAY.into(),
             windows: (8, 1024, 512),
             head_dim: 64,
             points: runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect(),

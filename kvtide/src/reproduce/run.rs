@@ -49,6 +49,11 @@ pub struct ReproduceArgs {
     /// without the SWAN grid.
     #[arg(long)]
     pub frontier_external_only: bool,
+    /// The play the frontier study scores (a play of the text set-up, not one the SWAN
+    /// projections are calibrated on): the same windows for kvtide and llama.cpp, to see
+    /// how a figure moves with the text.
+    #[arg(long, default_value = super::corpus::SWAN_EVAL_PLAY)]
+    pub frontier_play: String,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -223,10 +228,14 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
                     ctx.log(&line);
                     out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
                 }
-                (Ok(_), true) => frontier_leg(&leg, (llama_cpp, ext_only), ctx, out)?,
+                (Ok(_), true) => {
+                    ctx.plan.frontier_play.clone_from(&args.frontier_play);
+                    frontier_leg(&leg, (llama_cpp, ext_only), ctx, out)?;
+                }
                 (Ok(path), false) => {
                     ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
                     let mut further = ctx.for_model(path)?;
+                    further.plan.frontier_play.clone_from(&args.frontier_play);
                     frontier_leg(&leg, (llama_cpp, ext_only), &mut further, out)?;
                 }
             }
@@ -333,6 +342,28 @@ fn completeness(report: &Report, studies: &[&str], legs: &[frontier::Leg]) -> Ch
     )
 }
 
+/// Refuses a frontier play the SWAN projections were calibrated on (the SWAN points would
+/// be scored on their own calibration text) or that is not in the plays directory.
+fn check_frontier_play(play: &str) -> Result<()> {
+    if super::corpus::SWAN_CALIBRATION_PLAYS.contains(&play) {
+        return Err(invalid(
+            "reproduce --frontier-play",
+            format!(
+                "{play:?} calibrates the SWAN projections; choose a play outside {:?}",
+                super::corpus::SWAN_CALIBRATION_PLAYS
+            ),
+        ));
+    }
+    let path = crate::paths::plays_dir().join(format!("{play}.md"));
+    if !path.is_file() {
+        return Err(invalid(
+            "reproduce --frontier-play",
+            format!("{play:?}: no {} (run scripts/setup.sh)", path.display()),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs `kvtide reproduce`.
 ///
 /// # Errors
@@ -350,6 +381,7 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
             format!("{:?} names no study (memory, premise, swan, frontier, wnw, audio)", args.only),
         ));
     }
+    check_frontier_play(&args.frontier_play)?;
     let model = args.model.clone().unwrap_or_else(crate::paths::default_model);
     let pb = progress(studies.len());
     let mut ctx = Context::new(&model, args.size(), pb.clone())?;
@@ -448,5 +480,18 @@ pub fn cli(args: &ReproduceArgs) -> i32 {
             eprintln!("kvtide reproduce: {e}");
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frontier_play_of_the_swan_calibration_or_missing_is_refused() {
+        let e = check_frontier_play("othello").unwrap_err().to_string();
+        assert!(e.contains("--frontier-play") && e.contains("calibrates"), "{e}");
+        let e = check_frontier_play("no-such-play").unwrap_err().to_string();
+        assert!(e.contains("no-such-play"), "{e}");
     }
 }
