@@ -21,6 +21,7 @@ fn memory_study_writes_a_complete_report() {
         further_models_only: false,
         primary_model_only: false,
         frontier_external_only: false,
+        frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -47,6 +48,7 @@ fn unknown_study_is_a_typed_error() {
         further_models_only: false,
         primary_model_only: false,
         frontier_external_only: false,
+        frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());

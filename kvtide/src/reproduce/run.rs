@@ -229,11 +229,13 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
                     out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
                 }
                 (Ok(_), true) => {
+                    check_frontier_play(&args.frontier_play)?;
                     ctx.plan.frontier_play.clone_from(&args.frontier_play);
                     frontier_leg(&leg, (llama_cpp, ext_only), ctx, out)?;
                 }
                 (Ok(path), false) => {
                     ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
+                    check_frontier_play(&args.frontier_play)?;
                     let mut further = ctx.for_model(path)?;
                     further.plan.frontier_play.clone_from(&args.frontier_play);
                     frontier_leg(&leg, (llama_cpp, ext_only), &mut further, out)?;
@@ -381,7 +383,6 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
             format!("{:?} names no study (memory, premise, swan, frontier, wnw, audio)", args.only),
         ));
     }
-    check_frontier_play(&args.frontier_play)?;
     let model = args.model.clone().unwrap_or_else(crate::paths::default_model);
     let pb = progress(studies.len());
     let mut ctx = Context::new(&model, args.size(), pb.clone())?;
