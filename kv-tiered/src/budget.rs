@@ -21,6 +21,10 @@ use crate::error::{Error, Result, param};
 /// The smallest knob a search proposes (a knob of 0 is not a budget).
 pub const MIN_KNOB: f64 = 1e-3;
 
+/// A response slope (measured r_GPU per unit of knob) below which two probes on the same
+/// side of the target count as a plateau.
+const FLAT_SLOPE: f64 = 0.1;
+
 /// Default tolerance on the measured r_GPU: two percentage points.
 pub const DEFAULT_MEASURED_TOLERANCE: f64 = 0.02;
 
@@ -139,7 +143,8 @@ impl BudgetSearch {
     }
 
     /// The next knob: a secant step inside the bracket once the target is bracketed, else
-    /// the additive step `knob + (target − measured)`, clamped to `[MIN_KNOB, 1]`.
+    /// the additive step `knob + (target − measured)` — or straight to the bound on that side
+    /// when the last two probes show a plateau — clamped to `[MIN_KNOB, 1]`.
     fn step(&self, knob: f64, measured: f64) -> f64 {
         let t = self.target;
         let below =
@@ -158,7 +163,23 @@ impl BudgetSearch {
                     0.5 * (lo.knob + hi.knob)
                 }
             }
-            _ => knob + (t - measured),
+            _ => match self.probes[..] {
+                // Two probes on one side whose measurement barely followed the knob (a floor
+                // of anchors or recall, or a ceiling): the additive step would creep along it,
+                // so go to the bound at once — it settles the floor or brackets the target.
+                [.., a, b]
+                    if (a.measured - t).signum() == (b.measured - t).signum()
+                        && a.knob != b.knob
+                        && ((b.measured - a.measured) / (b.knob - a.knob)) < FLAT_SLOPE =>
+                {
+                    if measured > t {
+                        MIN_KNOB
+                    } else {
+                        1.0
+                    }
+                }
+                _ => knob + (t - measured),
+            },
         };
         x.clamp(MIN_KNOB, 1.0)
     }
@@ -225,6 +246,25 @@ mod tests {
         assert_eq!(s.outcome(), SearchOutcome::FloorAboveTarget);
         assert_eq!(s.best().knob, MIN_KNOB);
         assert!((s.best().measured - 0.3005).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_plateau_above_the_target_goes_to_the_smallest_knob_at_once() {
+        // Anchors and recall hold 0.428 of the span whatever the knob below ~0.29 (the
+        // audio study's tiny model at target 0.4): additive steps would creep down 0.028
+        // a probe.
+        let floor = |k: f64| (k + 0.14).max(0.428);
+        let s = run(0.4, floor, 6);
+        assert_eq!(s.outcome(), SearchOutcome::FloorAboveTarget, "{:?}", s.probes());
+        assert_eq!(s.probes().len(), 4, "{:?}", s.probes());
+        assert_eq!(s.best().measured, 0.428);
+        // A plateau that ends lower down: the jump brackets the target and the search goes
+        // on inside the bracket.
+        let shelf = |k: f64| if k < 0.1 { 4.0 * k } else { (k + 0.14).max(0.428) };
+        let s = run(0.4, shelf, 8);
+        assert_eq!(s.probes()[3].knob, MIN_KNOB, "{:?}", s.probes());
+        assert_ne!(s.outcome(), SearchOutcome::FloorAboveTarget, "{:?}", s.probes());
+        assert!(s.probes().len() > 4, "{:?}", s.probes());
     }
 
     #[test]
