@@ -672,15 +672,14 @@ fn whole_window(
     Ok(out)
 }
 
-/// Runs every configuration of the plan's frontier grid.
+/// Runs every configuration of the plan's frontier grid on windows of `play`.
 ///
 /// # Errors
 /// Corpus, calibration, cache and forward errors.
-pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy> {
+pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<FrontierStudy> {
     let proj = ctx.projection()?.display().to_string();
     let (count, wlen, prefix) = ctx.plan.frontier_eval;
-    let play = ctx.plan.frontier_play.clone();
-    let mut windows = ctx.corpus.windows(&play, 0, wlen, count)?;
+    let mut windows = ctx.corpus.windows(play, 0, wlen, count)?;
     // As llama.cpp's perplexity tool: a model that starts its text with BOS starts every
     // window with it (in place of the window's first token).
     let specials = ctx.corpus.tokenizer().encode_with("", true)?;
@@ -784,7 +783,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>) -> Result<FrontierStudy>
     Ok(FrontierStudy {
         model: format!("{} ({file})", ctx.model.config().name),
         local: bm.local,
-        eval_play: play,
+        eval_play: play.to_owned(),
         windows: (count, wlen, prefix),
         head_dim: d,
         points,

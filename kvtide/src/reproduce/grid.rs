@@ -284,8 +284,6 @@ pub struct Plan {
     pub frontier: Vec<super::frontier::FrontierRun>,
     /// Frontier evaluation windows, their length and prefix.
     pub frontier_eval: (usize, usize, usize),
-    /// The play the frontier study scores (the SWAN eval play unless a run asks for another).
-    pub frontier_play: String,
 }
 
 /// Voice heads scaled from the paper's Voxtral count (of 240) to `heads`, ≥ `n_anchor + 1`.
@@ -550,7 +548,6 @@ impl Plan {
                 audio: (12, vec![0.4]),
                 frontier: super::frontier::grid(head_dim, &[2, 4], &[64], false),
                 frontier_eval: (1, 192, 96),
-                frontier_play: super::corpus::SWAN_EVAL_PLAY.to_owned(),
             }
         }
     }
@@ -597,7 +594,6 @@ impl Plan {
                 true,
             ),
             frontier_eval: (8, 1024, 512),
-            frontier_play: super::corpus::SWAN_EVAL_PLAY.to_owned(),
         }
     }
 

@@ -174,19 +174,20 @@ fn progress(total: usize) -> ProgressBar {
 /// The frontier study on one model (one leg): its section, findings, check and record.
 fn frontier_leg(
     leg: &frontier::Leg,
-    (llama_cpp, external_only): (Option<&std::path::Path>, bool),
+    args: &ReproduceArgs,
     ctx: &mut Context,
     out: &mut Outputs<'_>,
 ) -> Result<()> {
+    check_frontier_play(&args.frontier_play)?;
     if ctx.model_path().file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {
         let d = ctx.model.config().head_dim;
         ctx.plan.further_model_frontier(d);
     }
-    if external_only {
+    if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
     }
-    let s = frontier::run(ctx, llama_cpp)?;
+    let s = frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play)?;
     let title = if leg.tag.is_empty() {
         "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
     } else {
@@ -210,8 +211,6 @@ struct Outputs<'a> {
 
 /// Runs one study and adds its section, findings and checks.
 fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<'_>) -> Result<()> {
-    let llama_cpp = args.llama_cpp.as_deref();
-    let ext_only = args.frontier_external_only;
     if name == "frontier" {
         let gemma = crate::paths::gemma_model();
         let choice = if args.further_models_only {
@@ -228,17 +227,11 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
                     ctx.log(&line);
                     out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
                 }
-                (Ok(_), true) => {
-                    check_frontier_play(&args.frontier_play)?;
-                    ctx.plan.frontier_play.clone_from(&args.frontier_play);
-                    frontier_leg(&leg, (llama_cpp, ext_only), ctx, out)?;
-                }
+                (Ok(_), true) => frontier_leg(&leg, args, ctx, out)?,
                 (Ok(path), false) => {
                     ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
-                    check_frontier_play(&args.frontier_play)?;
                     let mut further = ctx.for_model(path)?;
-                    further.plan.frontier_play.clone_from(&args.frontier_play);
-                    frontier_leg(&leg, (llama_cpp, ext_only), &mut further, out)?;
+                    frontier_leg(&leg, args, &mut further, out)?;
                 }
             }
         }
