@@ -30,6 +30,7 @@ fn a_missing_gemma_model_is_a_reported_skip() {
         primary_model_only: false,
         frontier_external_only: false,
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
+        frontier_grid: Default::default(),
         only: vec!["frontier".into()],
     };
     let outcome = run(&args).expect("reproduce --only frontier --further-models-only");

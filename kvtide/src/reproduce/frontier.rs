@@ -356,6 +356,107 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     runs
 }
 
+/// A restriction of the plan's SWAN grid (`kvtide reproduce --frontier-k-eighths …`): the
+/// axes of a multi-hour grid a run may narrow to fit its time, on the plan's windows. Empty
+/// lists keep an axis whole; the dense rows are always kept.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq)]
+pub struct SwanGrid {
+    /// Only these kept-component counts in the frontier's SWAN grid, in eighths of `d_h`
+    /// (1 = `d_h`/8 … 8 = `d_h`; comma-separated).
+    #[arg(long = "frontier-k-eighths", value_delimiter = ',')]
+    pub k_eighths: Vec<usize>,
+    /// Only these dense-buffer sizes `b` in the frontier's SWAN grid (comma-separated).
+    #[arg(long = "frontier-buffers", value_delimiter = ',')]
+    pub buffers: Vec<usize>,
+    /// Only these SWAN value codes (comma-separated: f16, fp8, int8, int4).
+    #[arg(long = "frontier-values", value_delimiter = ',')]
+    pub values: Vec<String>,
+}
+
+impl SwanGrid {
+    /// Whether every axis is whole.
+    pub fn is_whole(&self) -> bool {
+        self.k_eighths.is_empty() && self.buffers.is_empty() && self.values.is_empty()
+    }
+
+    /// Keeps the dense runs of `runs` and the SWAN runs on every restricted axis.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when a listed value names no SWAN run of the plan
+    /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
+    pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
+        const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values";
+        let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
+        let eighths =
+            |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
+        let unknown = |what: &str, listed: Vec<String>, has: Vec<String>| {
+            let mut has = has;
+            has.sort();
+            has.dedup();
+            invalid(
+                OP,
+                format!(
+                    "{what} {} not in this plan's SWAN grid (it has {})",
+                    listed.join(", "),
+                    has.join(", ")
+                ),
+            )
+        };
+        let missing_k: Vec<String> = self
+            .k_eighths
+            .iter()
+            .filter(|&&e| !swan.iter().any(|r| eighths(r) == Some(e)))
+            .map(usize::to_string)
+            .collect();
+        if !missing_k.is_empty() {
+            let has = swan.iter().filter_map(|r| eighths(r)).map(|e| e.to_string()).collect();
+            return Err(unknown("k eighths", missing_k, has));
+        }
+        let missing_b: Vec<String> = self
+            .buffers
+            .iter()
+            .filter(|&&b| !swan.iter().any(|r| r.buffer == b))
+            .map(usize::to_string)
+            .collect();
+        if !missing_b.is_empty() {
+            let has = swan.iter().map(|r| r.buffer.to_string()).collect();
+            return Err(unknown("buffers", missing_b, has));
+        }
+        let missing_v: Vec<String> = self
+            .values
+            .iter()
+            .filter(|v| !swan.iter().any(|r| r.values == v.as_str()))
+            .cloned()
+            .collect();
+        if !missing_v.is_empty() {
+            let has = swan.iter().map(|r| r.values.to_owned()).collect();
+            return Err(unknown("values", missing_v, has));
+        }
+        runs.retain(|r| {
+            r.k.is_none()
+                || ((self.k_eighths.is_empty()
+                    || eighths(r).is_some_and(|e| self.k_eighths.contains(&e)))
+                    && (self.buffers.is_empty() || self.buffers.contains(&r.buffer))
+                    && (self.values.is_empty() || self.values.iter().any(|v| v == r.values)))
+        });
+        if !runs.iter().any(|r| r.k.is_some()) {
+            return Err(invalid(OP, "no SWAN configuration of the plan is on every listed axis"));
+        }
+        Ok(())
+    }
+
+    /// A line for the log and the report saying how the grid was restricted.
+    pub fn describe(&self) -> String {
+        let list = |v: Vec<String>| if v.is_empty() { "all".to_owned() } else { v.join(", ") };
+        format!(
+            "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}",
+            list(self.k_eighths.iter().map(usize::to_string).collect()),
+            list(self.buffers.iter().map(usize::to_string).collect()),
+            list(self.values.clone()),
+        )
+    }
+}
+
 /// One configuration's figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontierPoint {
@@ -443,6 +544,9 @@ pub struct FrontierStudy {
     /// perplexity over the positions llama.cpp's tool scores. Computed when the external
     /// check ran (empty without `--llama-cpp` or when the tool could not run).
     pub whole_window: Vec<(String, f64)>,
+    /// How the plan's SWAN grid was restricted ([`SwanGrid::describe`]), if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restricted: Option<String>,
 }
 
 impl FrontierStudy {
@@ -791,6 +895,7 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
         external,
         dense_f16_llamacpp_positions: on_llamacpp_tokens,
         whole_window,
+        restricted: None,
     })
 }
 
@@ -811,6 +916,11 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         "Model: {}. {count} window(s) of {len} tokens of {}, {prefix} prefilled, the rest scored through the decode path; d_h = {}. Bytes count everything a cache holds (buffer, indices or masks, offsets, scales, block headers): at the end of each window, and per token of a {LONG_CACHE}-token cache from the formulas. ★ marks a non-dominated point.",
         s.model, s.eval_play, s.head_dim
     ));
+    if let Some(r) = &s.restricted {
+        out.text(format!(
+            "{r} (the run's choice: the plan's other SWAN configurations were not run)."
+        ));
+    }
     if let Some(l) = s.local {
         out.text(format!(
             "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
@@ -1119,6 +1229,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_restricted_swan_grid_keeps_the_dense_rows_and_refuses_what_the_plan_lacks() {
+        let full = grid(256, &[1, 2, 3, 4, 5, 6, 7, 8], &[0, 64, 128], true);
+        let dense = full.iter().filter(|r| r.k.is_none()).count();
+        let mut runs = full.clone();
+        assert_eq!(
+            SwanGrid::default().apply(&mut runs, 256).map(|()| runs.len()).ok(),
+            Some(full.len())
+        );
+        let pick = SwanGrid {
+            k_eighths: vec![1, 4, 8],
+            buffers: vec![128],
+            values: vec!["int8".into(), "fp8".into()],
+        };
+        let mut runs = full.clone();
+        pick.apply(&mut runs, 256).unwrap();
+        // Every dense row, and list/bitmask × 2 values × 3 k × 1 buffer.
+        assert_eq!(runs.iter().filter(|r| r.k.is_none()).count(), dense);
+        let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
+        assert_eq!(swan.len(), 12);
+        assert!(swan.iter().all(|r| [32, 128, 256].contains(&r.k.unwrap()) && r.buffer == 128));
+        assert!(swan.iter().all(|r| r.values == "int8" || r.values == "fp8"));
+        assert!(pick.describe().contains("k = 1, 4, 8 eighths"), "{}", pick.describe());
+        // What the plan does not have is named, and nothing is removed.
+        let reduced = grid(64, &[1, 2, 3, 4], &[128], false);
+        for (bad, what) in [
+            (SwanGrid { k_eighths: vec![5], ..SwanGrid::default() }, "k eighths 5"),
+            (SwanGrid { buffers: vec![64], ..SwanGrid::default() }, "buffers 64"),
+            (SwanGrid { values: vec!["f16".into()], ..SwanGrid::default() }, "values f16"),
+        ] {
+            let mut runs = reduced.clone();
+            let e = bad.apply(&mut runs, 64).unwrap_err().to_string();
+            assert!(e.contains(what) && e.contains("it has"), "{e}");
+            assert_eq!(runs, reduced);
+        }
+    }
+
+    #[test]
     fn a_missing_gemma_file_is_a_printed_skip() {
         let dir = std::env::temp_dir().join(format!("kvtide-legs-{}", std::process::id()));
         let (primary, gemma) = (dir.join("smollm2.gguf"), dir.join("gemma-3-270m-q4_k_m.gguf"));
@@ -1175,6 +1322,7 @@ mod tests {
             },
             dense_f16_llamacpp_positions: Some(80.0),
             whole_window: Vec::new(),
+            restricted: None,
         };
         assert!(s.points.iter().all(|p| p.run.is_llamacpp_counterpart()));
         // Without SWAN points there is no per-budget claim to judge.

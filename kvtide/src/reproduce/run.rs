@@ -54,6 +54,9 @@ pub struct ReproduceArgs {
     /// how a figure moves with the text.
     #[arg(long, default_value = super::corpus::SWAN_EVAL_PLAY)]
     pub frontier_play: String,
+    /// A restriction of the frontier study's SWAN grid.
+    #[command(flatten)]
+    pub frontier_grid: frontier::SwanGrid,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -187,7 +190,15 @@ fn frontier_leg(
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
     }
-    let s = frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play)?;
+    if !args.frontier_grid.is_whole() {
+        let d = ctx.model.config().head_dim;
+        args.frontier_grid.apply(&mut ctx.plan.frontier, d)?;
+        ctx.log(&format!("frontier: {}", args.frontier_grid.describe()));
+    }
+    let mut s = frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play)?;
+    if !args.frontier_grid.is_whole() {
+        s.restricted = Some(args.frontier_grid.describe());
+    }
     let title = if leg.tag.is_empty() {
         "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
     } else {
