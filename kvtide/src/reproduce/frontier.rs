@@ -391,7 +391,7 @@ impl SwanGrid {
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
         let unknown = |what: &str, listed: Vec<String>, has: Vec<String>| {
             let mut has = has;
-            has.sort();
+            has.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
             has.dedup();
             invalid(
                 OP,
