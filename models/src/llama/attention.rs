@@ -59,8 +59,9 @@ impl DecodeScratch {
 
 /// Host buffers a batched decode step reuses ([`crate::llama::Llama::decode_batch`]): one
 /// query/key row per worker for the member it is serving, the `[batch, q_heads·head_dim]`
-/// attention outputs every member's cache writes into, and the seconds each member's cache
-/// spent. Nothing is allocated per step.
+/// attention outputs every member's cache writes into, the seconds each member's cache
+/// spent, and with several workers a pool of as many threads for the output layer.
+/// Nothing is allocated per step.
 pub struct BatchScratch {
     /// `[workers][q_heads·head_dim]`.
     q: Vec<f32>,
@@ -69,6 +70,7 @@ pub struct BatchScratch {
     out: HostTensor,
     cache_s: Vec<f64>,
     workers: usize,
+    pool: Option<ThreadPool>,
 }
 
 impl BatchScratch {
@@ -88,21 +90,32 @@ impl BatchScratch {
             out: HostTensor::zeros(&[batch as i64, (cfg.q_heads * d) as i64])?,
             cache_s: vec![0.0; batch],
             workers: 1,
+            pool: None,
         })
     }
 
     /// Serves the members' caches from up to `workers` threads per layer (at least 1, at
     /// most the batch), each thread a contiguous run of members. Meant for caches that
     /// attend on one thread each (`threads=1` in their spec): the batch, not each cache,
-    /// is then split across the cores. Results are the same for any worker count; with more
-    /// than one, [`BatchScratch::cache_seconds`] is each member's own time on its thread.
-    #[must_use]
-    pub fn with_workers(mut self, workers: usize) -> Self {
+    /// is then split across the cores. With more than one worker the output layer's
+    /// product is split among as many threads ([`crate::llama::linear::linear_on`]).
+    /// Results are the same for any worker count; with more than one,
+    /// [`BatchScratch::cache_seconds`] is each member's own time on its thread.
+    ///
+    /// # Errors
+    /// [`crate::Error::Attention`] if the output layer's threads cannot be started.
+    pub fn with_workers(mut self, workers: usize) -> Result<Self> {
         let (qn, kn) = (self.q.len() / self.workers, self.k.len() / self.workers);
         self.workers = workers.clamp(1, self.cache_s.len());
         self.q.resize(qn * self.workers, 0.0);
         self.k.resize(kn * self.workers, 0.0);
-        self
+        self.pool = if self.workers > 1 { Some(ThreadPool::new(self.workers)?) } else { None };
+        Ok(self)
+    }
+
+    /// The output layer's threads (with more than one worker).
+    pub fn pool(&self) -> Option<&ThreadPool> {
+        self.pool.as_ref()
     }
 
     /// Threads the members' caches are served from ([`BatchScratch::with_workers`]).
@@ -501,7 +514,7 @@ impl Attention {
         // writes to it while the rows are borrowed.
         let rows = unsafe { f32_slice(&qkv)? };
         let width = rows.len() / batch;
-        let BatchScratch { q, k, out, cache_s, workers } = scratch;
+        let BatchScratch { q, k, out, cache_s, workers, .. } = scratch;
         let out_rows = out.as_mut_slice();
         let out_width = out_rows.len() / batch;
         let serve = |(q, k): (&mut [f32], &mut [f32]),

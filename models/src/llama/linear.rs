@@ -1,14 +1,18 @@
-//! The linear layers of the decode step: `y = x·Wᵀ + b` for one row `x`, computed by the
-//! `gemm` crate's matrix–vector kernel straight from the weight's libtorch storage.
+//! The linear layers of the decode step: `y = x·Wᵀ + b` for one row `x` (one sequence) or
+//! a few (a batch of sequences), computed where libtorch's CPU path is slow.
 //!
 //! A decode step of one sequence (`papers/swan.txt`, "decode step") multiplies one row by
 //! every weight matrix of the model, so its time is the time to stream the weights from
 //! memory. libtorch's CPU path for that product (MKL's `sgemv`) reads them at about half
-//! the bandwidth the `gemm` crate's kernel reaches (`cargo bench -p models --bench
-//! decode_linear`: 1.8–2.1× on SmolLM2-shaped weights, 2 cores). With several rows the
-//! `gemm` crate packs the weights and is slower than libtorch (0.7–0.85× at 4–16 rows, same
-//! bench), so batched decodes, prefill, tensors that take part in autograd, and anything
-//! not a contiguous f32 CPU matrix go to libtorch's `linear` unchanged.
+//! the bandwidth the `gemm` crate's matrix–vector kernel reaches (`cargo bench -p models
+//! --bench decode_linear`: 1.8–2.1× on SmolLM2-shaped weights, 2 cores), so one row takes
+//! the `gemm` crate, straight from the weight's libtorch storage. A batched step (2–64
+//! rows) computed as libtorch's `x · Wᵀ` has MKL pack a copy of the whole weight per call;
+//! with the weight as the left operand, `(W · xᵀ)ᵀ`, it is read in place. Output layers
+//! (16 384 rows and more: vocabularies) take the `gemm` crate that way too, split among a
+//! pool's threads; narrower products take libtorch's `(W · xᵀ)ᵀ`. Prefill, tensors that
+//! take part in autograd, and anything not a contiguous f32 CPU matrix go to libtorch's
+//! `linear` unchanged.
 
 use attn_kernels::ThreadPool;
 use tch::{Device, Kind, Tensor};
@@ -23,9 +27,17 @@ const GROUP: usize = 16;
 /// rows are each one dot product whatever their number; shares above that size are thus
 /// computed bit for bit as the whole product is.
 const GROUPS_PER_THREAD: usize = 17;
+/// Most rows of an input taken as a batched decode step's; more rows (prefill) go to
+/// libtorch's `linear` unchanged.
+const FEW_ROWS: i64 = 64;
+/// Fewest outputs for which a product of several rows takes the `gemm` crate's kernel (an
+/// output layer); narrower products of several rows go to libtorch with the weight as the
+/// left operand.
+const WIDE_OUT: usize = 16_384;
 
 /// `x·wᵀ (+ bias)` for `x` `[rows, in]` and `w` `[out, in]`, as libtorch's `linear`
-/// (which it calls for inputs that do not take the `gemm` path).
+/// (which it calls for inputs that take neither the `gemm` crate nor `(w · xᵀ)ᵀ`; see the
+/// module note).
 ///
 /// # Examples
 /// ```
@@ -44,10 +56,11 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -
     linear_on(None, x, w, bias, op)
 }
 
-/// [`linear`] with a one-row product's output rows split among the threads of `pool`
-/// (`None`, or a one-thread pool: the calling thread alone), each thread taking more than
-/// 256 rows or none. Every output is the same dot product whichever thread computes it, so
-/// the result is bit for bit that of one thread.
+/// [`linear`] with the output columns of a product on the `gemm` crate's path — one row,
+/// or up to 64 rows through an output layer of 16 384 columns or more — split among the
+/// threads of `pool` (`None`, or a one-thread pool: the calling thread alone), each thread
+/// taking more than 256 columns or none. Every output is the same dot product whichever
+/// thread computes it, so the result is bit for bit that of one thread.
 ///
 /// # Examples
 /// ```
@@ -70,50 +83,90 @@ pub fn linear_on(
     bias: Option<&Tensor>,
     op: &'static str,
 ) -> Result<Tensor> {
-    let Some((out, inner)) = one_row_shape(x, w) else {
+    let Some((rows, out, inner)) = gemm_shape(x, w) else {
         return x.f_linear(w, bias).op(op);
     };
+    if rows > 1 && out < WIDE_OUT {
+        // `(w · xᵀ)ᵀ`: with the weight as the left operand MKL streams it in place instead
+        // of packing a copy of all of it per call, as it does for `x · wᵀ`.
+        let y = w.f_matmul(&x.tr()).op(op)?.tr().f_contiguous().op(op)?;
+        return match bias {
+            Some(b) => y.f_add(b).op(op),
+            None => Ok(y),
+        };
+    }
     let x = x.f_contiguous().op(op)?;
-    let y = Tensor::f_empty([1, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
+    let y = Tensor::f_empty([rows as i64, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
     let (yp, xp, wp) = (y.data_ptr() as usize, x.data_ptr() as usize, w.data_ptr() as usize);
-    // Rows `rows` of the product: `y[rows] = x · w[rows]ᵀ`.
-    let part = |rows: std::ops::Range<usize>| {
-        if rows.is_empty() {
+    // Columns `cols` of the product: `y[:, cols] = x · w[cols]ᵀ`.
+    let part = |cols: std::ops::Range<usize>| {
+        if cols.is_empty() {
             return;
         }
-        // SAFETY: `x` is a contiguous f32 CPU tensor `[1, inner]` (checked by
-        // `one_row_shape`, and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU
-        // tensor `[out, inner]`, and `y` a fresh contiguous f32 tensor `[1, out]` that no
-        // other handle shares; `rows` lies inside `0..out`. So the pointers cover what their
-        // strides address: `x[0, j]` at `j`, `w[rows.start + i, j]` — read as the
-        // `[inner, rows.len()]` matrix `w[rows]ᵀ` — at `(rows.start + i)·inner + j`,
-        // `y[0, rows.start + i]` at `rows.start + i`. Nothing writes to `x` or `w` during
-        // the call (model weights are never modified in place; `x` is borrowed for the
-        // call), and each call writes only its own rows of `y` (the threads of a pool get
-        // disjoint ranges). `read_dst = false` with `alpha = 0`, `beta = 1` stores the product
-        // without reading `y`.
+        let (y0, w0) = (
+            (yp as *mut f32).wrapping_add(cols.start),
+            (wp as *const f32).wrapping_add(cols.start * inner),
+        );
+        // SAFETY: `x` is a contiguous f32 CPU tensor `[rows, inner]` (checked by
+        // `gemm_shape`, and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU
+        // tensor `[out, inner]`, and `y` a fresh contiguous f32 tensor `[rows, out]` that no
+        // other handle shares; `cols` lies inside `0..out`, so `y0` and `w0` point inside
+        // their tensors. The pointers cover what their strides address: `x[r, j]` at
+        // `r·inner + j`, `w[cols.start + i, j]` at `w0 + i·inner + j`, `y[r, cols.start + i]`
+        // at `y0 + r·out + i`, for `r < rows`, `i < cols.len()`, `j < inner`. One row is
+        // computed as `x · w[cols]ᵀ` (`m = 1`: the crate's matrix–vector kernel), several
+        // as `w[cols] · xᵀ` stored transposed (`m = cols.len()`: the weight is the left
+        // operand, read in place). Nothing writes to `x` or `w` during the call (model
+        // weights are never modified in place; `x` is borrowed for the call), and each call
+        // writes only its own columns of `y` (the threads of a pool get disjoint ranges).
+        // `read_dst = false` with `alpha = 0`, `beta = 1` stores the product without
+        // reading `y`.
         unsafe {
-            gemm::gemm(
-                1,
-                rows.len(),
-                inner,
-                (yp as *mut f32).add(rows.start),
-                1,
-                out as isize,
-                false,
-                xp as *const f32,
-                1,
-                inner as isize,
-                (wp as *const f32).add(rows.start * inner),
-                inner as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
+            if rows == 1 {
+                gemm::gemm(
+                    1,
+                    cols.len(),
+                    inner,
+                    y0,
+                    1,
+                    out as isize,
+                    false,
+                    xp as *const f32,
+                    1,
+                    inner as isize,
+                    w0,
+                    inner as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            } else {
+                gemm::gemm(
+                    cols.len(),
+                    rows,
+                    inner,
+                    y0,
+                    out as isize,
+                    1,
+                    false,
+                    w0,
+                    1,
+                    inner as isize,
+                    xp as *const f32,
+                    inner as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
         }
     };
     let groups = out.div_ceil(GROUP);
@@ -137,23 +190,24 @@ pub fn linear_on(
     }
 }
 
-/// `(out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
-/// contiguous `[out, in]` matrix, `x` one row `[1, in]`, neither needing grad.
-fn one_row_shape(x: &Tensor, w: &Tensor) -> Option<(usize, usize)> {
+/// `(rows, out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
+/// contiguous `[out, in]` matrix, `x` `[rows, in]` with `1 ..= FEW_ROWS` rows (one
+/// sequence's decode step or a batch's), neither needing grad.
+fn gemm_shape(x: &Tensor, w: &Tensor) -> Option<(usize, usize, usize)> {
     let (xs, ws) = (x.size(), w.size());
     let ([rows, inner], [out, w_inner]) = (xs.as_slice(), ws.as_slice()) else {
         return None;
     };
     let plain =
         |t: &Tensor| t.kind() == Kind::Float && t.device() == Device::Cpu && !t.requires_grad();
-    let fits = *rows == 1
+    let fits = (1..=FEW_ROWS).contains(rows)
         && *inner > 0
         && *out > 0
         && inner == w_inner
         && plain(x)
         && plain(w)
         && w.is_contiguous();
-    fits.then_some((*out as usize, *inner as usize))
+    fits.then_some((*rows as usize, *out as usize, *inner as usize))
 }
 
 #[cfg(test)]
@@ -172,11 +226,22 @@ mod tests {
         tch::manual_seed(7);
         let opts = (Kind::Float, Device::Cpu);
         let shapes = [(1, 1, 1), (1, 576, 576), (1, 1728, 576), (1, 7, 33), (1, 65, 130)];
-        let several = [(2, 1728, 576), (3, 7, 33), (16, 65, 130)];
+        // Batched decode rows (narrow products: libtorch with the weight on the left), one
+        // past them (libtorch's `linear`), and output layers as wide as SmolLM2's and Gemma
+        // 3's (the gemm crate's kernel).
+        let several = [
+            (2, 1728, 576),
+            (3, 7, 33),
+            (16, 65, 130),
+            (64, 300, 64),
+            (65, 300, 64),
+            (3, 49_152, 16),
+            (4, 262_144, 8),
+        ];
         for (rows, out, inner) in shapes.into_iter().chain(several) {
             let x = Tensor::randn([rows, inner], opts);
             let w = Tensor::randn([out, inner], opts);
-            assert_eq!(one_row_shape(&x, &w).is_some(), rows == 1);
+            assert_eq!(gemm_shape(&x, &w).is_some(), rows <= 64);
             let b = Tensor::randn([out], opts);
             let want = x.linear(&w, None::<Tensor>);
             assert!(close(&linear(&x, &w, None, "t").unwrap(), &want), "{rows}×{inner}·{out}");
@@ -205,10 +270,25 @@ mod tests {
                 assert!(split.equal(&alone), "{out}×{inner} on {} threads", pool.threads());
             }
         }
-        // Several rows take libtorch's path whatever the pool.
+        // Several rows: a narrow product takes libtorch's path whatever the pool; a wide
+        // one (an output layer) is split as one row is, bit for bit the product on one
+        // thread — whole groups, uneven shares, a last group cut short.
         let (x, w) = (Tensor::randn([3, 40], opts), Tensor::randn([300, 40], opts));
         let split = linear_on(Some(&pools[1]), &x, &w, None, "t").unwrap();
         assert!(close(&split, &x.linear(&w, None::<Tensor>)));
+        for (rows, out, inner) in
+            [(2, 16_384, 24), (5, 20_001, 40), (64, 49_152, 8), (7, 16_400, 640)]
+        {
+            let x = Tensor::randn([rows, inner], opts);
+            let w = Tensor::randn([out, inner], opts);
+            let b = Tensor::randn([out], opts);
+            let alone = linear(&x, &w, Some(&b), "t").unwrap();
+            assert!(close(&alone, &x.linear(&w, Some(&b))), "{rows}×{inner}·{out}");
+            for pool in &pools {
+                let split = linear_on(Some(pool), &x, &w, Some(&b), "t").unwrap();
+                assert!(split.equal(&alone), "{rows}×{inner}·{out} on {} threads", pool.threads());
+            }
+        }
     }
 
     #[test]
@@ -219,20 +299,21 @@ mod tests {
         // f64 and autograd take libtorch's path; every result equals libtorch's.
         let x = Tensor::randn([4, 2], opts).transpose(0, 1).narrow(0, 0, 1);
         assert!(!x.is_contiguous());
-        assert!(one_row_shape(&x, &w).is_some());
+        assert!(gemm_shape(&x, &w).is_some());
         assert!(close(&linear(&x, &w, None, "t").unwrap(), &x.linear(&w, None::<Tensor>)));
         let strided = Tensor::randn([4, 8], opts).transpose(0, 1);
-        assert!(one_row_shape(&x, &strided).is_none());
+        assert!(gemm_shape(&x, &strided).is_none());
         let want = x.linear(&strided, None::<Tensor>);
         assert!(close(&linear(&x, &strided, None, "t").unwrap(), &want));
         let tracked = w.copy().set_requires_grad(true);
-        assert!(one_row_shape(&x, &tracked).is_none());
-        let many = Tensor::randn([2, 4], opts);
-        assert!(one_row_shape(&many, &w).is_none());
+        assert!(gemm_shape(&x, &tracked).is_none());
+        let many = Tensor::randn([65, 4], opts);
+        assert!(gemm_shape(&many, &w).is_none());
+        assert!(close(&linear(&many, &w, None, "t").unwrap(), &many.linear(&w, None::<Tensor>)));
         let cube = Tensor::randn([2, 1, 4], opts);
         assert!(close(&linear(&cube, &w, None, "t").unwrap(), &cube.linear(&w, None::<Tensor>)));
         let f64x = Tensor::randn([1, 4], (Kind::Double, Device::Cpu));
-        assert!(one_row_shape(&f64x, &w).is_none());
+        assert!(gemm_shape(&f64x, &w).is_none());
         let bad = Tensor::randn([1, 5], opts);
         assert!(linear(&bad, &w, None, "t").is_err());
     }

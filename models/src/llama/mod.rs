@@ -681,7 +681,7 @@ impl Llama {
             cache.end_step()?;
             scratch.add_cache_seconds(b, t.elapsed().as_secs_f64());
         }
-        linear::linear(&self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
+        linear::linear_on(scratch.pool(), &self.norm.forward(&h)?, &self.lm_head, None, "lm_head")
     }
 }
 
