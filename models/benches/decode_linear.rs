@@ -89,7 +89,7 @@ fn output_layer(c: &mut Criterion) {
     let _guard = tch::no_grad_guard();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pool = attn_kernels::ThreadPool::new(cores).expect("thread pool");
-    for rows in [1i64, 4, 16, 64] {
+    for rows in [1i64, 4, 8, 16, 64] {
         let x = Tensor::randn([rows, 576], (Kind::Float, Device::Cpu));
         g.bench_with_input(BenchmarkId::new("libtorch", rows), &rows, |b, _| {
             b.iter(|| drop(std::hint::black_box(x.linear(&w, None::<Tensor>))))

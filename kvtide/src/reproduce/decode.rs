@@ -299,7 +299,7 @@ pub fn teacher_force_texts(
             ..Trace::default()
         })
         .collect();
-    let mut scratch = BatchScratch::new(model.config(), batch)?.with_workers(workers)?;
+    let mut scratch = BatchScratch::new(model.config(), batch)?.with_workers(workers);
     let mut ids = vec![0u32; batch];
     let (mut wall, mut steps) = (0.0, 0);
     {

@@ -60,8 +60,8 @@ impl DecodeScratch {
 /// Host buffers a batched decode step reuses ([`crate::llama::Llama::decode_batch`]): one
 /// query/key row per worker for the member it is serving, the `[batch, q_heads·head_dim]`
 /// attention outputs every member's cache writes into, the seconds each member's cache
-/// spent, and with several workers a pool of as many threads for the output layer.
-/// Nothing is allocated per step.
+/// spent, and a pool of libtorch's intra-op thread count for the output layer. Nothing is
+/// allocated per step.
 pub struct BatchScratch {
     /// `[workers][q_heads·head_dim]`.
     q: Vec<f32>,
@@ -78,7 +78,8 @@ impl BatchScratch {
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for an empty batch; [`crate::Error::Torch`] if
-    /// libtorch cannot allocate the output tensor.
+    /// libtorch cannot allocate the output tensor; [`crate::Error::Attention`] if the
+    /// output layer's threads cannot be started.
     pub fn new(cfg: &ModelConfig, batch: usize) -> Result<Self> {
         if batch == 0 {
             return Err(crate::error::invalid("batched decode scratch", "batch of 0 caches"));
@@ -90,30 +91,29 @@ impl BatchScratch {
             out: HostTensor::zeros(&[batch as i64, (cfg.q_heads * d) as i64])?,
             cache_s: vec![0.0; batch],
             workers: 1,
-            pool: None,
+            pool: match usize::try_from(tch::get_num_threads()) {
+                Ok(threads) if threads > 1 => Some(ThreadPool::new(threads)?),
+                _ => None,
+            },
         })
     }
 
     /// Serves the members' caches from up to `workers` threads per layer (at least 1, at
     /// most the batch), each thread a contiguous run of members. Meant for caches that
     /// attend on one thread each (`threads=1` in their spec): the batch, not each cache,
-    /// is then split across the cores. With more than one worker the output layer's
-    /// product is split among as many threads ([`crate::llama::linear::linear_on`]).
-    /// Results are the same for any worker count; with more than one,
-    /// [`BatchScratch::cache_seconds`] is each member's own time on its thread.
-    ///
-    /// # Errors
-    /// [`crate::Error::Attention`] if the output layer's threads cannot be started.
-    pub fn with_workers(mut self, workers: usize) -> Result<Self> {
+    /// is then split across the cores. Results are the same for any worker count; with more
+    /// than one, [`BatchScratch::cache_seconds`] is each member's own time on its thread.
+    #[must_use]
+    pub fn with_workers(mut self, workers: usize) -> Self {
         let (qn, kn) = (self.q.len() / self.workers, self.k.len() / self.workers);
         self.workers = workers.clamp(1, self.cache_s.len());
         self.q.resize(qn * self.workers, 0.0);
         self.k.resize(kn * self.workers, 0.0);
-        self.pool = if self.workers > 1 { Some(ThreadPool::new(self.workers)?) } else { None };
-        Ok(self)
+        self
     }
 
-    /// The output layer's threads (with more than one worker).
+    /// The output layer's threads: as many as libtorch's intra-op threads when the scratch
+    /// was made, `None` for one ([`crate::llama::linear::linear_on`]).
     pub fn pool(&self) -> Option<&ThreadPool> {
         self.pool.as_ref()
     }

@@ -9,8 +9,9 @@
 //! the `gemm` crate, straight from the weight's libtorch storage. A batched step (2–64
 //! rows) computed as libtorch's `x · Wᵀ` has MKL pack a copy of the whole weight per call;
 //! with the weight as the left operand, `(W · xᵀ)ᵀ`, it is read in place. Output layers
-//! (16 384 rows and more: vocabularies) take the `gemm` crate that way too, split among a
-//! pool's threads; narrower products take libtorch's `(W · xᵀ)ᵀ`. Prefill, tensors that
+//! (16 384 rows and more: vocabularies) with 12 rows or more take the `gemm` crate that way
+//! too when a pool of two threads or more is given, split among its threads; other products
+//! of several rows take libtorch's `(W · xᵀ)ᵀ`. Prefill, tensors that
 //! take part in autograd, and anything not a contiguous f32 CPU matrix go to libtorch's
 //! `linear` unchanged.
 
@@ -30,10 +31,15 @@ const GROUPS_PER_THREAD: usize = 17;
 /// Most rows of an input taken as a batched decode step's; more rows (prefill) go to
 /// libtorch's `linear` unchanged.
 const FEW_ROWS: i64 = 64;
-/// Fewest outputs for which a product of several rows takes the `gemm` crate's kernel (an
-/// output layer); narrower products of several rows go to libtorch with the weight as the
-/// left operand.
+/// Fewest outputs for which a product of [`WIDE_ROWS`] rows or more takes the `gemm`
+/// crate's kernel (an output layer); narrower products of several rows go to libtorch with
+/// the weight as the left operand.
 const WIDE_OUT: usize = 16_384;
+/// Fewest rows for which an output layer's product takes the `gemm` crate's kernel: with
+/// fewer, libtorch's `(w · xᵀ)ᵀ` reads the weight once at close to the memory bandwidth
+/// and is faster (`cargo bench -p models --bench decode_linear -- output_layer`, SmolLM2's
+/// head on 2 cores: 7.4 against 11.5 ms at 8 rows, 17.2 against 13.4 ms at 16).
+const WIDE_ROWS: usize = 12;
 
 /// `x·wᵀ (+ bias)` for `x` `[rows, in]` and `w` `[out, in]`, as libtorch's `linear`
 /// (which it calls for inputs that take neither the `gemm` crate nor `(w · xᵀ)ᵀ`; see the
@@ -56,11 +62,12 @@ pub fn linear(x: &Tensor, w: &Tensor, bias: Option<&Tensor>, op: &'static str) -
     linear_on(None, x, w, bias, op)
 }
 
-/// [`linear`] with the output columns of a product on the `gemm` crate's path — one row,
-/// or up to 64 rows through an output layer of 16 384 columns or more — split among the
-/// threads of `pool` (`None`, or a one-thread pool: the calling thread alone), each thread
-/// taking more than 256 columns or none. Every output is the same dot product whichever
-/// thread computes it, so the result is bit for bit that of one thread.
+/// [`linear`] with the output columns of a product on the `gemm` crate's path split among
+/// the threads of `pool`, each thread taking more than 256 columns or none: one row
+/// (`None`, or a one-thread pool: the calling thread alone), or 12–64 rows through an
+/// output layer of 16 384 columns or more (with a pool of two threads or more; otherwise
+/// libtorch, on its own threads). Every output is the same dot product whichever thread
+/// computes it, so the result is bit for bit the same for any split.
 ///
 /// # Examples
 /// ```
@@ -86,7 +93,8 @@ pub fn linear_on(
     let Some((rows, out, inner)) = gemm_shape(x, w) else {
         return x.f_linear(w, bias).op(op);
     };
-    if rows > 1 && out < WIDE_OUT {
+    let threads = pool.map_or(1, ThreadPool::threads);
+    if rows > 1 && (out < WIDE_OUT || rows < WIDE_ROWS || threads < 2) {
         // `(w · xᵀ)ᵀ`: with the weight as the left operand MKL streams it in place instead
         // of packing a copy of all of it per call, as it does for `x · wᵀ`.
         let y = w.f_matmul(&x.tr()).op(op)?.tr().f_contiguous().op(op)?;
@@ -170,7 +178,7 @@ pub fn linear_on(
         }
     };
     let groups = out.div_ceil(GROUP);
-    let threads = pool.map_or(1, |p| p.threads()).min(groups / GROUPS_PER_THREAD).max(1);
+    let threads = threads.min(groups / GROUPS_PER_THREAD).max(1);
     match pool {
         Some(pool) if threads > 1 => {
             // Thread `t` takes groups `t·groups/threads ..`: at least `GROUPS_PER_THREAD`
@@ -271,23 +279,24 @@ mod tests {
             }
         }
         // Several rows: a narrow product takes libtorch's path whatever the pool; a wide
-        // one (an output layer) is split as one row is, bit for bit the product on one
-        // thread — whole groups, uneven shares, a last group cut short.
+        // one (an output layer) on a pool of two threads or more is split as one row is,
+        // bit for bit the same for any split — whole groups, uneven shares, a last group
+        // cut short.
         let (x, w) = (Tensor::randn([3, 40], opts), Tensor::randn([300, 40], opts));
         let split = linear_on(Some(&pools[1]), &x, &w, None, "t").unwrap();
         assert!(close(&split, &x.linear(&w, None::<Tensor>)));
         for (rows, out, inner) in
-            [(2, 16_384, 24), (5, 20_001, 40), (64, 49_152, 8), (7, 16_400, 640)]
+            [(12, 16_384, 24), (15, 20_001, 40), (64, 49_152, 8), (13, 16_400, 640)]
         {
             let x = Tensor::randn([rows, inner], opts);
             let w = Tensor::randn([out, inner], opts);
             let b = Tensor::randn([out], opts);
-            let alone = linear(&x, &w, Some(&b), "t").unwrap();
-            assert!(close(&alone, &x.linear(&w, Some(&b))), "{rows}×{inner}·{out}");
-            for pool in &pools {
-                let split = linear_on(Some(pool), &x, &w, Some(&b), "t").unwrap();
-                assert!(split.equal(&alone), "{rows}×{inner}·{out} on {} threads", pool.threads());
-            }
+            let want = x.linear(&w, Some(&b));
+            assert!(close(&linear(&x, &w, Some(&b), "t").unwrap(), &want), "{rows}×{inner}·{out}");
+            let two = linear_on(Some(&pools[1]), &x, &w, Some(&b), "t").unwrap();
+            assert!(close(&two, &want), "{rows}×{inner}·{out} on 2 threads");
+            let three = linear_on(Some(&pools[2]), &x, &w, Some(&b), "t").unwrap();
+            assert!(three.equal(&two), "{rows}×{inner}·{out} on 3 threads");
         }
     }
 
