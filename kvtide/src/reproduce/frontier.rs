@@ -1044,32 +1044,49 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         ));
     }
     out.table(e);
-    let series = |family: &str, index: &str| -> Vec<(f64, f64)> {
+    // One line per SWAN encoding along k, and one per dense rotation across the formats.
+    let line = |keep: &dyn Fn(&FrontierRun) -> bool| -> Vec<(f64, f64)> {
         let mut v: Vec<(f64, f64)> = s
             .points
             .iter()
-            .filter(|p| p.run.family == family && (index.is_empty() || p.run.index == index))
+            .filter(|p| keep(&p.run) && p.run.queries == "f32")
             .map(|p| (p.long_ratio, p.perplexity))
             .collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
         v
     };
-    out.plot(
-        Plot::new(
-            &leg.name("frontier_ppl_vs_bytes"),
-            &if leg.tag.is_empty() {
-                "Perplexity vs KV bytes (4096-token cache)".to_owned()
-            } else {
-                format!("{}: perplexity vs KV bytes (4096-token cache)", leg.title)
-            },
-            "KV bytes / dense f16",
-            "perplexity",
-        )
-        .series("dense quantized", series("dense", ""))
-        .series("SWAN list", series("swan", "list"))
-        .series("SWAN bitmask", series("swan", "bitmask"))
-        .reference("dense f16", base),
+    let mut plot = Plot::new(
+        &leg.name("frontier_ppl_vs_bytes"),
+        &if leg.tag.is_empty() {
+            "Perplexity vs KV bytes (4096-token cache)".to_owned()
+        } else {
+            format!("{}: perplexity vs KV bytes (4096-token cache)", leg.title)
+        },
+        "KV bytes / dense f16",
+        "perplexity",
     );
+    let mut rotations: Vec<&str> = Vec::new();
+    let mut encodings: Vec<(&str, &str)> = Vec::new();
+    for p in &s.points {
+        match p.run.k {
+            None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
+                rotations.push(p.run.rotate);
+            }
+            Some(_) if !encodings.contains(&(p.run.index, p.run.values)) => {
+                encodings.push((p.run.index, p.run.values));
+            }
+            _ => {}
+        }
+    }
+    for r in rotations {
+        let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
+        plot = plot.series(&format!("dense, rotate={r}"), points);
+    }
+    for (index, values) in encodings {
+        let points = line(&|run| run.k.is_some() && run.index == index && run.values == values);
+        plot = plot.series(&format!("SWAN {index} {values}"), points);
+    }
+    out.plot(plot.reference("dense f16", base));
 }
 
 /// The study's claims (its quality-per-byte targets), measured on one leg's model.
