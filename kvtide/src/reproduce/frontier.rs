@@ -363,13 +363,25 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
 pub struct SwanGrid {
     /// Only these kept-component counts in the frontier's SWAN grid, in eighths of `d_h`
     /// (1 = `d_h`/8 … 8 = `d_h`; comma-separated).
-    #[arg(long = "frontier-k-eighths", value_delimiter = ',')]
+    #[arg(
+        long = "frontier-k-eighths",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
     pub k_eighths: Vec<usize>,
     /// Only these dense-buffer sizes `b` in the frontier's SWAN grid (comma-separated).
-    #[arg(long = "frontier-buffers", value_delimiter = ',')]
+    #[arg(
+        long = "frontier-buffers",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
     pub buffers: Vec<usize>,
     /// Only these SWAN value codes (comma-separated: f16, fp8, int8, int4).
-    #[arg(long = "frontier-values", value_delimiter = ',')]
+    #[arg(
+        long = "frontier-values",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
     pub values: Vec<String>,
 }
 
