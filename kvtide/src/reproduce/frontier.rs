@@ -398,58 +398,39 @@ impl SwanGrid {
     /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
     pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
         const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values";
-        let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
         let eighths =
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
-        let unknown = |what: &str, listed: Vec<String>, has: Vec<String>| {
-            let mut has = has;
+        let strings = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>();
+        // Each axis: its name, the listed values, and a SWAN run's value on it.
+        type Value<'a> = &'a dyn Fn(&FrontierRun) -> Option<String>;
+        let axes: [(&str, Vec<String>, Value<'_>); 3] = [
+            ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
+            ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
+            ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
+        ];
+        for (what, listed, value) in &axes {
+            let mut has: Vec<String> =
+                runs.iter().filter(|r| r.k.is_some()).filter_map(value).collect();
             has.sort_by(|a, b| (a.len(), a).cmp(&(b.len(), b)));
             has.dedup();
-            invalid(
-                OP,
-                format!(
-                    "{what} {} not in this plan's SWAN grid (it has {})",
-                    listed.join(", "),
-                    has.join(", ")
-                ),
-            )
-        };
-        let missing_k: Vec<String> = self
-            .k_eighths
-            .iter()
-            .filter(|&&e| !swan.iter().any(|r| eighths(r) == Some(e)))
-            .map(usize::to_string)
-            .collect();
-        if !missing_k.is_empty() {
-            let has = swan.iter().filter_map(|r| eighths(r)).map(|e| e.to_string()).collect();
-            return Err(unknown("k eighths", missing_k, has));
-        }
-        let missing_b: Vec<String> = self
-            .buffers
-            .iter()
-            .filter(|&&b| !swan.iter().any(|r| r.buffer == b))
-            .map(usize::to_string)
-            .collect();
-        if !missing_b.is_empty() {
-            let has = swan.iter().map(|r| r.buffer.to_string()).collect();
-            return Err(unknown("buffers", missing_b, has));
-        }
-        let missing_v: Vec<String> = self
-            .values
-            .iter()
-            .filter(|v| !swan.iter().any(|r| r.values == v.as_str()))
-            .cloned()
-            .collect();
-        if !missing_v.is_empty() {
-            let has = swan.iter().map(|r| r.values.to_owned()).collect();
-            return Err(unknown("values", missing_v, has));
+            let missing: Vec<&str> =
+                listed.iter().filter(|l| !has.contains(l)).map(String::as_str).collect();
+            if !missing.is_empty() {
+                return Err(invalid(
+                    OP,
+                    format!(
+                        "{what} {} not in this plan's SWAN grid (it has {})",
+                        missing.join(", "),
+                        has.join(", ")
+                    ),
+                ));
+            }
         }
         runs.retain(|r| {
             r.k.is_none()
-                || ((self.k_eighths.is_empty()
-                    || eighths(r).is_some_and(|e| self.k_eighths.contains(&e)))
-                    && (self.buffers.is_empty() || self.buffers.contains(&r.buffer))
-                    && (self.values.is_empty() || self.values.iter().any(|v| v == r.values)))
+                || axes.iter().all(|(_, listed, value)| {
+                    listed.is_empty() || value(r).is_some_and(|v| listed.contains(&v))
+                })
         });
         if !runs.iter().any(|r| r.k.is_some()) {
             return Err(invalid(OP, "no SWAN configuration of the plan is on every listed axis"));

@@ -190,15 +190,17 @@ fn frontier_leg(
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
     }
-    if !args.frontier_grid.is_whole() {
+    let restricted = if args.frontier_grid.is_whole() {
+        None
+    } else {
         let d = ctx.model.config().head_dim;
         args.frontier_grid.apply(&mut ctx.plan.frontier, d)?;
-        ctx.log(&format!("frontier: {}", args.frontier_grid.describe()));
-    }
+        let line = args.frontier_grid.describe();
+        ctx.log(&format!("frontier: {line}"));
+        Some(line)
+    };
     let mut s = frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play)?;
-    if !args.frontier_grid.is_whole() {
-        s.restricted = Some(args.frontier_grid.describe());
-    }
+    s.restricted = restricted;
     let title = if leg.tag.is_empty() {
         "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
     } else {

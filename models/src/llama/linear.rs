@@ -94,15 +94,27 @@ pub fn linear_on(
         return x.f_linear(w, bias).op(op);
     };
     let threads = pool.map_or(1, ThreadPool::threads);
-    if rows > 1 && (out < WIDE_OUT || rows < WIDE_ROWS || threads < 2) {
+    let y = if rows > 1 && (out < WIDE_OUT || rows < WIDE_ROWS || threads < 2) {
         // `(w · xᵀ)ᵀ`: with the weight as the left operand MKL streams it in place instead
         // of packing a copy of all of it per call, as it does for `x · wᵀ`.
-        let y = w.f_matmul(&x.tr()).op(op)?.tr().f_contiguous().op(op)?;
-        return match bias {
-            Some(b) => y.f_add(b).op(op),
-            None => Ok(y),
-        };
+        w.f_matmul(&x.tr()).op(op)?.tr().f_contiguous().op(op)?
+    } else {
+        gemm_on(pool, x, w, (rows, out, inner), op)?
+    };
+    match bias {
+        Some(b) => y.f_add(b).op(op),
+        None => Ok(y),
     }
+}
+
+/// `x · wᵀ` `[rows, out]` by the `gemm` crate, its columns split among `pool`'s threads.
+fn gemm_on(
+    pool: Option<&ThreadPool>,
+    x: &Tensor,
+    w: &Tensor,
+    (rows, out, inner): (usize, usize, usize),
+    op: &'static str,
+) -> Result<Tensor> {
     let x = x.f_contiguous().op(op)?;
     let y = Tensor::f_empty([rows as i64, out as i64], (Kind::Float, Device::Cpu)).op(op)?;
     let (yp, xp, wp) = (y.data_ptr() as usize, x.data_ptr() as usize, w.data_ptr() as usize);
@@ -115,70 +127,52 @@ pub fn linear_on(
             (yp as *mut f32).wrapping_add(cols.start),
             (wp as *const f32).wrapping_add(cols.start * inner),
         );
+        // One row as `x · w[cols]ᵀ` (`m = 1`: the crate's matrix–vector kernel), several as
+        // `w[cols] · xᵀ` stored transposed (`m = cols.len()`: the weight is the left
+        // operand, read in place). Either way the left operand has strides `(1, inner)`,
+        // the right one `(inner, 1)`; `(dst_cs, dst_rs)` place the result in `y`.
+        let (m, n, dst_cs, dst_rs, lhs, rhs) = if rows == 1 {
+            (1, cols.len(), 1, out as isize, xp as *const f32, w0)
+        } else {
+            (cols.len(), rows, out as isize, 1, w0, xp as *const f32)
+        };
         // SAFETY: `x` is a contiguous f32 CPU tensor `[rows, inner]` (checked by
         // `gemm_shape`, and `f_contiguous` keeps the layout), `w` a contiguous f32 CPU
         // tensor `[out, inner]`, and `y` a fresh contiguous f32 tensor `[rows, out]` that no
         // other handle shares; `cols` lies inside `0..out`, so `y0` and `w0` point inside
         // their tensors. The pointers cover what their strides address: `x[r, j]` at
         // `r·inner + j`, `w[cols.start + i, j]` at `w0 + i·inner + j`, `y[r, cols.start + i]`
-        // at `y0 + r·out + i`, for `r < rows`, `i < cols.len()`, `j < inner`. One row is
-        // computed as `x · w[cols]ᵀ` (`m = 1`: the crate's matrix–vector kernel), several
-        // as `w[cols] · xᵀ` stored transposed (`m = cols.len()`: the weight is the left
-        // operand, read in place). Nothing writes to `x` or `w` during the call (model
-        // weights are never modified in place; `x` is borrowed for the call), and each call
-        // writes only its own columns of `y` (the threads of a pool get disjoint ranges).
-        // `read_dst = false` with `alpha = 0`, `beta = 1` stores the product without
-        // reading `y`.
+        // at `y0 + r·out + i`, for `r < rows`, `i < cols.len()`, `j < inner`. Nothing writes
+        // to `x` or `w` during the call (model weights are never modified in place; `x` is
+        // borrowed for the call), and each call writes only its own columns of `y` (the
+        // threads of a pool get disjoint ranges). `read_dst = false` with `alpha = 0`,
+        // `beta = 1` stores the product without reading `y`.
         unsafe {
-            if rows == 1 {
-                gemm::gemm(
-                    1,
-                    cols.len(),
-                    inner,
-                    y0,
-                    1,
-                    out as isize,
-                    false,
-                    xp as *const f32,
-                    1,
-                    inner as isize,
-                    w0,
-                    inner as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            } else {
-                gemm::gemm(
-                    cols.len(),
-                    rows,
-                    inner,
-                    y0,
-                    out as isize,
-                    1,
-                    false,
-                    w0,
-                    1,
-                    inner as isize,
-                    xp as *const f32,
-                    inner as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            gemm::gemm(
+                m,
+                n,
+                inner,
+                y0,
+                dst_cs,
+                dst_rs,
+                false,
+                lhs,
+                1,
+                inner as isize,
+                rhs,
+                inner as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
         }
     };
     let groups = out.div_ceil(GROUP);
-    let threads = threads.min(groups / GROUPS_PER_THREAD).max(1);
+    let threads = pool.map_or(1, ThreadPool::threads).min(groups / GROUPS_PER_THREAD).max(1);
     match pool {
         Some(pool) if threads > 1 => {
             // Thread `t` takes groups `t·groups/threads ..`: at least `GROUPS_PER_THREAD`
@@ -192,10 +186,7 @@ pub fn linear_on(
         }
         _ => part(0..out),
     }
-    match bias {
-        Some(b) => y.f_add(b).op(op),
-        None => Ok(y),
-    }
+    Ok(y)
 }
 
 /// `(rows, out, in)` when `x · wᵀ` can take the `gemm` path: both f32 on the CPU, `w` a
