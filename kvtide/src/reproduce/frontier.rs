@@ -18,9 +18,11 @@
 //! a missing model is a printed skip, never a silent one. On a model with sliding-window
 //! layers (Gemma 3) the caches serve the global layers and the local layers keep a dense
 //! ring of their window — in a dense configuration's own format (a quantized one quantizes
-//! every layer, as llama.cpp's `-ctk/-ctv` does), f16 for SWAN; the budgets count both (ring bytes included, dense f16 of the
-//! same windowed model as the reference), and a third measure counts the global layers
-//! alone, the part a cache format changes.
+//! every layer, as llama.cpp's `-ctk/-ctv` does), f16 for SWAN — and each SWAN
+//! configuration with 8-bit values runs once more with `int8` rings ([`add_int8_rings`]);
+//! the budgets count both (ring bytes included, dense f16 of the same windowed model as the
+//! reference), and a third measure counts the global layers alone, the part a cache format
+//! changes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -209,16 +211,32 @@ pub struct FrontierRun {
     /// Query precision of the score products over int8 keys (`f32`, or `int8`: the queries
     /// rounded to int8 per head and step, as llama.cpp rounds them for a `q8_0` cache).
     pub queries: &'static str,
+    /// Format of the local layers' rings on a sliding-window model when it is not the
+    /// spec's default (a dense configuration's own format, a SWAN configuration's f16
+    /// buffer format): `int8` (`q8_0` blocks) for a SWAN configuration.
+    pub ring: Option<&'static str>,
 }
 
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
-        Self { family: "dense", values, rotate, index: "—", k: None, buffer: 0, queries: "f32" }
+        let (index, k, buffer, queries, ring) = ("—", None, 0, "f32", None);
+        Self { family: "dense", values, rotate, index, k, buffer, queries, ring }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
         let (family, rotate, queries) = ("swan", "calibrated", "f32");
-        Self { family, values, rotate, index, k: Some(k), buffer, queries }
+        Self { family, values, rotate, index, k: Some(k), buffer, queries, ring: None }
+    }
+
+    /// The same SWAN configuration with the local layers' rings in `int8` (`q8_0` blocks)
+    /// instead of its f16 buffer format.
+    fn with_int8_ring(self) -> Self {
+        Self { ring: Some("int8"), ..self }
+    }
+
+    /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`).
+    pub fn ring_format(&self) -> &'static str {
+        self.ring.unwrap_or(if self.k.is_some() { "f16" } else { self.values })
     }
 
     /// The same configuration with int8 queries.
@@ -235,6 +253,8 @@ impl FrontierRun {
     /// A short label.
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
+        let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
+        let queries = format!("{ring}{queries}");
         match self.k {
             None if self.rotate == "none" => format!("dense {}{queries}", self.values),
             None => format!("dense {} rotate={}{queries}", self.values, self.rotate),
@@ -247,6 +267,8 @@ impl FrontierRun {
     /// The cache spec (`proj` = the calibrated projection file).
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
+        let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
+        let queries = format!("{ring}{queries}");
         let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
@@ -261,7 +283,7 @@ impl FrontierRun {
                 self.buffer, self.index, self.values
             ),
         };
-        spec + queries
+        spec + &queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -297,9 +319,13 @@ impl FrontierRun {
 
     /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
     /// configuration's own rows (the spec's ring follows its format), a SWAN
-    /// configuration's f16 buffer rows.
+    /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows.
     pub fn ring_token_bytes(&self, d: usize) -> usize {
-        if self.k.is_none() { self.head_bytes(d, 1) } else { 2 * 2 * d }
+        match (self.k, self.ring) {
+            (None, _) => self.head_bytes(d, 1),
+            (Some(_), Some(r)) => FrontierRun::dense(r, "none").head_bytes(d, 1),
+            (Some(_), None) => 2 * 2 * d,
+        }
     }
 
     fn swan_config(&self, d: usize, k: usize) -> models::cache::SwanConfig {
@@ -322,6 +348,20 @@ impl FrontierRun {
         };
         c
     }
+}
+
+/// Adds to `runs`, for a model with sliding-window layers, each SWAN configuration with
+/// 8-bit values (fp8, int8) once more with `int8` local rings: the rings are most of a
+/// windowed model's cache at a few thousand tokens, and a dense quantized configuration
+/// quantizes them too. Configurations already there are not added twice.
+pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
+    let more: Vec<FrontierRun> = runs
+        .iter()
+        .filter(|r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"))
+        .map(|r| r.clone().with_int8_ring())
+        .filter(|r| !runs.contains(r))
+        .collect();
+    runs.extend(more);
 }
 
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
@@ -383,12 +423,23 @@ pub struct SwanGrid {
         conflicts_with = "frontier_external_only"
     )]
     pub values: Vec<String>,
+    /// Only these formats of a sliding-window model's local rings (comma-separated: f16,
+    /// int8).
+    #[arg(
+        long = "frontier-rings",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
+    pub rings: Vec<String>,
 }
 
 impl SwanGrid {
     /// Whether every axis is whole.
     pub fn is_whole(&self) -> bool {
-        self.k_eighths.is_empty() && self.buffers.is_empty() && self.values.is_empty()
+        self.k_eighths.is_empty()
+            && self.buffers.is_empty()
+            && self.values.is_empty()
+            && self.rings.is_empty()
     }
 
     /// Keeps the dense runs of `runs` and the SWAN runs on every restricted axis.
@@ -397,16 +448,18 @@ impl SwanGrid {
     /// [`crate::Error::InvalidInput`] when a listed value names no SWAN run of the plan
     /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
     pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
-        const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values";
+        const OP: &str =
+            "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values/--frontier-rings";
         let eighths =
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
         let strings = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>();
         // Each axis: its name, the listed values, and a SWAN run's value on it.
         type Value<'a> = &'a dyn Fn(&FrontierRun) -> Option<String>;
-        let axes: [(&str, Vec<String>, Value<'_>); 3] = [
+        let axes: [(&str, Vec<String>, Value<'_>); 4] = [
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
             ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
+            ("rings", self.rings.clone(), &|r| Some(r.ring_format().to_owned())),
         ];
         for (what, listed, value) in &axes {
             let mut has: Vec<String> =
@@ -442,10 +495,11 @@ impl SwanGrid {
     pub fn describe(&self) -> String {
         let list = |v: Vec<String>| if v.is_empty() { "all".to_owned() } else { v.join(", ") };
         format!(
-            "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}",
+            "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}, rings {}",
             list(self.k_eighths.iter().map(usize::to_string).collect()),
             list(self.buffers.iter().map(usize::to_string).collect()),
             list(self.values.clone()),
+            list(self.rings.clone()),
         )
     }
 }
@@ -916,7 +970,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     }
     if let Some(l) = s.local {
         out.text(format!(
-            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
+            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
             l.global_layers,
             l.layers,
             l.window,
@@ -1251,6 +1305,7 @@ mod tests {
             k_eighths: vec![1, 4, 8],
             buffers: vec![128],
             values: vec!["int8".into(), "fp8".into()],
+            rings: vec![],
         };
         let mut runs = full.clone();
         pick.apply(&mut runs, 256).unwrap();
@@ -1267,12 +1322,50 @@ mod tests {
             (SwanGrid { k_eighths: vec![5], ..SwanGrid::default() }, "k eighths 5"),
             (SwanGrid { buffers: vec![64], ..SwanGrid::default() }, "buffers 64"),
             (SwanGrid { values: vec!["f16".into()], ..SwanGrid::default() }, "values f16"),
+            (SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() }, "rings int8"),
         ] {
             let mut runs = reduced.clone();
             let e = bad.apply(&mut runs, 64).unwrap_err().to_string();
             assert!(e.contains(what) && e.contains("it has"), "{e}");
             assert_eq!(runs, reduced);
         }
+    }
+
+    #[test]
+    fn int8_rings_join_the_8bit_swan_runs_and_are_counted_as_q8_0_rows() {
+        let mut runs = grid(256, &[2, 4], &[128], false);
+        let before = runs.clone();
+        add_int8_rings(&mut runs);
+        let added: Vec<&FrontierRun> = runs[before.len()..].iter().collect();
+        // list/bitmask × fp8/int8 × 2 k: int4 SWAN runs and dense runs get no copy.
+        assert_eq!(added.len(), 8);
+        for r in &added {
+            assert!(r.k.is_some() && matches!(r.values, "fp8" | "int8"), "{r:?}");
+            assert_eq!((r.ring, r.ring_format()), (Some("int8"), "int8"));
+            assert!(r.label().ends_with(" ring=int8"), "{}", r.label());
+            assert!(r.spec("p.bin", 2).contains(",ring=int8"), "{}", r.spec("p.bin", 2));
+            // K and V of one position: two q8_0 rows of 256 elements (8 blocks of 34 bytes).
+            assert_eq!(r.ring_token_bytes(256), 2 * 8 * 34);
+            // The global layers' bytes do not depend on the ring.
+            let f16_ring = FrontierRun { ring: None, ..(*r).clone() };
+            assert_eq!(r.head_bytes(256, 4096), f16_ring.head_bytes(256, 4096));
+            assert_eq!(f16_ring.ring_token_bytes(256), 2 * 2 * 256);
+        }
+        // Dense runs keep their own format as their ring; the labels stay unique.
+        let dense = FrontierRun::dense("int4", "hadamard");
+        assert_eq!((dense.ring_format(), dense.ring_token_bytes(256)), ("int4", 2 * 8 * 18));
+        let mut labels: Vec<String> = runs.iter().map(FrontierRun::label).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), runs.len());
+        // A second call adds nothing twice; the rings axis restricts.
+        add_int8_rings(&mut runs);
+        assert_eq!(runs.len(), before.len() + 8);
+        let only = SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() };
+        only.apply(&mut runs, 256).unwrap();
+        assert!(runs.iter().all(|r| r.k.is_none() || r.ring == Some("int8")));
+        assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
+        assert!(only.describe().ends_with("rings int8"), "{}", only.describe());
     }
 
     #[test]

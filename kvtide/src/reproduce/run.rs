@@ -186,6 +186,11 @@ fn frontier_leg(
         let d = ctx.model.config().head_dim;
         ctx.plan.further_model_frontier(d);
     }
+    // A windowed model's rings are most of its cache at a few thousand tokens: its SWAN
+    // configurations also run with int8 rings, as a quantized dense configuration's are.
+    if ctx.model.config().local_attention.is_some() {
+        frontier::add_int8_rings(&mut ctx.plan.frontier);
+    }
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
