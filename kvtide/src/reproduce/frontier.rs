@@ -204,8 +204,11 @@ pub struct FrontierRun {
     pub rotate: &'static str,
     /// SWAN index code (`list`, `bitmask`); `—` for dense.
     pub index: &'static str,
-    /// Kept components per sparse row (SWAN).
+    /// Kept components per sparse row (SWAN; the key rows').
     pub k: Option<usize>,
+    /// Kept components per sparse value row when they differ from `k` (a SWAN split of the
+    /// same bytes between keys and values).
+    pub kv: Option<usize>,
     /// Dense buffer rows (SWAN).
     pub buffer: usize,
     /// Query precision of the score products over int8 keys (`f32`, or `int8`: the queries
@@ -219,13 +222,19 @@ pub struct FrontierRun {
 
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
-        let (index, k, buffer, queries, ring) = ("—", None, 0, "f32", None);
-        Self { family: "dense", values, rotate, index, k, buffer, queries, ring }
+        let (index, k, kv, buffer, queries, ring) = ("—", None, None, 0, "f32", None);
+        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
         let (family, rotate, queries) = ("swan", "calibrated", "f32");
-        Self { family, values, rotate, index, k: Some(k), buffer, queries, ring: None }
+        Self { family, values, rotate, index, k: Some(k), kv: None, buffer, queries, ring: None }
+    }
+
+    /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
+    /// value row.
+    fn split(self, k: usize, kv: usize) -> Self {
+        Self { k: Some(k), kv: (kv != k).then_some(kv), ..self }
     }
 
     /// The same SWAN configuration with the local layers' rings in `int8` (`q8_0` blocks)
@@ -259,7 +268,8 @@ impl FrontierRun {
             None if self.rotate == "none" => format!("dense {}{queries}", self.values),
             None => format!("dense {} rotate={}{queries}", self.values, self.rotate),
             Some(k) => {
-                format!("swan {} {} k={k} b={}{queries}", self.index, self.values, self.buffer)
+                let kv = self.kv.map_or(String::new(), |kv| format!("/{kv}"));
+                format!("swan {} {} k={k}{kv} b={}{queries}", self.index, self.values, self.buffer)
             }
         }
     }
@@ -279,8 +289,11 @@ impl FrontierRun {
                 format!("dense:format={},rotate={}{p},threads={threads}", self.values, self.rotate)
             }
             Some(k) => format!(
-                "swan:k={k},kv={k},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj},threads={threads}",
-                self.buffer, self.index, self.values
+                "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj},threads={threads}",
+                self.kv.unwrap_or(k),
+                self.buffer,
+                self.index,
+                self.values
             ),
         };
         spec + &queries
@@ -301,7 +314,7 @@ impl FrontierRun {
             };
             return 2 * tokens * row;
         };
-        let cfg = self.swan_config(d, k);
+        let cfg = self.swan_config(d, k, self.kv.unwrap_or(k));
         let sparse = tokens.saturating_sub(self.buffer);
         // Blocks of rows keep u16 offsets: a u8-list row of 16- or 8-bit floats lives in a
         // CSR store (at most 65 535 entries a block), every other encoding in a coded store
@@ -310,7 +323,7 @@ impl FrontierRun {
         let rows_per_block = if self.index == "list" && elems {
             kv_sparse::csr::max_rows_per_block(d).min(256)
         } else {
-            let full = self.swan_config(d, d).sparse_token_bytes(d) / 2 - 2;
+            let full = self.swan_config(d, d, d).sparse_token_bytes(d) / 2 - 2;
             (u16::MAX as usize / full).min(256)
         };
         let blocks = 2 * sparse.div_ceil(rows_per_block);
@@ -328,12 +341,12 @@ impl FrontierRun {
         }
     }
 
-    fn swan_config(&self, d: usize, k: usize) -> models::cache::SwanConfig {
+    fn swan_config(&self, d: usize, k: usize, kv: usize) -> models::cache::SwanConfig {
         use kv_sparse::ValueFormat;
         use kv_sparse::coded::ValueKind;
         let mut c = models::cache::SwanConfig::lossless(d, self.buffer);
         c.k_key = k;
-        c.k_value = k;
+        c.k_value = kv;
         c.index = if self.index == "bitmask" {
             models::cache::SwanIndex::Bitmask
         } else {
@@ -389,6 +402,19 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
             for &eighths in swan_k {
                 for &b in buffers {
                     runs.push(FrontierRun::swan(index, v, head_dim * eighths / 8, b));
+                }
+            }
+        }
+    }
+    // The bytes of k = d_h/2 split unevenly between key and value rows (keys 5/8 or 6/8 of
+    // d_h, or 3/8): which half a model's attention needs more of (the paper's K/V
+    // ablation), at the operating point of the bitmask target.
+    if full {
+        let e = head_dim / 8;
+        for v in ["fp8", "int8"] {
+            for &b in buffers {
+                for (k, kv) in [(5 * e, 3 * e), (6 * e, 2 * e), (3 * e, 5 * e)] {
+                    runs.push(FrontierRun::swan("bitmask", v, k, b).split(k, kv));
                 }
             }
         }
@@ -1113,14 +1139,14 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         "perplexity",
     );
     let mut rotations: Vec<&str> = Vec::new();
-    let mut encodings: Vec<(&str, &str)> = Vec::new();
+    let mut encodings: Vec<(&str, &str, bool)> = Vec::new();
     for p in &s.points {
         match p.run.k {
             None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
                 rotations.push(p.run.rotate);
             }
-            Some(_) if !encodings.contains(&(p.run.index, p.run.values)) => {
-                encodings.push((p.run.index, p.run.values));
+            Some(_) if !encodings.contains(&(p.run.index, p.run.values, p.run.kv.is_some())) => {
+                encodings.push((p.run.index, p.run.values, p.run.kv.is_some()));
             }
             _ => {}
         }
@@ -1129,9 +1155,15 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
         plot = plot.series(&format!("dense, rotate={r}"), points);
     }
-    for (index, values) in encodings {
-        let points = line(&|run| run.k.is_some() && run.index == index && run.values == values);
-        plot = plot.series(&format!("SWAN {index} {values}"), points);
+    for (index, values, split) in encodings {
+        let points = line(&|run| {
+            run.k.is_some()
+                && run.index == index
+                && run.values == values
+                && run.kv.is_some() == split
+        });
+        let name = if split { "keys ≠ values k" } else { "" };
+        plot = plot.series(format!("SWAN {index} {values} {name}").trim_end(), points);
     }
     out.plot(plot.reference("dense f16", base));
 }
@@ -1174,16 +1206,18 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                 && p.run.index == "bitmask"
                 && matches!(p.run.values, "fp8" | "int8")
                 && p.run.k == Some(s.head_dim / 2)
+                && p.run.kv.is_none()
                 && p.run.buffer == 128
         })
         .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
     if let Some(p) = target {
-        let sparse = p.run.swan_config(s.head_dim, s.head_dim / 2).sparse_token_bytes(s.head_dim)
+        let half = s.head_dim / 2;
+        let sparse = p.run.swan_config(s.head_dim, half, half).sparse_token_bytes(s.head_dim)
             as f64
             / (2.0 * 2.0 * s.head_dim as f64);
         let dppl = p.perplexity / base - 1.0;
-        // On a windowed model the local rings are the same in every configuration: the
-        // 4096-token target is about the layers the cache serves.
+        // On a windowed model the 4096-token target is about the layers the cache serves
+        // (the local rings are those of every configuration with the same ring format).
         let (long, which) = match p.global_long_ratio {
             Some(g) => (g, " (global layers)"),
             None => (p.long_ratio, ""),
@@ -1366,6 +1400,33 @@ mod tests {
         assert!(runs.iter().all(|r| r.k.is_none() || r.ring == Some("int8")));
         assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
         assert!(only.describe().ends_with("rings int8"), "{}", only.describe());
+    }
+
+    #[test]
+    fn key_value_splits_hold_the_bytes_of_half_k() {
+        let full = grid(256, &[1, 2, 3, 4, 5, 6, 7, 8], &[0, 64, 128], true);
+        let splits: Vec<&FrontierRun> = full.iter().filter(|r| r.kv.is_some()).collect();
+        // (5/8, 3/8), (6/8, 2/8), (3/8, 5/8) × fp8/int8 × three buffers, bitmask rows.
+        assert_eq!(splits.len(), 18);
+        let half = |r: &FrontierRun| FrontierRun::swan("bitmask", r.values, 128, r.buffer);
+        for r in &splits {
+            assert_eq!(r.index, "bitmask");
+            let (k, kv) = (r.k.unwrap(), r.kv.unwrap());
+            assert_eq!(k + kv, 256, "{r:?}");
+            assert!(r.label().contains(&format!(" k={k}/{kv} ")), "{}", r.label());
+            assert!(r.spec("p", 1).contains(&format!("swan:k={k},kv={kv},")), "{}", r.spec("p", 1));
+            // A bitmask row's bytes are linear in k: the split costs what k = d_h/2 costs.
+            for n in [1, 100, 4096] {
+                assert_eq!(r.head_bytes(256, n), half(r).head_bytes(256, n), "{r:?} at {n}");
+            }
+        }
+        // An even split is the plain configuration; the reduced grid has none.
+        assert_eq!(FrontierRun::swan("bitmask", "fp8", 128, 128).split(128, 128).kv, None);
+        assert!(grid(64, &[1, 2, 3, 4], &[128], false).iter().all(|r| r.kv.is_none()));
+        let mut labels: Vec<String> = full.iter().map(FrontierRun::label).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), full.len());
     }
 
     #[test]
