@@ -1139,14 +1139,18 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         "perplexity",
     );
     let mut rotations: Vec<&str> = Vec::new();
-    let mut encodings: Vec<(&str, &str, bool)> = Vec::new();
+    // One line per SWAN encoding, key/value split or not, and ring format.
+    let mut encodings: Vec<(&str, &str, bool, &str)> = Vec::new();
     for p in &s.points {
         match p.run.k {
             None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
                 rotations.push(p.run.rotate);
             }
-            Some(_) if !encodings.contains(&(p.run.index, p.run.values, p.run.kv.is_some())) => {
-                encodings.push((p.run.index, p.run.values, p.run.kv.is_some()));
+            Some(_) => {
+                let e = (p.run.index, p.run.values, p.run.kv.is_some(), p.run.ring_format());
+                if !encodings.contains(&e) {
+                    encodings.push(e);
+                }
             }
             _ => {}
         }
@@ -1155,15 +1159,17 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
         plot = plot.series(&format!("dense, rotate={r}"), points);
     }
-    for (index, values, split) in encodings {
+    for (index, values, split, ring) in encodings {
         let points = line(&|run| {
             run.k.is_some()
                 && run.index == index
                 && run.values == values
                 && run.kv.is_some() == split
+                && run.ring_format() == ring
         });
-        let name = if split { "keys ≠ values k" } else { "" };
-        plot = plot.series(format!("SWAN {index} {values} {name}").trim_end(), points);
+        let split = if split { ", keys ≠ values k" } else { "" };
+        let ring = if s.local.is_some() { format!(", {ring} rings") } else { String::new() };
+        plot = plot.series(&format!("SWAN {index} {values}{split}{ring}"), points);
     }
     out.plot(plot.reference("dense f16", base));
 }
@@ -1227,6 +1233,27 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
             "SWAN bitmask, best 8-bit values, k = d_h/2, b = 128: ≤ 0.36 × f16 per sparse token, ≤ 0.40 × f16 for a 4096-token cache, ≤ +0.5 % perplexity",
             sparse <= 0.36 && long <= 0.40 && dppl <= 0.005,
             format!("{}: {:.3} × f16 per sparse token, {:.3} × f16 at 4096 tokens{which}, {} perplexity", p.label, sparse, long, pct(dppl, 2)),
+        ));
+    }
+    // The same bytes split unevenly between key and value rows (full grid only).
+    let split = s
+        .points
+        .iter()
+        .filter(|p| {
+            p.run.family == "swan"
+                && p.run.index == "bitmask"
+                && matches!(p.run.values, "fp8" | "int8")
+                && p.run.kv.is_some_and(|kv| p.run.k.map(|k| k + kv) == Some(s.head_dim))
+                && p.run.buffer == 128
+        })
+        .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
+    if let Some(p) = split {
+        let dppl = p.perplexity / base - 1.0;
+        out.push(Finding::new(
+            "frontier-bitmask-half-k-split",
+            "SWAN bitmask, best 8-bit values, the bytes of k = d_h/2 split between key and value rows, b = 128: ≤ +0.5 % perplexity",
+            dppl <= 0.005,
+            format!("{}: {} perplexity ({:.3} × f16 at 4096 tokens)", p.label, pct(dppl, 2), p.global_long_ratio.unwrap_or(p.long_ratio)),
         ));
     }
     let ext = |ty: &str| s.external.rows.iter().find(|(t, _)| t == ty).map(|r| r.1);
@@ -1520,6 +1547,69 @@ mod tests {
         assert!(f.holds, "{}", f.evidence);
         let want = "with int8 queries (as llama.cpp scores q8_0): whole window 0.10 % (0.00 pp)";
         assert!(f.evidence.contains(want), "{}", f.evidence);
+    }
+
+    /// The half-k target keeps its symmetric definition; the best split at the same bytes
+    /// is a finding of its own.
+    #[test]
+    fn the_half_k_split_is_judged_beside_the_symmetric_target() {
+        let point = |run: FrontierRun, perplexity: f64| FrontierPoint {
+            label: run.label(),
+            run,
+            spec: String::new(),
+            perplexity,
+            top1: 0.0,
+            window_bytes: 0.0,
+            window_formula_bytes: 0.0,
+            window_ratio: 0.0,
+            long_ratio: 0.3,
+            global_long_ratio: None,
+            frontier_window: false,
+            frontier_long: false,
+        };
+        let swan = |v, k, kv| FrontierRun::swan("bitmask", v, 128, 128).split(k, kv);
+        let mut s = FrontierStudy {
+            model: "m".into(),
+            local: None,
+            eval_play: super::super::corpus::SWAN_EVAL_PLAY.into(),
+            windows: (8, 1024, 512),
+            head_dim: 256,
+            points: vec![
+                point(FrontierRun::dense("f16", "none"), 100.0),
+                point(swan("fp8", 128, 128), 101.0),
+                point(swan("fp8", 192, 64), 100.4),
+                point(swan("int8", 160, 96), 100.45),
+                // Another buffer, or a pair that does not add up to d_h, is not judged.
+                point(FrontierRun::swan("bitmask", "fp8", 192, 64).split(192, 64), 100.0),
+                point(swan("fp8", 192, 32), 100.0),
+            ],
+            budgets: Vec::new(),
+            external: External { status: "skipped".into(), rows: Vec::new() },
+            dense_f16_llamacpp_positions: None,
+            whole_window: Vec::new(),
+            restricted: None,
+        };
+        let find = |s: &FrontierStudy, id: &str| {
+            leg_findings(s).into_iter().find(|f| f.id == id).expect("finding")
+        };
+        let half = find(&s, "frontier-bitmask-half-k");
+        assert!(!half.holds && half.evidence.starts_with("swan bitmask fp8 k=128 b=128:"));
+        let split = find(&s, "frontier-bitmask-half-k-split");
+        assert!(split.holds, "{}", split.evidence);
+        assert!(
+            split.evidence.starts_with("swan bitmask fp8 k=192/64 b=128: 0.40 %"),
+            "{}",
+            split.evidence
+        );
+        s.points[2].perplexity = 100.7;
+        let split = find(&s, "frontier-bitmask-half-k-split");
+        assert!(split.holds && split.evidence.contains("int8 k=160/96"), "{}", split.evidence);
+        s.points[3].perplexity = 100.6;
+        let split = find(&s, "frontier-bitmask-half-k-split");
+        assert!(!split.holds && split.evidence.contains("0.60 %"), "{}", split.evidence);
+        // Without split points (the quick and reduced grids) there is no such finding.
+        s.points.retain(|p| p.run.kv.is_none());
+        assert!(leg_findings(&s).iter().all(|f| f.id != "frontier-bitmask-half-k-split"));
     }
 
     fn legs_only_further(primary: &Path, gemma: &Path) -> Vec<Leg> {
