@@ -263,13 +263,13 @@ impl FrontierRun {
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
-        let queries = format!("{ring}{queries}");
+        let tail = format!("{ring}{queries}");
         match self.k {
-            None if self.rotate == "none" => format!("dense {}{queries}", self.values),
-            None => format!("dense {} rotate={}{queries}", self.values, self.rotate),
+            None if self.rotate == "none" => format!("dense {}{tail}", self.values),
+            None => format!("dense {} rotate={}{tail}", self.values, self.rotate),
             Some(k) => {
                 let kv = self.kv.map_or(String::new(), |kv| format!("/{kv}"));
-                format!("swan {} {} k={k}{kv} b={}{queries}", self.index, self.values, self.buffer)
+                format!("swan {} {} k={k}{kv} b={}{tail}", self.index, self.values, self.buffer)
             }
         }
     }
@@ -278,7 +278,6 @@ impl FrontierRun {
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
-        let queries = format!("{ring}{queries}");
         let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
@@ -296,7 +295,7 @@ impl FrontierRun {
                 self.values
             ),
         };
-        spec + &queries
+        spec + &ring + queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -332,13 +331,10 @@ impl FrontierRun {
 
     /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
     /// configuration's own rows (the spec's ring follows its format), a SWAN
-    /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows.
+    /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows: one dense row
+    /// of [`FrontierRun::ring_format`] each.
     pub fn ring_token_bytes(&self, d: usize) -> usize {
-        match (self.k, self.ring) {
-            (None, _) => self.head_bytes(d, 1),
-            (Some(_), Some(r)) => FrontierRun::dense(r, "none").head_bytes(d, 1),
-            (Some(_), None) => 2 * 2 * d,
-        }
+        FrontierRun::dense(self.ring_format(), "none").head_bytes(d, 1)
     }
 
     fn swan_config(&self, d: usize, k: usize, kv: usize) -> models::cache::SwanConfig {
@@ -1204,18 +1200,21 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
         compared > 0 && lost.is_empty(),
         format!("{compared} budget comparisons; SWAN behind at: {lost:?}"),
     )));
-    let target = s
-        .points
-        .iter()
-        .filter(|p| {
-            p.run.family == "swan"
-                && p.run.index == "bitmask"
-                && matches!(p.run.values, "fp8" | "int8")
-                && p.run.k == Some(s.head_dim / 2)
-                && p.run.kv.is_none()
-                && p.run.buffer == 128
-        })
-        .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
+    // The bitmask target's operating point (8-bit values, b = 128), best perplexity among
+    // the rows whose key/value kept components `pair` accepts.
+    let best_at_target = |pair: &dyn Fn(usize, Option<usize>) -> bool| {
+        s.points
+            .iter()
+            .filter(|p| {
+                p.run.family == "swan"
+                    && p.run.index == "bitmask"
+                    && matches!(p.run.values, "fp8" | "int8")
+                    && p.run.buffer == 128
+                    && p.run.k.is_some_and(|k| pair(k, p.run.kv))
+            })
+            .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity))
+    };
+    let target = best_at_target(&|k, kv| k == s.head_dim / 2 && kv.is_none());
     if let Some(p) = target {
         let half = s.head_dim / 2;
         let sparse = p.run.swan_config(s.head_dim, half, half).sparse_token_bytes(s.head_dim)
@@ -1236,17 +1235,7 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
         ));
     }
     // The same bytes split unevenly between key and value rows (full grid only).
-    let split = s
-        .points
-        .iter()
-        .filter(|p| {
-            p.run.family == "swan"
-                && p.run.index == "bitmask"
-                && matches!(p.run.values, "fp8" | "int8")
-                && p.run.kv.is_some_and(|kv| p.run.k.map(|k| k + kv) == Some(s.head_dim))
-                && p.run.buffer == 128
-        })
-        .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
+    let split = best_at_target(&|k, kv| kv.is_some_and(|kv| k + kv == s.head_dim));
     if let Some(p) = split {
         let dppl = p.perplexity / base - 1.0;
         out.push(Finding::new(
@@ -1479,11 +1468,9 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
-    /// The peer comparison is judged under llama.cpp's condition (whole window through the
-    /// cache) when that was measured, with the half-prefilled costs reported beside it.
-    #[test]
-    fn the_peer_check_judges_the_whole_window_costs() {
-        let point = |run: FrontierRun, perplexity: f64| FrontierPoint {
+    /// A measured point of `run` with only its perplexity set.
+    fn point(run: FrontierRun, perplexity: f64) -> FrontierPoint {
+        FrontierPoint {
             label: run.label(),
             run,
             spec: String::new(),
@@ -1496,24 +1483,40 @@ mod tests {
             global_long_ratio: None,
             frontier_window: false,
             frontier_long: false,
-        };
-        let runs =
-            [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 102.0)];
-        let mut s = FrontierStudy {
+        }
+    }
+
+    /// A study of `points` on a model without local layers, the external check skipped.
+    fn study(head_dim: usize, points: Vec<FrontierPoint>) -> FrontierStudy {
+        FrontierStudy {
             model: "m".into(),
             local: None,
             eval_play: super::super::corpus::SWAN_EVAL_PLAY.into(),
             windows: (8, 1024, 512),
-            head_dim: 64,
-            points: runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect(),
+            head_dim,
+            points,
             budgets: Vec::new(),
+            external: External { status: "skipped".into(), rows: Vec::new() },
+            dense_f16_llamacpp_positions: None,
+            whole_window: Vec::new(),
+            restricted: None,
+        }
+    }
+
+    /// The peer comparison is judged under llama.cpp's condition (whole window through the
+    /// cache) when that was measured, with the half-prefilled costs reported beside it.
+    #[test]
+    fn the_peer_check_judges_the_whole_window_costs() {
+        let runs =
+            [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 102.0)];
+        let points = runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+        let mut s = FrontierStudy {
             external: External {
                 status: "ran".into(),
                 rows: vec![("f16".into(), 80.0), ("q8_0".into(), 80.08), ("q4_0".into(), 84.0)],
             },
             dense_f16_llamacpp_positions: Some(80.0),
-            whole_window: Vec::new(),
-            restricted: None,
+            ..study(64, points)
         };
         assert!(s.points.iter().all(|p| p.run.is_llamacpp_counterpart()));
         // Without SWAN points there is no per-budget claim to judge.
@@ -1553,28 +1556,10 @@ mod tests {
     /// is a finding of its own.
     #[test]
     fn the_half_k_split_is_judged_beside_the_symmetric_target() {
-        let point = |run: FrontierRun, perplexity: f64| FrontierPoint {
-            label: run.label(),
-            run,
-            spec: String::new(),
-            perplexity,
-            top1: 0.0,
-            window_bytes: 0.0,
-            window_formula_bytes: 0.0,
-            window_ratio: 0.0,
-            long_ratio: 0.3,
-            global_long_ratio: None,
-            frontier_window: false,
-            frontier_long: false,
-        };
         let swan = |v, k, kv| FrontierRun::swan("bitmask", v, 128, 128).split(k, kv);
-        let mut s = FrontierStudy {
-            model: "m".into(),
-            local: None,
-            eval_play: super::super::corpus::SWAN_EVAL_PLAY.into(),
-            windows: (8, 1024, 512),
-            head_dim: 256,
-            points: vec![
+        let mut s = study(
+            256,
+            vec![
                 point(FrontierRun::dense("f16", "none"), 100.0),
                 point(swan("fp8", 128, 128), 101.0),
                 point(swan("fp8", 192, 64), 100.4),
@@ -1583,12 +1568,7 @@ mod tests {
                 point(FrontierRun::swan("bitmask", "fp8", 192, 64).split(192, 64), 100.0),
                 point(swan("fp8", 192, 32), 100.0),
             ],
-            budgets: Vec::new(),
-            external: External { status: "skipped".into(), rows: Vec::new() },
-            dense_f16_llamacpp_positions: None,
-            whole_window: Vec::new(),
-            restricted: None,
-        };
+        );
         let find = |s: &FrontierStudy, id: &str| {
             leg_findings(s).into_iter().find(|f| f.id == id).expect("finding")
         };
