@@ -1,5 +1,5 @@
 //! `Basis`: one orthogonal `d_h × d_h` matrix (basis vectors as columns) and, for calibrated
-//! bases, its eigenvalues and explained-energy curve.
+//! bases, its eigenvalues, explained-energy curve and the query side's energy per column.
 //!
 //! SWAN §4: each `P_QK`/`P_VO` is the eigen-decomposition of the joint second moment of the
 //! vectors it rotates. We use nalgebra's symmetric eigen-solver (no hand-written solver),
@@ -15,11 +15,13 @@ use crate::mat::Mat;
 use crate::moment::SecondMoment;
 
 /// An orthogonal basis: a `d × d` [`Mat`] whose column `j` is basis vector `j`
-/// (rotate a row vector as `x̂ = x·P`), plus optional eigenvalues (calibrated bases only).
+/// (rotate a row vector as `x̂ = x·P`), plus optional eigenvalues and query-side energies
+/// (calibrated bases only).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Basis {
     matrix: Mat,
     eigenvalues: Option<Vec<f64>>,
+    query_energy: Option<Vec<f64>>,
 }
 
 impl Basis {
@@ -38,7 +40,7 @@ impl Basis {
     pub fn new(matrix: Mat) -> Result<Self> {
         check_len("Basis::new", "matrix cols", matrix.rows(), matrix.cols())?;
         crate::error::check_finite("Basis::new", "matrix", matrix.as_slice())?;
-        Ok(Self { matrix, eigenvalues: None })
+        Ok(Self { matrix, eigenvalues: None, query_energy: None })
     }
 
     /// Wraps a square matrix and its eigenvalues (one per column, in column order).
@@ -81,10 +83,47 @@ impl Basis {
         self.eigenvalues.as_deref()
     }
 
-    /// Drops the eigenvalues (used when a basis is moved to another head by an ablation,
-    /// where its eigenvalues no longer describe that head's data).
+    /// The same basis with the queries' mean energy along each column, `e_j = E[(q·p_j)²]`
+    /// over the calibration queries (per query vector; calibrated QK bases carry it). A key's
+    /// component `j` contributes `q̂_j·k̂_j` to a score, so `|k̂_j|·√e_j` ranks components by
+    /// their expected share of it.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] if `energy.len() != d`; [`Error::NonFinite`] for NaN/∞;
+    /// [`Error::InvalidWeight`] for a negative energy.
+    ///
+    /// # Examples
+    /// ```
+    /// let b = projection::Basis::new(projection::Mat::identity(2))?.with_query_energy(vec![4.0, 1.0])?;
+    /// assert_eq!(b.query_energy(), Some(&[4.0, 1.0][..]));
+    /// assert!(projection::Basis::new(projection::Mat::identity(2))?.with_query_energy(vec![-1.0, 1.0]).is_err());
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn with_query_energy(mut self, energy: Vec<f64>) -> Result<Self> {
+        const OP: &str = "Basis::with_query_energy";
+        check_len(OP, "query energy", self.dim(), energy.len())?;
+        if let Some(index) = energy.iter().position(|x| !x.is_finite()) {
+            let value = energy[index];
+            return Err(Error::NonFinite { op: OP, what: "query energy", index, value });
+        }
+        if let Some(&value) = energy.iter().find(|&&x| x < 0.0) {
+            return Err(Error::InvalidWeight { op: OP, what: "query energy", value });
+        }
+        self.query_energy = Some(energy);
+        Ok(self)
+    }
+
+    /// The query side's mean energy along each column (see [`Basis::with_query_energy`]);
+    /// `None` for bases without calibration data.
+    pub fn query_energy(&self) -> Option<&[f64]> {
+        self.query_energy.as_deref()
+    }
+
+    /// Drops the eigenvalues and query energies (used when a basis is moved to another head
+    /// by an ablation, where they no longer describe that head's data).
     pub(crate) fn without_eigenvalues(mut self) -> Self {
         self.eigenvalues = None;
+        self.query_energy = None;
         self
     }
 

@@ -124,13 +124,17 @@ pub struct LayerActivations<'a> {
 }
 
 /// Streaming calibration state for a whole model: one f64 [`SecondMoment`] per
-/// (stream, layer, kv-head).
+/// (stream, layer, kv-head), plus the queries' own moment per (layer, kv-head) — the QK
+/// bases carry the queries' energy along each basis vector
+/// ([`crate::Basis::query_energy`]).
 #[derive(Clone, Debug)]
 pub struct Calibrator {
     dims: ModelDims,
     config: CalibrationConfig,
     /// Indexed `[stream.index() * sites + site]`.
     moments: Vec<SecondMoment>,
+    /// The queries alone (weight 1 each), indexed by site.
+    query_moments: Vec<SecondMoment>,
     tokens: Vec<u64>,
     scratch: Vec<f64>,
 }
@@ -156,6 +160,7 @@ impl Calibrator {
             dims,
             config,
             moments: vec![SecondMoment::new(dims.head_dim()); n],
+            query_moments: vec![SecondMoment::new(dims.head_dim()); dims.sites()],
             tokens: vec![0; n],
             scratch: Vec::new(),
         })
@@ -301,6 +306,11 @@ impl Calibrator {
             ];
             let slot = self.slot(stream, layer, j);
             self.moments[slot].add_blocks(&blocks, &mut self.scratch);
+            if stream == Stream::Qk {
+                let queries = RowBlock { weight: 1.0, ..blocks[0] };
+                let site = self.dims.site_index(layer, j);
+                self.query_moments[site].add_blocks(&[queries], &mut self.scratch);
+            }
             self.tokens[slot] += n_tokens as u64;
         }
         Ok(())
@@ -334,6 +344,9 @@ impl Calibrator {
             return mismatch("config", format!("{:?}", self.config), format!("{:?}", other.config));
         }
         for (a, b) in self.moments.iter_mut().zip(&other.moments) {
+            a.merge(b)?;
+        }
+        for (a, b) in self.query_moments.iter_mut().zip(&other.query_moments) {
             a.merge(b)?;
         }
         self.tokens.iter_mut().zip(&other.tokens).for_each(|(a, b)| *a += b);
@@ -476,6 +489,18 @@ impl Calibrator {
         self.slot(s.stream, s.layer, s.kv_head)
     }
 
+    /// The eigen-basis of one position; a QK basis also carries the queries' energy along
+    /// each of its vectors.
+    fn basis_of(&self, s: Site) -> Result<Basis> {
+        let basis = self.moments[self.slot_of(s)].eigen_basis(s)?;
+        if s.stream != Stream::Qk {
+            return Ok(basis);
+        }
+        let queries = &self.query_moments[self.dims.site_index(s.layer, s.kv_head)];
+        let energy = queries.column_energy(basis.matrix())?;
+        basis.with_query_energy(energy)
+    }
+
     fn bases_parallel(&self, sites: &[Site], threads: usize) -> Result<Vec<Basis>> {
         let chunk = sites.len().div_ceil(threads).max(1);
         let results: Vec<Result<Vec<Basis>>> = std::thread::scope(|scope| {
@@ -483,9 +508,7 @@ impl Calibrator {
                 .chunks(chunk)
                 .map(|part| {
                     scope.spawn(move || {
-                        part.iter()
-                            .map(|&s| self.moments[self.slot_of(s)].eigen_basis(s))
-                            .collect::<Result<Vec<_>>>()
+                        part.iter().map(|&s| self.basis_of(s)).collect::<Result<Vec<_>>>()
                     })
                 })
                 .collect();

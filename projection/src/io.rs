@@ -7,6 +7,7 @@
 //! |---|---|---|---|
 //! | `qk`, `vo` | F32 | `[layers, kv_heads, d, d]` | `P[i][j]` = component `i` of basis vector `j` |
 //! | `qk.eigenvalues`, `vo.eigenvalues` | F64 | `[layers, kv_heads, d]` | calibrated sets only |
+//! | `qk.query_energy` | F64 | `[layers, kv_heads, d]` | queries' mean energy per basis vector (optional) |
 //! | `counts` | U64 | `[layers, kv_heads, 2, 2]` | `[stream][tokens, vectors]`, calibrated only |
 //! | `weights` | F64 | `[layers, kv_heads, 2]` | total sample weight per stream, calibrated only |
 //!
@@ -77,6 +78,12 @@ impl ProjectionSet {
                     vec![l, kv, d],
                     bytes,
                 ));
+            }
+            if bases.iter().all(|b| b.query_energy().is_some()) {
+                let e = bases.iter().flat_map(|b| b.query_energy().unwrap_or_default());
+                let bytes = e.flat_map(|x| x.to_le_bytes()).collect();
+                let name = format!("{}.query_energy", tensor_name(s));
+                buffers.push((name, Dtype::F64, vec![l, kv, d], bytes));
             }
         }
         if let Some(counts) = self.all_counts() {
@@ -296,14 +303,20 @@ impl Reader<'_> {
             mats.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let ev_name = format!("{name}.eigenvalues");
         let eigen = self.raw(&ev_name, Dtype::F64, &[l, kv, d])?.map(le_f64);
+        let energy_name = format!("{name}.query_energy");
+        let energy = self.raw(&energy_name, Dtype::F64, &[l, kv, d])?.map(le_f64);
         floats
             .chunks_exact(d * d)
             .enumerate()
             .map(|(i, m)| {
                 let mat = Mat::from_vec(d, d, m.to_vec())?;
-                match &eigen {
-                    Some(ev) => Basis::with_eigenvalues(mat, ev[i * d..(i + 1) * d].to_vec()),
-                    None => Basis::new(mat),
+                let basis = match &eigen {
+                    Some(ev) => Basis::with_eigenvalues(mat, ev[i * d..(i + 1) * d].to_vec())?,
+                    None => Basis::new(mat)?,
+                };
+                match &energy {
+                    Some(e) => basis.with_query_energy(e[i * d..(i + 1) * d].to_vec()),
+                    None => Ok(basis),
                 }
             })
             .collect()

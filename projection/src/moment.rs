@@ -221,6 +221,38 @@ impl SecondMoment {
         }
         Ok(curve)
     }
+    /// Mean energy along each column of an arbitrary `basis`: `p_jᵀ M p_j / Σ w` for every
+    /// `j` (zeros when nothing was accumulated).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] if `basis` is not `d × d`.
+    ///
+    /// # Examples
+    /// ```
+    /// let mut m = projection::SecondMoment::new(2);
+    /// m.add_vectors(&[3.0, 1.0, 1.0, 1.0], 1.0)?;
+    /// assert_eq!(m.column_energy(&projection::Mat::identity(2))?, vec![5.0, 1.0]);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn column_energy(&self, basis: &Mat) -> Result<Vec<f64>> {
+        const OP: &str = "SecondMoment::column_energy";
+        let d = self.dim;
+        check_len(OP, "basis rows", d, basis.rows())?;
+        check_len(OP, "basis cols", d, basis.cols())?;
+        let w = self.weight;
+        Ok((0..d)
+            .map(|j| {
+                let p: Vec<f64> = basis.column(j).into_iter().map(f64::from).collect();
+                let e: f64 = (0..d)
+                    .map(|r| {
+                        let row = &self.sum[r * d..(r + 1) * d];
+                        p[r] * row.iter().zip(&p).map(|(m, x)| m * x).sum::<f64>()
+                    })
+                    .sum();
+                if w > 0.0 { (e / w).max(0.0) } else { 0.0 }
+            })
+            .collect())
+    }
 }
 
 /// Errors unless `w` is finite and non-negative.

@@ -223,13 +223,18 @@ impl ProjectionSet {
             }
         }
         let with = bases.iter().filter(|b| b.eigenvalues().is_some()).count();
-        if with != 0 && with != bases.len() {
-            return Err(Error::Mismatch {
-                op,
-                what: "bases with eigenvalues",
-                expected: format!("0 or {}", bases.len()),
-                got: with.to_string(),
-            });
+        let energies = bases.iter().filter(|b| b.query_energy().is_some()).count();
+        for (what, with) in
+            [("bases with eigenvalues", with), ("bases with query energies", energies)]
+        {
+            if with != 0 && with != bases.len() {
+                return Err(Error::Mismatch {
+                    op,
+                    what,
+                    expected: format!("0 or {}", bases.len()),
+                    got: with.to_string(),
+                });
+            }
         }
         Ok(())
     }

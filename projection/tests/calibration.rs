@@ -143,3 +143,46 @@ fn parallel_errors_surface_and_mismatched_merges_fail() {
         Calibrator::new(dims, CalibrationConfig { qk: Weighting::Stacked, ..cfg }).unwrap();
     assert!(matches!(a.merge(&other_cfg), Err(projection::Error::Mismatch { what: "config", .. })));
 }
+
+#[test]
+fn qk_bases_carry_the_queries_energy_along_each_basis_vector() {
+    let dims = ModelDims::new(2, 8, 2, 16).unwrap();
+    let n = 41;
+    let q = gaussian(n * 8 * 16, 1.0, 3);
+    let k = gaussian(n * 2 * 16, 3.0, 4);
+    // Any weighting of the joint moment: the query energy is the queries' own mean.
+    for wt in [Weighting::Balanced, Weighting::Custom { query_side: 0.0, kv_side: 1.0 }] {
+        let cfg = CalibrationConfig { qk: wt, vo: Weighting::Balanced };
+        let mut cal = Calibrator::new(dims, cfg).unwrap();
+        for layer in 0..2 {
+            cal.observe_qk(layer, n, &q, &k).unwrap();
+            cal.observe_vo(layer, n, &k, &q).unwrap();
+        }
+        let set = cal.finish_with_threads("m", 2).unwrap();
+        for j in 0..2 {
+            let basis = set.basis(Stream::Qk, 1, j).unwrap();
+            let energy = basis.query_energy().expect("calibrated QK bases carry query energy");
+            // Reference: project every query of the group on every basis vector.
+            let p = basis.matrix();
+            let (d, g) = (16, 4);
+            for (col, &e) in energy.iter().enumerate() {
+                let pc = p.column(col);
+                let mut sum = 0.0f64;
+                for t in 0..n {
+                    for h in j * g..(j + 1) * g {
+                        let x = &q[(t * 8 + h) * d..][..d];
+                        let dot: f64 =
+                            x.iter().zip(&pc).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                        sum += dot * dot;
+                    }
+                }
+                let want = sum / (n * g) as f64;
+                assert!(
+                    (e - want).abs() <= 1e-6 * want.max(1.0),
+                    "{wt:?} kv {j} col {col}: {e} vs {want}"
+                );
+            }
+            assert!(set.basis(Stream::Vo, 1, j).unwrap().query_energy().is_none());
+        }
+    }
+}

@@ -146,6 +146,22 @@ fn corrupt_files_give_typed_errors() {
     });
     assert!(matches!(ProjectionSet::from_bytes(&missing), Err(Error::Format { .. })));
 
+    // Query energies: optional (files written before they existed still open), but never
+    // negative or NaN.
+    let without = rewrite(&good, |t, _| {
+        t.remove("qk.query_energy");
+    });
+    let old = ProjectionSet::from_bytes(&without).unwrap();
+    assert!(old.basis(Stream::Qk, 0, 0).unwrap().query_energy().is_none());
+    assert!(calibrated().basis(Stream::Qk, 0, 0).unwrap().query_energy().is_some());
+    for bad in [-1.0f64, f64::NAN] {
+        let corrupt = rewrite(&good, |t, _| {
+            t.get_mut("qk.query_energy").unwrap()[8..16].copy_from_slice(&bad.to_le_bytes())
+        });
+        let err = ProjectionSet::from_bytes(&corrupt).unwrap_err();
+        assert!(matches!(err, Error::InvalidWeight { .. } | Error::NonFinite { .. }), "{err}");
+    }
+
     let half_counts = rewrite(&good, |t, _| {
         t.remove("weights");
     });
