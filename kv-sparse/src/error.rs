@@ -96,6 +96,19 @@ pub enum Error {
         /// The rejected scale.
         scale: f32,
     },
+    /// A key-selection weight that is negative, or weights that are all zero (see
+    /// [`crate::hybrid::Hybrid::set_key_weights`]).
+    #[error(
+        "{op}: selection weight {value} at position {position} (weights must be ≥ 0, not all 0)"
+    )]
+    InvalidWeight {
+        /// Operation that failed.
+        op: &'static str,
+        /// Position of the offending weight (the first one when all are zero).
+        position: usize,
+        /// The offending weight.
+        value: f32,
+    },
     /// A stored per-row or per-block scale that is zero, NaN or infinite.
     #[error("{op}: row {row} has scale {scale}; scales must be finite and non-zero")]
     InvalidRowScale {

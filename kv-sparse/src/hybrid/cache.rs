@@ -238,6 +238,39 @@ impl<S: RowStore, D: Value> Hybrid<S, D> {
         self.buffer.clear();
     }
 
+    /// Selects evicted keys by weighted magnitude: each keeps the `k_key` components with
+    /// the largest `|x_j|·w_j` (stored unweighted); `None` restores SWAN's plain magnitude
+    /// rule. With `w_j = √E[q̂_j²]` (the queries' energy along basis vector `j`,
+    /// `projection::Basis::query_energy`) that keeps the components with the largest expected
+    /// share of a score. Rows already stored are untouched, and the weights are a write-time
+    /// policy, not stored data: a cache rebuilt from a view or file selects by magnitude until
+    /// they are set again. At `k_key = head_dim` (and `k_key = 0`) the weights change nothing.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `head_dim` weights; [`Error::NonFinite`] for NaN/∞;
+    /// [`Error::InvalidWeight`] for a negative weight or all zeros. Unchanged on error.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+    /// let mut cache = HybridCache::<u8, f32, f32>::new(HybridConfig::new(4, 0, 2))?;
+    /// cache.set_key_weights(Some(&[1.0, 0.1, 1.0, 1.0]))?;
+    /// cache.append(&[1.0, 3.0, 2.0, 0.5], &[1.0; 4])?;
+    /// // |x|·w = (1, 0.3, 2, 0.5): components 0 and 2 are kept, with their own values.
+    /// let row = cache.view().sparse_keys.row(0).unwrap();
+    /// assert_eq!((row.indices, row.values), (&[0u8, 2][..], &[1.0f32, 2.0][..]));
+    /// assert!(cache.set_key_weights(Some(&[1.0, -1.0, 1.0, 1.0])).is_err());
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn set_key_weights(&mut self, weights: Option<&[f32]>) -> Result<()> {
+        self.sparse.set_key_weights(weights)
+    }
+
+    /// The key-selection weights (normalised to a largest weight of 1), if set.
+    pub fn key_weights(&self) -> Option<&[f32]> {
+        self.sparse.key_weights()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &HybridConfig {
         &self.cfg

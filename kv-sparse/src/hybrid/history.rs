@@ -4,10 +4,17 @@
 //! its value to `k_value` components; both rows join the sparse history together, so the
 //! two stores always hold the same number of rows. A push is all-or-nothing. The stores
 //! are any [`RowStore`] (CSR or coded rows).
+//!
+//! Keys may be selected by weighted magnitude instead: with per-component weights `w` an
+//! evicted key keeps the `k_key` components with the largest `|x_j|·w_j` (their values
+//! unweighted). With `w_j = √E[q̂_j²]` that ranks components by their expected share of a
+//! score `q̂·k̂` — the query-aware channel selection of ThinK (Xu et al., 2024) applied per
+//! token — where SWAN's rule ranks by `|x_j|` alone.
 
 use super::RowStore;
-use crate::Result;
 use crate::memory::MemoryReport;
+use crate::topk::top_k_magnitude;
+use crate::{Error, Result};
 
 /// Key and value stores plus the scale and scratch used to fill them.
 #[derive(Clone, Debug)]
@@ -18,18 +25,81 @@ pub(crate) struct SparseHistory<S> {
     k_value: usize,
     scale: (f32, f32),
     scaled: Vec<f32>,
+    /// Key-selection weights, largest 1 (`None`: plain magnitude).
+    key_weights: Option<Vec<f32>>,
+    /// Selected key components (weighted selection only).
+    selected: Vec<usize>,
 }
 
 impl<S: RowStore> SparseHistory<S> {
     pub(crate) fn new(keys: S, values: S, k: (usize, usize), scale: (f32, f32)) -> Self {
         let scaled = Vec::with_capacity(keys.head_dim());
-        Self { keys, values, k_key: k.0, k_value: k.1, scale, scaled }
+        Self {
+            keys,
+            values,
+            k_key: k.0,
+            k_value: k.1,
+            scale,
+            scaled,
+            key_weights: None,
+            selected: Vec::new(),
+        }
+    }
+
+    /// Sets (or clears) the key-selection weights; see the module docs.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`] unless `head_dim` weights; [`Error::NonFinite`] for NaN/∞;
+    /// [`Error::InvalidWeight`] for a negative weight or all zeros. Unchanged on error.
+    pub(crate) fn set_key_weights(&mut self, weights: Option<&[f32]>) -> Result<()> {
+        const OP: &str = "Hybrid::set_key_weights";
+        let Some(w) = weights else {
+            self.key_weights = None;
+            return Ok(());
+        };
+        let d = self.keys.head_dim();
+        if w.len() != d {
+            return Err(Error::LengthMismatch {
+                op: OP,
+                what: "weights",
+                expected: d,
+                got: w.len(),
+            });
+        }
+        if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(Error::NonFinite { op: OP, position, value });
+        }
+        if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| **x < 0.0) {
+            return Err(Error::InvalidWeight { op: OP, position, value });
+        }
+        let max = w.iter().fold(0f32, |m, &x| m.max(x));
+        if max <= 0.0 {
+            return Err(Error::InvalidWeight { op: OP, position: 0, value: w[0] });
+        }
+        // Normalised to a largest weight of 1, so `|x|·w` never overflows where `x` did not.
+        self.key_weights = Some(w.iter().map(|&x| x / max).collect());
+        self.selected.reserve(d);
+        Ok(())
+    }
+
+    /// The key-selection weights (normalised to a largest weight of 1), if set.
+    pub(crate) fn key_weights(&self) -> Option<&[f32]> {
+        self.key_weights.as_deref()
     }
 
     /// Prunes and appends one (key, value) pair; on error neither store changes.
     pub(crate) fn push(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
         let rows = self.keys.len();
-        push_scaled(&mut self.keys, k, self.k_key, self.scale.0, &mut self.scaled)?;
+        match &self.key_weights {
+            Some(w) if self.k_key > 0 && self.k_key < w.len() => push_weighted(
+                &mut self.keys,
+                k,
+                (self.k_key, self.scale.0),
+                w,
+                (&mut self.scaled, &mut self.selected),
+            )?,
+            _ => push_scaled(&mut self.keys, k, self.k_key, self.scale.0, &mut self.scaled)?,
+        }
         let pushed = push_scaled(&mut self.values, v, self.k_value, self.scale.1, &mut self.scaled);
         if pushed.is_err() {
             self.keys.truncate(rows);
@@ -58,6 +128,23 @@ impl<S: RowStore> SparseHistory<S> {
         };
         self.keys.memory() + self.values.memory() + scratch
     }
+}
+
+/// Pushes `row / scale` pruned to the `k` entries with the largest `|row_j|·w_j` (the
+/// values unweighted), for `0 < k < head_dim`.
+fn push_weighted<S: RowStore>(
+    store: &mut S,
+    row: &[f32],
+    (k, scale): (usize, f32),
+    w: &[f32],
+    (scratch, selected): (&mut Vec<f32>, &mut Vec<usize>),
+) -> Result<()> {
+    scratch.clear();
+    scratch.extend(row.iter().zip(w).map(|(&x, &w)| x * w));
+    top_k_magnitude(scratch, k, selected)?;
+    scratch.clear();
+    scratch.extend(selected.iter().map(|&j| if scale == 1.0 { row[j] } else { row[j] / scale }));
+    store.push_sparse(selected, scratch)
 }
 
 /// Pushes `row / scale` (or `row` itself when the scale is 1) pruned to `k` entries.

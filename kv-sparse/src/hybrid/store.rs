@@ -54,6 +54,13 @@ pub trait RowStore: private::Sealed + Clone + std::fmt::Debug + Send + Sync + 's
     /// The store's input errors.
     fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()>;
 
+    /// Appends a row given as strictly ascending `indices` and their values
+    /// (all-or-nothing).
+    ///
+    /// # Errors
+    /// The store's input errors.
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()>;
+
     /// Rows held.
     fn len(&self) -> usize;
 
@@ -110,6 +117,10 @@ impl<I: SparseIndex, V: Value> RowStore for CsrStore<I, V> {
 
     fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
         CsrStore::push_dense(self, x, k)
+    }
+
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        CsrStore::push_sparse(self, indices, values)
     }
 
     fn len(&self) -> usize {
@@ -177,6 +188,10 @@ impl<X: IndexCode, Y: ValueCode> RowStore for CodedStore<X, Y> {
 
     fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
         CodedStore::push_dense(self, x, k)
+    }
+
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        CodedStore::push_sparse(self, indices, values)
     }
 
     fn len(&self) -> usize {
