@@ -95,6 +95,7 @@ fn bad_specs_are_typed_errors() {
         "swan:k=8,k=9",
         "dense:threads=0",
         "dense:format=int8,queries=int4",
+        "swan:select=largest",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }

@@ -136,3 +136,54 @@ fn smollm2_decode_logits_do_not_depend_on_the_cache_threads() {
         }
     }
 }
+
+/// Query-weighted key selection (`select=query`) on a calibrated tiny model: at k = d_h it is
+/// still the lossless setting (dense logits); at k = d_h/2 it keeps other components than the
+/// magnitude rule (different logits); on a basis without query energies it is a typed error.
+#[test]
+fn tiny_query_selected_keys_are_lossless_at_full_k_and_need_query_energies() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-gqa")).unwrap();
+    let vocab = ckpt.config.vocab_size as u32;
+    let calib: Vec<u32> = (0..96u32).map(|i| (i * 53 + 7) % vocab).collect();
+    let windows = models::calibrate::swan::windows(&calib, 48, 96);
+    let (set, _) = models::calibrate::swan::calibrate(
+        &ckpt.model,
+        &windows,
+        projection::CalibrationConfig::default(),
+        &mut |_| (),
+    )
+    .unwrap();
+    assert!(set.basis(projection::Stream::Qk, 0, 0).unwrap().query_energy().is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let proj = dir.path().join("tiny.projection.safetensors");
+    set.save(&proj).unwrap();
+    let proj = proj.display();
+
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % vocab).collect();
+    let d = ckpt.config.head_dim;
+    let dense = logits(&ckpt, "dense:format=f32,threads=1", &ids, 1);
+    let full = format!(
+        "swan:k={d},kv={d},value=f32,buffer=f32,b=4,basis=calibrated,proj={proj},select=query,threads=1"
+    );
+    compare("tiny select=query k=d_h", &dense, &logits(&ckpt, &full, &ids, 1));
+
+    let half = |select: &str| {
+        let spec = format!(
+            "swan:k={},kv={d},value=f32,buffer=f32,b=4,basis=calibrated,proj={proj},select={select},threads=1",
+            d / 2
+        );
+        logits(&ckpt, &spec, &ids, 1)
+    };
+    let (magnitude, query) = (half("magnitude"), half("query"));
+    assert!(
+        magnitude.iter().zip(&query).any(|(a, b)| !a.equal(b)),
+        "query-weighted selection kept exactly the magnitude rule's components"
+    );
+
+    for basis in ["identity", "hadamard"] {
+        let spec: models::cache::spec::CacheSpec =
+            format!("swan:k=8,basis={basis},select=query").parse().unwrap();
+        let err = spec.build(&ckpt.model).err().expect("a basis without query energies is refused");
+        assert!(err.to_string().contains("select=query"), "{basis}: {err}");
+    }
+}

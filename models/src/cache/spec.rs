@@ -48,7 +48,8 @@ use projection::{BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
-    CacheShape, DenseCache, Fp8Scale, KvCache, QuantCache, SwanCache, SwanConfig, SwanIndex,
+    CacheShape, DenseCache, Fp8Scale, KeySelect, KvCache, QuantCache, SwanCache, SwanConfig,
+    SwanIndex,
 };
 use crate::error::{Error, Result};
 use crate::llama::Llama;
@@ -74,6 +75,8 @@ pub struct SwanSpec {
     pub basis: BasisKind,
     /// Projection file for calibrated bases and their ablations (`proj`).
     pub proj: Option<PathBuf>,
+    /// Key pruning rule (`select=magnitude|query`).
+    pub key_select: KeySelect,
 }
 
 impl Default for SwanSpec {
@@ -88,6 +91,7 @@ impl Default for SwanSpec {
             scale: Fp8Scale::Auto,
             basis: BasisKind::Calibrated,
             proj: None,
+            key_select: KeySelect::Magnitude,
         }
     }
 }
@@ -279,6 +283,16 @@ impl SwanSpec {
                 return Err(spec_err(p.spec(), format!("`index={v}`: expected list or bitmask")));
             }
         };
+        let key_select = match p.take("select") {
+            None | Some("magnitude") => KeySelect::Magnitude,
+            Some("query") => KeySelect::Query,
+            Some(v) => {
+                return Err(spec_err(
+                    p.spec(),
+                    format!("`select={v}`: expected magnitude or query"),
+                ));
+            }
+        };
         let value = match p.take("value") {
             Some("int8") => ValueKind::Int8,
             Some("int4") => ValueKind::Int4,
@@ -300,6 +314,7 @@ impl SwanSpec {
             scale,
             basis,
             proj: p.take("proj").map(PathBuf::from),
+            key_select,
         })
     }
 
@@ -313,6 +328,7 @@ impl SwanSpec {
             value: self.value,
             buffer_format: self.buffer_format,
             fp8_scale: self.scale,
+            key_select: self.key_select,
         }
     }
 

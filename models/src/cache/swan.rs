@@ -13,8 +13,12 @@
 //! instead of the list, and/or int8 / int4 values with one scale per row — which are
 //! smaller once `k > d_h/8`.
 //!
+//! Keys are pruned by SWAN's magnitude rule, or (`select=query`) by magnitude weighted with
+//! the queries' energy along each basis vector (`|k̂_j|·√E[q̂_j²]`, from the calibrated
+//! basis): a component's expected share of a score rather than its size alone.
+//!
 //! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
-//! orthogonal basis then reproduces dense attention to float rounding.
+//! orthogonal basis then reproduces dense attention to float rounding, whichever selection.
 
 use std::sync::Arc;
 
@@ -62,6 +66,26 @@ impl std::fmt::Display for SwanIndex {
     }
 }
 
+/// Which components of an evicted key a SWAN cache keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KeySelect {
+    /// The `k` largest `|k̂_j|` (the paper's rule).
+    #[default]
+    Magnitude,
+    /// The `k` largest `|k̂_j|·√E[q̂_j²]`, with the queries' energies the calibrated basis
+    /// carries ([`projection::Basis::query_energy`]).
+    Query,
+}
+
+impl std::fmt::Display for KeySelect {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeySelect::Magnitude => "magnitude",
+            KeySelect::Query => "query",
+        })
+    }
+}
+
 /// The knobs of a SWAN cache.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SwanConfig {
@@ -79,6 +103,8 @@ pub struct SwanConfig {
     pub buffer_format: ValueFormat,
     /// fp8 scaling (ignored for 16/32-bit values).
     pub fp8_scale: Fp8Scale,
+    /// How evicted keys are pruned.
+    pub key_select: KeySelect,
 }
 
 impl SwanConfig {
@@ -92,6 +118,7 @@ impl SwanConfig {
             value: ValueKind::Elems(ValueFormat::F32),
             buffer_format: ValueFormat::F32,
             fp8_scale: Fp8Scale::None,
+            key_select: KeySelect::Magnitude,
         }
     }
 
@@ -407,7 +434,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             shape.kv_heads(),
             cfg.hybrid::<S>(shape.head_dim(), None),
         )?;
-        Ok(Self {
+        let mut cache = Self {
             shape,
             cfg,
             kernel: CpuAttention::new(threads)?,
@@ -417,7 +444,43 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
             k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             prefill_rot: Vec::new(),
-        })
+        };
+        for layer in 0..shape.layers {
+            for h in 0..shape.kv_heads() {
+                cache.select_keys(layer, h)?;
+            }
+        }
+        Ok(cache)
+    }
+
+    /// Gives head (`layer`, `h`) the key selection of the config: with
+    /// [`KeySelect::Query`], weights `√E[q̂_j²]` from the basis' query energies.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when the basis carries no query energies (an ablation,
+    /// a data-free basis, or a file calibrated before they were stored) or they are all 0.
+    fn select_keys(&mut self, layer: usize, h: usize) -> Result<()> {
+        if self.cfg.key_select == KeySelect::Magnitude {
+            return Ok(());
+        }
+        let basis = self.set.basis(projection::Stream::Qk, layer, h)?;
+        let energy = basis.query_energy().ok_or_else(|| {
+            invalid(
+                "swan cache",
+                format!(
+                    "select=query needs the queries' energy per basis vector, which this {} \
+                     basis does not carry (calibrate it again with `kvtide calibrate`)",
+                    self.set.provenance().kind
+                ),
+            )
+        })?;
+        let weights: Vec<f32> = energy.iter().map(|&e| e.sqrt() as f32).collect();
+        let head = self
+            .caches
+            .head_mut(layer, h)
+            .ok_or_else(|| invalid("swan cache", "head out of range"))?;
+        head.set_key_weights(Some(&weights))?;
+        Ok(())
     }
 
     /// The reopened file's rows this cache attends where they are mapped, if any.
@@ -443,6 +506,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
                 return Err(invalid("swan prefill", format!("layer {layer} already holds tokens")));
             }
             *head = Hybrid::new(self.cfg.hybrid::<S>(self.shape.head_dim(), Some((ks, vs))))?;
+            self.select_keys(layer, h)?;
         }
         Ok(())
     }
@@ -468,8 +532,9 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         let c = &self.cfg;
         let scale = if c.scaled_fp8() { " scaled" } else { "" };
         let index = if c.index == SwanIndex::Bitmask { " bitmask" } else { "" };
+        let select = if c.key_select == KeySelect::Query { " select=query" } else { "" };
         format!(
-            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{}",
+            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{select}{}",
             c.k_key,
             c.k_value,
             c.value,
@@ -587,7 +652,17 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
             heads.push(head);
             bytes += b;
         }
-        self.caches = MultiHead::from_heads(s.layers, s.kv_heads(), heads)?;
+        let previous = std::mem::replace(
+            &mut self.caches,
+            MultiHead::from_heads(s.layers, s.kv_heads(), heads)?,
+        );
+        // The selection weights are a write-time policy, not part of the file.
+        for slot in 0..s.layers * s.kv_heads() {
+            if let Err(e) = self.select_keys(slot / s.kv_heads(), slot % s.kv_heads()) {
+                self.caches = previous;
+                return Err(e);
+            }
+        }
         self.reopened = (skip > 0).then(|| Reopened { file: Arc::clone(file), rows: skip, bytes });
         Ok(())
     }
