@@ -50,7 +50,7 @@ proptest! {
             // Values are selected by magnitude as before.
             let v = view.sparse_values.row(t).unwrap();
             let plain: Vec<usize> = v.indices.iter().map(|&i| usize::from(i)).collect();
-            prop_assert_eq!(plain, reference(r, &vec![1.0; 24], k));
+            prop_assert_eq!(plain, reference(r, &[1.0; 24], k));
         }
     }
 

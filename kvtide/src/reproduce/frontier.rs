@@ -218,17 +218,21 @@ pub struct FrontierRun {
     /// spec's default (a dense configuration's own format, a SWAN configuration's f16
     /// buffer format): `int8` (`q8_0` blocks) for a SWAN configuration.
     pub ring: Option<&'static str>,
+    /// SWAN key selection when it is not the paper's magnitude rule: `query` (magnitude
+    /// weighted by the queries' RMS along each basis vector, `select=query`).
+    pub select: Option<&'static str>,
 }
 
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
         let (index, k, kv, buffer, queries, ring) = ("—", None, None, 0, "f32", None);
-        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring }
+        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring, select: None }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
-        let (family, rotate, queries) = ("swan", "calibrated", "f32");
-        Self { family, values, rotate, index, k: Some(k), kv: None, buffer, queries, ring: None }
+        let (family, rotate, queries, k) = ("swan", "calibrated", "f32", Some(k));
+        let (kv, ring, select) = (None, None, None);
+        Self { family, values, rotate, index, k, kv, buffer, queries, ring, select }
     }
 
     /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
@@ -241,6 +245,16 @@ impl FrontierRun {
     /// instead of its f16 buffer format.
     fn with_int8_ring(self) -> Self {
         Self { ring: Some("int8"), ..self }
+    }
+
+    /// The same SWAN configuration selecting keys by query-weighted magnitude.
+    fn with_query_select(self) -> Self {
+        Self { select: Some("query"), ..self }
+    }
+
+    /// The key selection as `select=` names it (`magnitude` unless set).
+    pub fn select_rule(&self) -> &'static str {
+        self.select.unwrap_or("magnitude")
     }
 
     /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`).
@@ -263,7 +277,8 @@ impl FrontierRun {
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
-        let tail = format!("{ring}{queries}");
+        let select = self.select.map_or(String::new(), |s| format!(" select={s}"));
+        let tail = format!("{ring}{select}{queries}");
         match self.k {
             None if self.rotate == "none" => format!("dense {}{tail}", self.values),
             None => format!("dense {} rotate={}{tail}", self.values, self.rotate),
@@ -278,6 +293,7 @@ impl FrontierRun {
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
+        let select = self.select.map_or(String::new(), |s| format!(",select={s}"));
         let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
@@ -295,7 +311,7 @@ impl FrontierRun {
                 self.values
             ),
         };
-        spec + &ring + queries
+        spec + &ring + &select + queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -368,6 +384,27 @@ pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
         .iter()
         .filter(|r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"))
         .map(|r| r.clone().with_int8_ring())
+        .filter(|r| !runs.contains(r))
+        .collect();
+    runs.extend(more);
+}
+
+/// Adds to `runs` each bitmask SWAN configuration with 8-bit values (fp8, int8) and equal
+/// key and value budgets once more with `select=query`: keys pruned by magnitude weighted
+/// with the queries' RMS along each basis vector instead of magnitude alone. Whether that
+/// helps is a property of the model (the study measures it per model); configurations
+/// already there are not added twice.
+pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
+    let more: Vec<FrontierRun> = runs
+        .iter()
+        .filter(|r| {
+            r.k.is_some()
+                && r.kv.is_none()
+                && r.select.is_none()
+                && r.index == "bitmask"
+                && matches!(r.values, "fp8" | "int8")
+        })
+        .map(|r| r.clone().with_query_select())
         .filter(|r| !runs.contains(r))
         .collect();
     runs.extend(more);
@@ -453,6 +490,13 @@ pub struct SwanGrid {
         conflicts_with = "frontier_external_only"
     )]
     pub rings: Vec<String>,
+    /// Only these key selections (comma-separated: magnitude, query).
+    #[arg(
+        long = "frontier-select",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
+    pub select: Vec<String>,
 }
 
 impl SwanGrid {
@@ -462,6 +506,7 @@ impl SwanGrid {
             && self.buffers.is_empty()
             && self.values.is_empty()
             && self.rings.is_empty()
+            && self.select.is_empty()
     }
 
     /// Keeps the dense runs of `runs` and the SWAN runs on every restricted axis.
@@ -470,18 +515,19 @@ impl SwanGrid {
     /// [`crate::Error::InvalidInput`] when a listed value names no SWAN run of the plan
     /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
     pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
-        const OP: &str =
-            "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values/--frontier-rings";
+        const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values/\
+                          --frontier-rings/--frontier-select";
         let eighths =
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
         let strings = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>();
         // Each axis: its name, the listed values, and a SWAN run's value on it.
         type Value<'a> = &'a dyn Fn(&FrontierRun) -> Option<String>;
-        let axes: [(&str, Vec<String>, Value<'_>); 4] = [
+        let axes: [(&str, Vec<String>, Value<'_>); 5] = [
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
             ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
             ("rings", self.rings.clone(), &|r| Some(r.ring_format().to_owned())),
+            ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_owned())),
         ];
         for (what, listed, value) in &axes {
             let mut has: Vec<String> =
@@ -517,11 +563,13 @@ impl SwanGrid {
     pub fn describe(&self) -> String {
         let list = |v: Vec<String>| if v.is_empty() { "all".to_owned() } else { v.join(", ") };
         format!(
-            "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}, rings {}",
+            "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}, rings {}, key \
+             selection {}",
             list(self.k_eighths.iter().map(usize::to_string).collect()),
             list(self.buffers.iter().map(usize::to_string).collect()),
             list(self.values.clone()),
             list(self.rings.clone()),
+            list(self.select.clone()),
         )
     }
 }
@@ -1052,6 +1100,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         b.row(vec![num(r.budget, 2), r.measure.to_owned(), dl, dr, dp, sl, sr, sp, wins]);
     }
     out.table(b);
+    key_selection_table(s, leg, base, out);
     let mut e = Table::new(
         &leg.name("frontier_external"),
         "External check: llama.cpp's perplexity tool on the same text (F32 weights)",
@@ -1136,14 +1185,15 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     );
     let mut rotations: Vec<&str> = Vec::new();
     // One line per SWAN encoding, key/value split or not, and ring format.
-    let mut encodings: Vec<(&str, &str, bool, &str)> = Vec::new();
+    let mut encodings: Vec<(&str, &str, bool, &str, &str)> = Vec::new();
     for p in &s.points {
         match p.run.k {
             None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
                 rotations.push(p.run.rotate);
             }
             Some(_) => {
-                let e = (p.run.index, p.run.values, p.run.kv.is_some(), p.run.ring_format());
+                let r = &p.run;
+                let e = (r.index, r.values, r.kv.is_some(), r.ring_format(), r.select_rule());
                 if !encodings.contains(&e) {
                     encodings.push(e);
                 }
@@ -1155,19 +1205,63 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
         plot = plot.series(&format!("dense, rotate={r}"), points);
     }
-    for (index, values, split, ring) in encodings {
+    for (index, values, split, ring, select) in encodings {
         let points = line(&|run| {
             run.k.is_some()
                 && run.index == index
                 && run.values == values
                 && run.kv.is_some() == split
                 && run.ring_format() == ring
+                && run.select_rule() == select
         });
         let split = if split { ", keys ≠ values k" } else { "" };
         let ring = if s.local.is_some() { format!(", {ring} rings") } else { String::new() };
-        plot = plot.series(&format!("SWAN {index} {values}{split}{ring}"), points);
+        let select = if select == "query" { ", query-selected keys" } else { "" };
+        plot = plot.series(&format!("SWAN {index} {values}{split}{ring}{select}"), points);
     }
     out.plot(plot.reference("dense f16", base));
+}
+
+/// Each SWAN configuration run with both key selections, side by side (same bytes).
+fn key_selection_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+    let pairs: Vec<(&FrontierPoint, &FrontierPoint)> = s
+        .points
+        .iter()
+        .filter(|q| q.run.select == Some("query"))
+        .filter_map(|q| {
+            let twin = FrontierRun { select: None, ..q.run.clone() };
+            s.points.iter().find(|m| m.run == twin).map(|m| (m, q))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let mut t = Table::new(
+        &leg.name("frontier_key_selection"),
+        "Key selection: magnitude (the paper's rule) vs query-weighted magnitude, same bytes",
+        &[
+            "configuration",
+            "bytes / f16 (4096)",
+            "Δ vs f16, magnitude",
+            "Δ vs f16, select=query",
+            "query − magnitude",
+        ],
+    );
+    for (m, q) in &pairs {
+        t.row(vec![
+            m.label.clone(),
+            num(m.long_ratio, 3),
+            pct(m.perplexity / base - 1.0, 2),
+            pct(q.perplexity / base - 1.0, 2),
+            format!("{:+.2} pp", 100.0 * (q.perplexity - m.perplexity) / base),
+        ]);
+    }
+    let better = pairs.iter().filter(|(m, q)| q.perplexity < m.perplexity).count();
+    t.note(format!(
+        "select=query keeps the k components of an evicted key with the largest |k̂_j|·√E[q̂_j²] (the queries' energy along each calibrated basis vector) instead of the largest |k̂_j|; it is better in {better} of {} pairs on this model.",
+        pairs.len()
+    ));
+    out.table(t);
 }
 
 /// The study's claims (its quality-per-byte targets), measured on one leg's model.
@@ -1356,6 +1450,7 @@ mod tests {
             buffers: vec![128],
             values: vec!["int8".into(), "fp8".into()],
             rings: vec![],
+            select: vec![],
         };
         let mut runs = full.clone();
         pick.apply(&mut runs, 256).unwrap();
@@ -1373,12 +1468,38 @@ mod tests {
             (SwanGrid { buffers: vec![64], ..SwanGrid::default() }, "buffers 64"),
             (SwanGrid { values: vec!["f16".into()], ..SwanGrid::default() }, "values f16"),
             (SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() }, "rings int8"),
+            (SwanGrid { select: vec!["query".into()], ..SwanGrid::default() }, "selections query"),
         ] {
             let mut runs = reduced.clone();
             let e = bad.apply(&mut runs, 64).unwrap_err().to_string();
             assert!(e.contains(what) && e.contains("it has"), "{e}");
             assert_eq!(runs, reduced);
         }
+    }
+
+    #[test]
+    fn query_selection_joins_the_8bit_bitmask_runs_and_its_axis_restricts_them() {
+        let mut runs = grid(256, &[2, 4], &[128], false);
+        add_int8_rings(&mut runs);
+        let before = runs.clone();
+        add_query_selection(&mut runs);
+        let added: Vec<&FrontierRun> = runs[before.len()..].iter().collect();
+        // bitmask × fp8/int8 × 2 k × ring f16/int8; list and int4 runs get no copy.
+        assert_eq!(added.len(), 8);
+        for r in &added {
+            assert_eq!((r.index, r.select_rule()), ("bitmask", "query"));
+            assert!(r.label().contains(" select=query"), "{}", r.label());
+            assert!(r.spec("p", 1).contains(",select=query"), "{}", r.spec("p", 1));
+            // The same bytes as its magnitude twin.
+            let twin = FrontierRun { select: None, ..(*r).clone() };
+            assert_eq!(r.head_bytes(256, 4096), twin.head_bytes(256, 4096));
+        }
+        add_query_selection(&mut runs);
+        assert_eq!(runs.len(), before.len() + 8, "no configuration is added twice");
+        let only = SwanGrid { select: vec!["query".into()], ..SwanGrid::default() };
+        only.apply(&mut runs, 256).unwrap();
+        assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.select == Some("query")));
+        assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
     }
 
     #[test]
@@ -1415,7 +1536,7 @@ mod tests {
         only.apply(&mut runs, 256).unwrap();
         assert!(runs.iter().all(|r| r.k.is_none() || r.ring == Some("int8")));
         assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
-        assert!(only.describe().ends_with("rings int8"), "{}", only.describe());
+        assert!(only.describe().contains("rings int8,"), "{}", only.describe());
     }
 
     #[test]

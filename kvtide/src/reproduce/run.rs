@@ -191,6 +191,9 @@ fn frontier_leg(
     if ctx.model.config().local_attention.is_some() {
         frontier::add_int8_rings(&mut ctx.plan.frontier);
     }
+    // Keys pruned by query-weighted magnitude beside the paper's rule: which one a model's
+    // attention prefers is measured, not assumed.
+    frontier::add_query_selection(&mut ctx.plan.frontier);
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
