@@ -3,7 +3,7 @@
 //! | spec | cache |
 //! |---|---|
 //! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
-//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
@@ -14,7 +14,10 @@
 //! `calibrated` the SWAN basis (same file as `basis=calibrated`).
 //! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
-//! row.
+//! row. `select=query` prunes evicted keys by `|k̂_j|·√E[q̂_j²]` (the queries' energy along
+//! each basis vector, stored with a calibrated basis) instead of SWAN's `|k̂_j|` (the default,
+//! `magnitude`): which keeps more quality is a property of the model, measured by
+//! `kvtide reproduce --only frontier`.
 //!
 //! Every cache also takes `queries=f32|int8` (how the attention kernels take the queries
 //! against int8 keys — dense `format=int8` rows, SWAN `value=int8` rows, an `int8` ring:
