@@ -96,6 +96,7 @@ fn bad_specs_are_typed_errors() {
         "dense:threads=0",
         "dense:format=int8,queries=int4",
         "swan:select=largest",
+        "swan+tiered:span=0..8,select=query",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }

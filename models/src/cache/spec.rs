@@ -395,6 +395,13 @@ impl FromStr for CacheSpec {
             "tiered" => CacheKind::Tiered(TieredSpec::parse(&mut p)?),
             "swan+tiered" => {
                 let swan = SwanSpec::parse(&mut p)?;
+                if swan.key_select != KeySelect::Magnitude {
+                    return Err(spec_err(
+                        text,
+                        "select=query applies to swan caches; swan+tiered prunes audio keys by \
+                         magnitude",
+                    ));
+                }
                 CacheKind::SwanTiered(swan, TieredSpec::parse(&mut p)?)
             }
             other => {
