@@ -42,6 +42,11 @@ fn exercise(set: &ProjectionSet) {
                 }
             }
             set.counts(layer, kv_head).expect("in range");
+            let qk = set.basis(Stream::Qk, layer, kv_head).expect("in range");
+            if let Some(e) = qk.query_energy() {
+                assert_eq!(e.len(), d);
+                assert!(e.iter().all(|x| x.is_finite() && *x >= 0.0), "accepted energies {e:?}");
+            }
         }
     }
     let bytes = set.to_bytes().expect("serialise an accepted set");
@@ -113,8 +118,8 @@ fn calibrated(dims: ModelDims) -> ProjectionSet {
     cal.finish("tiny-calibrated").expect("finish calibration")
 }
 
-/// Valid files: identity, random, calibrated (eigenvalues, counts, weights, config
-/// metadata) and every ablation kind, MHA and GQA.
+/// Valid files: identity, random, calibrated (eigenvalues, query energies, counts, weights,
+/// config metadata) and every ablation kind, MHA and GQA.
 pub fn seeds() -> Vec<Vec<u8>> {
     let gqa = ModelDims::new(2, 4, 2, 4).expect("dims");
     let mha = ModelDims::new(1, 2, 2, 3).expect("dims");
