@@ -46,12 +46,13 @@ fn default_caches() -> Vec<CacheSpec> {
 /// The demo's configurations: dense f16; the best dense quantized formats (int8 and int4
 /// blocks, Hadamard-rotated as llama.cpp rotates them); the best SWAN configurations of the
 /// frontier study at two budgets (≤ 0.40 and ≤ 0.30 × f16 for a 4096-token cache: bitmask
-/// rows with int8 / int4 values); and the paper's own encoding (u8 index list, fp8 values).
+/// rows with int8 values and query-weighted key selection / int4 values); and the paper's own
+/// encoding (u8 index list, fp8 values).
 const DEMO_CACHES: [&str; 6] = [
     "dense:format=f16",
     "dense:format=int8,rotate=hadamard",
     "dense:format=int4,rotate=hadamard",
-    "swan:k=32,index=bitmask,value=int8,b=128",
+    "swan:k=32,index=bitmask,value=int8,b=128,select=query",
     "swan:k=24,index=bitmask,value=int4,b=128",
     "swan:k=32,index=list,value=fp8,b=128",
 ];
@@ -176,16 +177,35 @@ fn needs_file(basis: projection::BasisKind) -> bool {
     !matches!(basis.name(), "identity" | "random" | "hadamard")
 }
 
-/// Calibrates the default projection file if a cache needs it and it is missing.
+/// Calibrates the default projection file if a cache needs it and it is missing, or if a
+/// cache selects keys by the queries' energy and the file (calibrated before those were
+/// stored) does not carry them.
 fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
     let needs = caches.iter().any(|c| match &c.kind {
         CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.proj.is_none() && needs_file(s.basis),
         CacheKind::Dense(d) => d.proj.is_none() && d.rotate.is_some_and(needs_file),
         _ => false,
     });
+    let query = caches.iter().any(|c| match &c.kind {
+        CacheKind::Swan(s) => s.proj.is_none() && s.key_select == models::cache::KeySelect::Query,
+        _ => false,
+    });
     let path = crate::paths::projection_file(&ckpt.config.name);
-    if needs && !path.is_file() {
+    let stale = query
+        && path.is_file()
+        && projection::ProjectionSet::load(&path).is_ok_and(|set| {
+            set.basis(projection::Stream::Qk, 0, 0).is_ok_and(|b| b.query_energy().is_none())
+        });
+    if stale {
+        eprintln!(
+            "the projection file at {} predates the queries' energies select=query needs: \
+             calibrating again",
+            path.display()
+        );
+    } else if needs && !path.is_file() {
         eprintln!("no projection file at {}: calibrating first", path.display());
+    }
+    if stale || (needs && !path.is_file()) {
         let args = CalibrateArgs {
             model: ModelArgs { model: None },
             texts: Vec::new(),
