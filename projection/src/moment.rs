@@ -209,17 +209,13 @@ impl SecondMoment {
         check_len(OP, "basis cols", d, basis.cols())?;
         let trace = self.trace();
         let mut acc = 0.0;
-        let mut curve = Vec::with_capacity(d);
-        for j in 0..d {
-            let p: Vec<f64> = basis.column(j).into_iter().map(f64::from).collect();
-            let mp = (0..d).map(|r| {
-                let row = &self.sum[r * d..(r + 1) * d];
-                p[r] * row.iter().zip(&p).map(|(m, x)| m * x).sum::<f64>()
-            });
-            acc += mp.sum::<f64>();
-            curve.push(if trace > 0.0 { acc / trace } else { 0.0 });
-        }
-        Ok(curve)
+        Ok(self
+            .column_forms(basis)
+            .map(|e| {
+                acc += e;
+                if trace > 0.0 { acc / trace } else { 0.0 }
+            })
+            .collect())
     }
     /// Mean energy along each column of an arbitrary `basis`: `p_jᵀ M p_j / Σ w` for every
     /// `j` (zeros when nothing was accumulated).
@@ -240,18 +236,21 @@ impl SecondMoment {
         check_len(OP, "basis rows", d, basis.rows())?;
         check_len(OP, "basis cols", d, basis.cols())?;
         let w = self.weight;
-        Ok((0..d)
-            .map(|j| {
-                let p: Vec<f64> = basis.column(j).into_iter().map(f64::from).collect();
-                let e: f64 = (0..d)
-                    .map(|r| {
-                        let row = &self.sum[r * d..(r + 1) * d];
-                        p[r] * row.iter().zip(&p).map(|(m, x)| m * x).sum::<f64>()
-                    })
-                    .sum();
-                if w > 0.0 { (e / w).max(0.0) } else { 0.0 }
-            })
-            .collect())
+        Ok(self.column_forms(basis).map(|e| if w > 0.0 { (e / w).max(0.0) } else { 0.0 }).collect())
+    }
+
+    /// `p_jᵀ M p_j` for every column `j` of `basis` (already checked to be `d × d`).
+    fn column_forms<'a>(&'a self, basis: &'a Mat) -> impl Iterator<Item = f64> + 'a {
+        let d = self.dim;
+        (0..d).map(move |j| {
+            let p: Vec<f64> = basis.column(j).into_iter().map(f64::from).collect();
+            (0..d)
+                .map(|r| {
+                    let row = &self.sum[r * d..(r + 1) * d];
+                    p[r] * row.iter().zip(&p).map(|(m, x)| m * x).sum::<f64>()
+                })
+                .sum()
+        })
     }
 }
 

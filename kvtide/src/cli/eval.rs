@@ -196,27 +196,28 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
         && projection::ProjectionSet::load(&path).is_ok_and(|set| {
             set.basis(projection::Stream::Qk, 0, 0).is_ok_and(|b| b.query_energy().is_none())
         });
-    if stale {
-        eprintln!(
-            "the projection file at {} predates the queries' energies select=query needs: \
-             calibrating again",
-            path.display()
-        );
+    let shown = path.display();
+    let why = if stale {
+        format!(
+            "the projection file at {shown} predates the queries' energies select=query needs: \
+             calibrating again"
+        )
     } else if needs && !path.is_file() {
-        eprintln!("no projection file at {}: calibrating first", path.display());
-    }
-    if stale || (needs && !path.is_file()) {
-        let args = CalibrateArgs {
-            model: ModelArgs { model: None },
-            texts: Vec::new(),
-            // Half of `kvtide calibrate`'s default: about a CPU-minute on SmolLM2-135M.
-            tokens: 8192,
-            window: 512,
-            out: Some(path),
-            json: false,
-        };
-        crate::cli::calibrate::calibrate(&args, ckpt)?;
-    }
+        format!("no projection file at {shown}: calibrating first")
+    } else {
+        return Ok(());
+    };
+    eprintln!("{why}");
+    let args = CalibrateArgs {
+        model: ModelArgs { model: None },
+        texts: Vec::new(),
+        // Half of `kvtide calibrate`'s default: about a CPU-minute on SmolLM2-135M.
+        tokens: 8192,
+        window: 512,
+        out: Some(path),
+        json: false,
+    };
+    crate::cli::calibrate::calibrate(&args, ckpt)?;
     Ok(())
 }
 
