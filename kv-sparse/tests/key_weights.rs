@@ -1,5 +1,6 @@
-//! Weighted key selection (`Hybrid::set_key_weights`): an evicted key keeps the `k_key`
-//! components with the largest `|x_j|·w_j`, stored unweighted. Checked against a sorting
+//! Weighted selection (`Hybrid::set_key_weights`, `Hybrid::set_value_weights`): an evicted
+//! key (value) keeps the `k_key` (`k_value`) components with the largest `|x_j|·w_j`, stored
+//! unweighted. Checked against a sorting
 //! reference on CSR and coded rows; all-equal weights are SWAN's magnitude rule bit for bit;
 //! at `k = head_dim` any weights leave the lossless setting exact; bad weights are typed
 //! errors that change nothing.
@@ -55,6 +56,29 @@ proptest! {
     }
 
     #[test]
+    fn values_keep_their_own_weighted_components((rows, w, k) in rows_and_weights(24), wk in prop::collection::vec(0.5f32..2.0, 24)) {
+        let mut cache = HybridCache::<u8, f32, f32>::new(HybridConfig::new(24, 0, k)).unwrap();
+        cache.set_key_weights(Some(&wk)).unwrap();
+        cache.set_value_weights(Some(&w)).unwrap();
+        for r in &rows {
+            let v: Vec<f32> = r.iter().rev().copied().collect();
+            cache.append(r, &v).unwrap();
+        }
+        let view = cache.view();
+        for (t, r) in rows.iter().enumerate() {
+            let v: Vec<f32> = r.iter().rev().copied().collect();
+            let row = view.sparse_values.row(t).unwrap();
+            let got: Vec<usize> = row.indices.iter().map(|&i| usize::from(i)).collect();
+            prop_assert_eq!(&got, &reference(&v, &w, k), "row {}", t);
+            let want: Vec<f32> = got.iter().map(|&j| v[j]).collect();
+            prop_assert_eq!(row.values, &want[..]);
+            let keys = view.sparse_keys.row(t).unwrap();
+            let kept: Vec<usize> = keys.indices.iter().map(|&i| usize::from(i)).collect();
+            prop_assert_eq!(kept, reference(r, &wk, k), "keys of row {}", t);
+        }
+    }
+
+    #[test]
     fn coded_rows_keep_the_largest_weighted_components((rows, w, k) in rows_and_weights(32)) {
         type Rows = CodedStore<Bitmask, Elems<f16>>;
         let cfg = HybridConfig::new(32, 1, k).for_store::<Rows>();
@@ -82,6 +106,7 @@ proptest! {
         let mut plain = HybridCache::<u8, f32, f32>::new(HybridConfig::new(16, 2, k)).unwrap();
         let mut weighted = plain.clone();
         weighted.set_key_weights(Some(&[c; 16])).unwrap();
+        weighted.set_value_weights(Some(&[c; 16])).unwrap();
         for r in &rows {
             plain.append(r, r).unwrap();
             weighted.append(r, r).unwrap();
@@ -90,6 +115,8 @@ proptest! {
         for t in 0..plain.sparse_len() {
             let (a, b) = (plain.view().sparse_keys.row(t).unwrap(), weighted.view().sparse_keys.row(t).unwrap());
             prop_assert_eq!((a.indices, a.values), (b.indices, b.values));
+            let (a, b) = (plain.view().sparse_values.row(t).unwrap(), weighted.view().sparse_values.row(t).unwrap());
+            prop_assert_eq!((a.indices, a.values), (b.indices, b.values));
         }
     }
 
@@ -97,12 +124,15 @@ proptest! {
     fn any_weights_at_k_equal_head_dim_stay_lossless((rows, w, _k) in rows_and_weights(16)) {
         let mut cache = HybridCache::<u8, f32, f32>::new(HybridConfig::lossless(16, 1)).unwrap();
         cache.set_key_weights(Some(&w)).unwrap();
+        cache.set_value_weights(Some(&w)).unwrap();
         for r in &rows {
             cache.append(r, r).unwrap();
         }
         let mut out = vec![0.0; 16];
         for (t, r) in rows.iter().enumerate() {
             cache.view().key_into(t, &mut out).unwrap();
+            prop_assert_eq!(&out, r);
+            cache.view().value_into(t, &mut out).unwrap();
             prop_assert_eq!(&out, r);
         }
     }
@@ -136,4 +166,9 @@ fn bad_weights_are_typed_errors_and_change_nothing() {
     }
     cache.set_key_weights(None).unwrap();
     assert!(cache.key_weights().is_none());
+    cache.set_value_weights(Some(&[4.0, 2.0, 2.0, 1.0])).unwrap();
+    for w in cases {
+        assert!(cache.set_value_weights(Some(w)).is_err(), "{w:?}");
+        assert_eq!(cache.value_weights().unwrap(), &[1.0, 0.5, 0.5, 0.25], "{w:?} changed them");
+    }
 }

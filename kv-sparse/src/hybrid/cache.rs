@@ -271,6 +271,35 @@ impl<S: RowStore, D: Value> Hybrid<S, D> {
         self.sparse.key_weights()
     }
 
+    /// Selects evicted values by weighted magnitude, as [`Self::set_key_weights`] does keys:
+    /// each keeps the `k_value` components with the largest `|x_j|·w_j` (stored unweighted).
+    /// A cache that stores rows divided by per-component scales `c_j` passes `w = c` so that
+    /// the kept components are those of largest original magnitude. Rows already stored are
+    /// untouched; a write-time policy, not stored data. At `k_value = head_dim` (and 0) the
+    /// weights change nothing.
+    ///
+    /// # Errors
+    /// As [`Self::set_key_weights`]. Unchanged on error.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+    /// let mut cache = HybridCache::<u8, f32, f32>::new(HybridConfig::new(4, 0, 2))?;
+    /// cache.set_value_weights(Some(&[1.0, 0.1, 1.0, 1.0]))?;
+    /// cache.append(&[1.0; 4], &[1.0, 3.0, 2.0, 0.5])?;
+    /// let row = cache.view().sparse_values.row(0).unwrap();
+    /// assert_eq!((row.indices, row.values), (&[0u8, 2][..], &[1.0f32, 2.0][..]));
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn set_value_weights(&mut self, weights: Option<&[f32]>) -> Result<()> {
+        self.sparse.set_value_weights(weights)
+    }
+
+    /// The value-selection weights (normalised to a largest weight of 1), if set.
+    pub fn value_weights(&self) -> Option<&[f32]> {
+        self.sparse.value_weights()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &HybridConfig {
         &self.cfg

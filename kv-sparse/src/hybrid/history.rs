@@ -9,7 +9,9 @@
 //! evicted key keeps the `k_key` components with the largest `|x_j|·w_j` (their values
 //! unweighted). With `w_j = √E[q̂_j²]` that ranks components by their expected share of a
 //! score `q̂·k̂` — the query-aware channel selection of ThinK (Xu et al., 2024) applied per
-//! token — where SWAN's rule ranks by `|x_j|` alone.
+//! token — where SWAN's rule ranks by `|x_j|` alone. Values may be given weights the same
+//! way: a cache that stores its rows divided by per-component scales `c` (so that one row
+//! scale fits every component) selects by `|x_j/c_j|·c_j`, the original magnitudes.
 
 use super::RowStore;
 use crate::memory::MemoryReport;
@@ -27,7 +29,9 @@ pub(crate) struct SparseHistory<S> {
     scaled: Vec<f32>,
     /// Key-selection weights, largest 1 (`None`: plain magnitude).
     key_weights: Option<Vec<f32>>,
-    /// Selected key components (weighted selection only).
+    /// Value-selection weights, largest 1 (`None`: plain magnitude).
+    value_weights: Option<Vec<f32>>,
+    /// Selected components (weighted selection only).
     selected: Vec<usize>,
 }
 
@@ -42,6 +46,7 @@ impl<S: RowStore> SparseHistory<S> {
             scale,
             scaled,
             key_weights: None,
+            value_weights: None,
             selected: Vec::new(),
         }
     }
@@ -49,36 +54,22 @@ impl<S: RowStore> SparseHistory<S> {
     /// Sets (or clears) the key-selection weights; see the module docs.
     ///
     /// # Errors
-    /// [`Error::LengthMismatch`] unless `head_dim` weights; [`Error::NonFinite`] for NaN/∞;
-    /// [`Error::InvalidWeight`] for a negative weight or all zeros. Unchanged on error.
+    /// As [`checked_weights`]. Unchanged on error.
     pub(crate) fn set_key_weights(&mut self, weights: Option<&[f32]>) -> Result<()> {
-        const OP: &str = "Hybrid::set_key_weights";
-        let Some(w) = weights else {
-            self.key_weights = None;
-            return Ok(());
-        };
-        let d = self.keys.head_dim();
-        if w.len() != d {
-            return Err(Error::LengthMismatch {
-                op: OP,
-                what: "weights",
-                expected: d,
-                got: w.len(),
-            });
-        }
-        if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            return Err(Error::NonFinite { op: OP, position, value });
-        }
-        if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| **x < 0.0) {
-            return Err(Error::InvalidWeight { op: OP, position, value });
-        }
-        let max = w.iter().fold(0f32, |m, &x| m.max(x));
-        if max <= 0.0 {
-            return Err(Error::InvalidWeight { op: OP, position: 0, value: w[0] });
-        }
-        // Normalised to a largest weight of 1, so `|x|·w` never overflows where `x` did not.
-        self.key_weights = Some(w.iter().map(|&x| x / max).collect());
-        self.selected.reserve(d);
+        self.key_weights =
+            checked_weights("Hybrid::set_key_weights", self.keys.head_dim(), weights)?;
+        self.selected.reserve(self.keys.head_dim());
+        Ok(())
+    }
+
+    /// Sets (or clears) the value-selection weights; see the module docs.
+    ///
+    /// # Errors
+    /// As [`checked_weights`]. Unchanged on error.
+    pub(crate) fn set_value_weights(&mut self, weights: Option<&[f32]>) -> Result<()> {
+        self.value_weights =
+            checked_weights("Hybrid::set_value_weights", self.values.head_dim(), weights)?;
+        self.selected.reserve(self.values.head_dim());
         Ok(())
     }
 
@@ -87,20 +78,30 @@ impl<S: RowStore> SparseHistory<S> {
         self.key_weights.as_deref()
     }
 
+    /// The value-selection weights (normalised to a largest weight of 1), if set.
+    pub(crate) fn value_weights(&self) -> Option<&[f32]> {
+        self.value_weights.as_deref()
+    }
+
     /// Prunes and appends one (key, value) pair; on error neither store changes.
     pub(crate) fn push(&mut self, k: &[f32], v: &[f32]) -> Result<()> {
         let rows = self.keys.len();
-        match &self.key_weights {
-            Some(w) if self.k_key > 0 && self.k_key < w.len() => push_weighted(
-                &mut self.keys,
-                k,
-                (self.k_key, self.scale.0),
-                w,
-                (&mut self.scaled, &mut self.selected),
-            )?,
-            _ => push_scaled(&mut self.keys, k, self.k_key, self.scale.0, &mut self.scaled)?,
-        }
-        let pushed = push_scaled(&mut self.values, v, self.k_value, self.scale.1, &mut self.scaled);
+        let scratch = (&mut self.scaled, &mut self.selected);
+        push_row(
+            &mut self.keys,
+            k,
+            (self.k_key, self.scale.0),
+            self.key_weights.as_deref(),
+            scratch,
+        )?;
+        let scratch = (&mut self.scaled, &mut self.selected);
+        let pushed = push_row(
+            &mut self.values,
+            v,
+            (self.k_value, self.scale.1),
+            self.value_weights.as_deref(),
+            scratch,
+        );
         if pushed.is_err() {
             self.keys.truncate(rows);
         }
@@ -127,6 +128,51 @@ impl<S: RowStore> SparseHistory<S> {
             ..MemoryReport::default()
         };
         self.keys.memory() + self.values.memory() + scratch
+    }
+}
+
+/// Validated selection weights of a `d`-wide store, normalised to a largest weight of 1
+/// (so `|x|·w` never overflows where `x` did not); `None` stays `None`.
+///
+/// # Errors
+/// [`Error::LengthMismatch`] unless `d` weights; [`Error::NonFinite`] for NaN/∞;
+/// [`Error::InvalidWeight`] for a negative weight or all zeros.
+fn checked_weights(
+    op: &'static str,
+    d: usize,
+    weights: Option<&[f32]>,
+) -> Result<Option<Vec<f32>>> {
+    let Some(w) = weights else { return Ok(None) };
+    if w.len() != d {
+        return Err(Error::LengthMismatch { op, what: "weights", expected: d, got: w.len() });
+    }
+    if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        return Err(Error::NonFinite { op, position, value });
+    }
+    if let Some((position, &value)) = w.iter().enumerate().find(|(_, x)| **x < 0.0) {
+        return Err(Error::InvalidWeight { op, position, value });
+    }
+    let max = w.iter().fold(0f32, |m, &x| m.max(x));
+    if max <= 0.0 {
+        return Err(Error::InvalidWeight { op, position: 0, value: w[0] });
+    }
+    Ok(Some(w.iter().map(|&x| x / max).collect()))
+}
+
+/// Pushes one row: by weighted magnitude when weights are set and `0 < k < head_dim`,
+/// else by plain magnitude.
+fn push_row<S: RowStore>(
+    store: &mut S,
+    row: &[f32],
+    (k, scale): (usize, f32),
+    weights: Option<&[f32]>,
+    (scaled, selected): (&mut Vec<f32>, &mut Vec<usize>),
+) -> Result<()> {
+    match weights {
+        Some(w) if k > 0 && k < w.len() => {
+            push_weighted(store, row, (k, scale), w, (scaled, selected))
+        }
+        _ => push_scaled(store, row, k, scale, scaled),
     }
 }
 
