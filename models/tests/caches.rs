@@ -97,6 +97,8 @@ fn bad_specs_are_typed_errors() {
         "dense:format=int8,queries=int4",
         "swan:select=largest",
         "swan+tiered:span=0..8,select=query",
+        "swan:norm=whiten",
+        "swan+tiered:span=0..8,norm=eigen",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }

@@ -187,3 +187,65 @@ fn tiny_query_selected_keys_are_lossless_at_full_k_and_need_query_energies() {
         assert!(err.to_string().contains("select=query"), "{basis}: {err}");
     }
 }
+
+/// Component scaling (`norm=eigen`) on a calibrated tiny model: the scales are powers of two,
+/// so with f32 rows the cache computes bit for bit what it computes without them — at k = d_h
+/// (the lossless setting, equal to dense) and at k = d_h/2 (the same components kept: the
+/// selection sees the original magnitudes) — while an int8 row code, whose one scale per row
+/// now fits normalised components, rounds differently; a basis without eigenvalues is a typed
+/// error.
+#[test]
+fn tiny_component_scaling_is_exact_with_f32_rows_and_needs_eigenvalues() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-gqa")).unwrap();
+    let vocab = ckpt.config.vocab_size as u32;
+    let calib: Vec<u32> = (0..96u32).map(|i| (i * 53 + 7) % vocab).collect();
+    let windows = models::calibrate::swan::windows(&calib, 48, 96);
+    let (set, _) = models::calibrate::swan::calibrate(
+        &ckpt.model,
+        &windows,
+        projection::CalibrationConfig::default(),
+        &mut |_| (),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proj = dir.path().join("tiny.projection.safetensors");
+    set.save(&proj).unwrap();
+    let proj = proj.display();
+
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % vocab).collect();
+    let d = ckpt.config.head_dim;
+    let dense = logits(&ckpt, "dense:format=f32,threads=1", &ids, 1);
+    let run = |k: usize, value: &str, extra: &str| {
+        let spec = format!(
+            "swan:k={k},kv={k},value={value},buffer=f32,b=4,basis=calibrated,proj={proj},threads=1{extra}"
+        );
+        logits(&ckpt, &spec, &ids, 1)
+    };
+    let same = |what: &str, a: &[Tensor], b: &[Tensor]| {
+        assert_eq!(a.len(), b.len());
+        for (p, (x, y)) in a.iter().zip(b).enumerate() {
+            assert!(x.equal(y), "{what}: logits differ at step {p}");
+        }
+    };
+    let full = run(d, "f32", ",norm=eigen");
+    compare("tiny norm=eigen k=d_h", &dense, &full);
+    same("norm=eigen k=d_h", &run(d, "f32", ""), &full);
+    same("norm=eigen k=d_h/2", &run(d / 2, "f32", ""), &run(d / 2, "f32", ",norm=eigen"));
+    same(
+        "norm=eigen select=query k=d_h/2",
+        &run(d / 2, "f32", ",select=query"),
+        &run(d / 2, "f32", ",select=query,norm=eigen"),
+    );
+    let (plain, scaled) = (run(d, "int8", ""), run(d, "int8", ",norm=eigen"));
+    assert!(
+        plain.iter().zip(&scaled).any(|(a, b)| !a.equal(b)),
+        "int8 rows rounded the same with and without component scales"
+    );
+
+    for basis in ["identity", "hadamard"] {
+        let spec: models::cache::spec::CacheSpec =
+            format!("swan:k=8,basis={basis},norm=eigen").parse().unwrap();
+        let err = spec.build(&ckpt.model).err().expect("a basis without eigenvalues is refused");
+        assert!(err.to_string().contains("norm=eigen"), "{basis}: {err}");
+    }
+}

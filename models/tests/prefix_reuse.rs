@@ -299,3 +299,29 @@ fn reopened_caches_continue_exactly_as_in_memory_on_smollm2() {
     assert!(identity.model.starts_with(&ckpt.config.name), "{}", identity.model);
     assert!(identity.format.contains("bitmask int8"), "{}", identity.format);
 }
+
+/// A SWAN cache with component scales (`norm=eigen`, a calibrated basis) stores rows divided
+/// by them: reopened, it continues exactly (the scales come from the same projection file,
+/// which the identity pins); reopening it as a cache without them is a format mismatch.
+#[test]
+fn component_scaled_caches_reopen_exactly_and_only_as_themselves() {
+    let gqa = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let calib = prompt(96);
+    let windows = models::calibrate::swan::windows(&calib, 48, 96);
+    let (set, _) = models::calibrate::swan::calibrate(
+        &gqa.model,
+        &windows,
+        projection::CalibrationConfig::default(),
+        &mut |_| (),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proj = dir.path().join("tiny.projection.safetensors");
+    set.save(&proj).unwrap();
+    let base =
+        format!("swan:k=8,index=bitmask,value=int8,b=4,basis=calibrated,proj={}", proj.display());
+    let scaled = format!("{base},norm=eigen,select=query");
+    let bytes = round_trip(&gqa, &scaled, &prompt(24), 8);
+    let e = resume_err(&gqa, &format!("{base},select=query"), &bytes);
+    assert!(matches!(e, Error::CacheMismatch { what: "format", .. }), "{e}");
+}

@@ -22,7 +22,9 @@
 //! configuration with 8-bit values runs once more with `int8` rings ([`add_int8_rings`]);
 //! the budgets count both (ring bytes included, dense f16 of the same windowed model as the
 //! reference), and a third measure counts the global layers alone, the part a cache format
-//! changes.
+//! changes. Bitmask 8-bit SWAN configurations also run with query-weighted key selection
+//! ([`add_query_selection`]) and integer-coded ones with components scaled by the basis'
+//! eigenvalues ([`add_component_norm`]); a table sets each pair side by side.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -221,18 +223,22 @@ pub struct FrontierRun {
     /// SWAN key selection when it is not the paper's magnitude rule: `query` (magnitude
     /// weighted by the queries' RMS along each basis vector, `select=query`).
     pub select: Option<&'static str>,
+    /// SWAN component scaling when not the paper's unscaled rows: `eigen` (each basis
+    /// component divided by a power of two from its eigenvalue before storage, `norm=eigen`).
+    pub norm: Option<&'static str>,
 }
 
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
         let (index, k, kv, buffer, queries, ring) = ("—", None, None, 0, "f32", None);
-        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring, select: None }
+        let (select, norm) = (None, None);
+        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring, select, norm }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
         let (family, rotate, queries, k) = ("swan", "calibrated", "f32", Some(k));
-        let (kv, ring, select) = (None, None, None);
-        Self { family, values, rotate, index, k, kv, buffer, queries, ring, select }
+        let (kv, ring, select, norm) = (None, None, None, None);
+        Self { family, values, rotate, index, k, kv, buffer, queries, ring, select, norm }
     }
 
     /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
@@ -250,6 +256,16 @@ impl FrontierRun {
     /// The same SWAN configuration selecting keys by query-weighted magnitude.
     fn with_query_select(self) -> Self {
         Self { select: Some("query"), ..self }
+    }
+
+    /// The same SWAN configuration storing components scaled by the basis' eigenvalues.
+    fn with_eigen_norm(self) -> Self {
+        Self { norm: Some("eigen"), ..self }
+    }
+
+    /// The component scaling as `norm=` names it (`none` unless set).
+    pub fn norm_rule(&self) -> &'static str {
+        self.norm.unwrap_or("none")
     }
 
     /// The key selection as `select=` names it (`magnitude` unless set).
@@ -278,7 +294,8 @@ impl FrontierRun {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
         let select = self.select.map_or(String::new(), |s| format!(" select={s}"));
-        let tail = format!("{ring}{select}{queries}");
+        let norm = self.norm.map_or(String::new(), |n| format!(" norm={n}"));
+        let tail = format!("{ring}{select}{norm}{queries}");
         match self.k {
             None if self.rotate == "none" => format!("dense {}{tail}", self.values),
             None => format!("dense {} rotate={}{tail}", self.values, self.rotate),
@@ -294,6 +311,7 @@ impl FrontierRun {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
         let select = self.select.map_or(String::new(), |s| format!(",select={s}"));
+        let norm = self.norm.map_or(String::new(), |n| format!(",norm={n}"));
         let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
@@ -311,7 +329,7 @@ impl FrontierRun {
                 self.values
             ),
         };
-        spec + &ring + &select + queries
+        spec + &ring + &select + &norm + queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -410,6 +428,22 @@ pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
     runs.extend(more);
 }
 
+/// Adds to `runs` each SWAN configuration with integer values (int8, int4: one scale per
+/// row) once more with `norm=eigen`: the components divided by powers of two from the
+/// basis' eigenvalues before storage, so that the row's one scale fits the small components
+/// as well as the large. Same bytes; float codes (f16, fp8) keep their relative precision
+/// whatever the scale, so they are not repeated. Configurations already there are not added
+/// twice.
+pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
+    let more: Vec<FrontierRun> = runs
+        .iter()
+        .filter(|r| r.k.is_some() && r.norm.is_none() && matches!(r.values, "int8" | "int4"))
+        .map(|r| r.clone().with_eigen_norm())
+        .filter(|r| !runs.contains(r))
+        .collect();
+    runs.extend(more);
+}
+
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
 pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) -> Vec<FrontierRun> {
     let mut runs = vec![FrontierRun::dense("f16", "none")];
@@ -497,6 +531,13 @@ pub struct SwanGrid {
         conflicts_with = "frontier_external_only"
     )]
     pub select: Vec<String>,
+    /// Only these component scalings (comma-separated: none, eigen).
+    #[arg(
+        long = "frontier-norm",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
+    pub norm: Vec<String>,
 }
 
 impl SwanGrid {
@@ -507,6 +548,7 @@ impl SwanGrid {
             && self.values.is_empty()
             && self.rings.is_empty()
             && self.select.is_empty()
+            && self.norm.is_empty()
     }
 
     /// Keeps the dense runs of `runs` and the SWAN runs on every restricted axis.
@@ -516,18 +558,19 @@ impl SwanGrid {
     /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
     pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
         const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values/\
-                          --frontier-rings/--frontier-select";
+                          --frontier-rings/--frontier-select/--frontier-norm";
         let eighths =
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
         let strings = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>();
         // Each axis: its name, the listed values, and a SWAN run's value on it.
         type Value<'a> = &'a dyn Fn(&FrontierRun) -> Option<String>;
-        let axes: [(&str, Vec<String>, Value<'_>); 5] = [
+        let axes: [(&str, Vec<String>, Value<'_>); 6] = [
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
             ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
             ("rings", self.rings.clone(), &|r| Some(r.ring_format().to_owned())),
             ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_owned())),
+            ("component scalings", self.norm.clone(), &|r| Some(r.norm_rule().to_owned())),
         ];
         for (what, listed, value) in &axes {
             let mut has: Vec<String> =
@@ -564,12 +607,13 @@ impl SwanGrid {
         let list = |v: Vec<String>| if v.is_empty() { "all".to_owned() } else { v.join(", ") };
         format!(
             "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}, rings {}, key \
-             selection {}",
+             selection {}, component scaling {}",
             list(self.k_eighths.iter().map(usize::to_string).collect()),
             list(self.buffers.iter().map(usize::to_string).collect()),
             list(self.values.clone()),
             list(self.rings.clone()),
             list(self.select.clone()),
+            list(self.norm.clone()),
         )
     }
 }
@@ -1101,6 +1145,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     }
     out.table(b);
     key_selection_table(s, leg, base, out);
+    component_norm_table(s, leg, base, out);
     let mut e = Table::new(
         &leg.name("frontier_external"),
         "External check: llama.cpp's perplexity tool on the same text (F32 weights)",
@@ -1185,7 +1230,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     );
     let mut rotations: Vec<&str> = Vec::new();
     // One line per SWAN encoding, key/value split or not, and ring format.
-    let mut encodings: Vec<(&str, &str, bool, &str, &str)> = Vec::new();
+    let mut encodings: Vec<(&str, &str, bool, &str, &str, &str)> = Vec::new();
     for p in &s.points {
         match p.run.k {
             None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
@@ -1193,7 +1238,14 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             }
             Some(_) => {
                 let r = &p.run;
-                let e = (r.index, r.values, r.kv.is_some(), r.ring_format(), r.select_rule());
+                let e = (
+                    r.index,
+                    r.values,
+                    r.kv.is_some(),
+                    r.ring_format(),
+                    r.select_rule(),
+                    r.norm_rule(),
+                );
                 if !encodings.contains(&e) {
                     encodings.push(e);
                 }
@@ -1205,7 +1257,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
         plot = plot.series(&format!("dense, rotate={r}"), points);
     }
-    for (index, values, split, ring, select) in encodings {
+    for (index, values, split, ring, select, norm) in encodings {
         let points = line(&|run| {
             run.k.is_some()
                 && run.index == index
@@ -1213,13 +1265,58 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
                 && run.kv.is_some() == split
                 && run.ring_format() == ring
                 && run.select_rule() == select
+                && run.norm_rule() == norm
         });
         let split = if split { ", keys ≠ values k" } else { "" };
         let ring = if s.local.is_some() { format!(", {ring} rings") } else { String::new() };
         let select = if select == "query" { ", query-selected keys" } else { "" };
-        plot = plot.series(&format!("SWAN {index} {values}{split}{ring}{select}"), points);
+        let norm = if norm == "eigen" { ", eigen-scaled components" } else { "" };
+        plot = plot.series(&format!("SWAN {index} {values}{split}{ring}{select}{norm}"), points);
     }
     out.plot(plot.reference("dense f16", base));
+}
+
+/// Each SWAN configuration run with and without component scaling, side by side (same
+/// bytes).
+fn component_norm_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+    let pairs: Vec<(&FrontierPoint, &FrontierPoint)> = s
+        .points
+        .iter()
+        .filter(|e| e.run.norm == Some("eigen"))
+        .filter_map(|e| {
+            let twin = FrontierRun { norm: None, ..e.run.clone() };
+            s.points.iter().find(|m| m.run == twin).map(|m| (m, e))
+        })
+        .collect();
+    if pairs.is_empty() {
+        return;
+    }
+    let mut t = Table::new(
+        &leg.name("frontier_component_norm"),
+        "Integer row codes: components as they are vs scaled by the basis' eigenvalues (norm=eigen), same bytes",
+        &[
+            "configuration",
+            "bytes / f16 (4096)",
+            "Δ vs f16, unscaled",
+            "Δ vs f16, norm=eigen",
+            "eigen − unscaled",
+        ],
+    );
+    for (m, e) in &pairs {
+        t.row(vec![
+            m.label.clone(),
+            num(m.long_ratio, 3),
+            pct(m.perplexity / base - 1.0, 2),
+            pct(e.perplexity / base - 1.0, 2),
+            format!("{:+.2} pp", 100.0 * (e.perplexity - m.perplexity) / base),
+        ]);
+    }
+    let better = pairs.iter().filter(|(m, e)| e.perplexity < m.perplexity).count();
+    t.note(format!(
+        "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly); it is better in {better} of {} pairs on this model.",
+        pairs.len()
+    ));
+    out.table(t);
 }
 
 /// Each SWAN configuration run with both key selections, side by side (same bytes).
@@ -1451,6 +1548,7 @@ mod tests {
             values: vec!["int8".into(), "fp8".into()],
             rings: vec![],
             select: vec![],
+            norm: vec![],
         };
         let mut runs = full.clone();
         pick.apply(&mut runs, 256).unwrap();
@@ -1469,6 +1567,7 @@ mod tests {
             (SwanGrid { values: vec!["f16".into()], ..SwanGrid::default() }, "values f16"),
             (SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() }, "rings int8"),
             (SwanGrid { select: vec!["query".into()], ..SwanGrid::default() }, "selections query"),
+            (SwanGrid { norm: vec!["eigen".into()], ..SwanGrid::default() }, "scalings eigen"),
         ] {
             let mut runs = reduced.clone();
             let e = bad.apply(&mut runs, 64).unwrap_err().to_string();
@@ -1500,6 +1599,34 @@ mod tests {
         only.apply(&mut runs, 256).unwrap();
         assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.select == Some("query")));
         assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
+    }
+
+    #[test]
+    fn component_scaling_joins_the_integer_runs_and_its_axis_restricts_them() {
+        let mut runs = grid(256, &[2, 4], &[128], false);
+        add_query_selection(&mut runs);
+        let before = runs.clone();
+        add_component_norm(&mut runs);
+        let added: Vec<&FrontierRun> = runs[before.len()..].iter().collect();
+        // list/bitmask × int8/int4 × 2 k, plus the 2 query-selected bitmask int8 runs;
+        // float codes get no copy.
+        assert_eq!(added.len(), 10);
+        for r in &added {
+            assert!(matches!(r.values, "int8" | "int4"), "{}", r.label());
+            assert_eq!(r.norm_rule(), "eigen");
+            assert!(r.label().contains(" norm=eigen"), "{}", r.label());
+            assert!(r.spec("p", 1).contains(",norm=eigen"), "{}", r.spec("p", 1));
+            let spec: CacheSpec = r.spec("p", 1).parse().unwrap();
+            assert!(format!("{spec:?}").contains("Eigen"), "{spec:?}");
+            let twin = FrontierRun { norm: None, ..(*r).clone() };
+            assert_eq!(r.head_bytes(256, 4096), twin.head_bytes(256, 4096));
+        }
+        add_component_norm(&mut runs);
+        assert_eq!(runs.len(), before.len() + 10, "no configuration is added twice");
+        let only = SwanGrid { norm: vec!["eigen".into()], ..SwanGrid::default() };
+        only.apply(&mut runs, 256).unwrap();
+        assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.norm == Some("eigen")));
+        assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 10);
     }
 
     #[test]

@@ -194,6 +194,9 @@ fn frontier_leg(
     // Keys pruned by query-weighted magnitude beside the paper's rule: which one a model's
     // attention prefers is measured, not assumed.
     frontier::add_query_selection(&mut ctx.plan.frontier);
+    // Integer row codes with the components scaled by the basis' eigenvalues beside the
+    // unscaled rows: one row scale spans components of very different sizes otherwise.
+    frontier::add_component_norm(&mut ctx.plan.frontier);
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");

@@ -30,7 +30,7 @@ mod window;
 pub use dense::DenseCache;
 pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
-pub use swan::{Fp8Scale, KeySelect, SwanCache, SwanConfig, SwanIndex, SwanRows};
+pub use swan::{ComponentNorm, Fp8Scale, KeySelect, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
 pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
 

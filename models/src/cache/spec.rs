@@ -3,7 +3,7 @@
 //! | spec | cache |
 //! |---|---|
 //! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
-//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
@@ -17,7 +17,9 @@
 //! row. `select=query` prunes evicted keys by `|k̂_j|·√E[q̂_j²]` (the queries' energy along
 //! each basis vector, stored with a calibrated basis) instead of SWAN's `|k̂_j|` (the default,
 //! `magnitude`): which keeps more quality is a property of the model, measured by
-//! `kvtide reproduce --only frontier`.
+//! `kvtide reproduce --only frontier`. `norm=eigen` stores each basis component divided by a
+//! power of two from the basis' eigenvalues, so that one row scale suits every component
+//! (see [`crate::cache::ComponentNorm`]; default `none`).
 //!
 //! Every cache also takes `queries=f32|int8` (how the attention kernels take the queries
 //! against int8 keys — dense `format=int8` rows, SWAN `value=int8` rows, an `int8` ring:
@@ -51,8 +53,8 @@ use projection::{BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
-    CacheShape, DenseCache, Fp8Scale, KeySelect, KvCache, QuantCache, SwanCache, SwanConfig,
-    SwanIndex,
+    CacheShape, ComponentNorm, DenseCache, Fp8Scale, KeySelect, KvCache, QuantCache, SwanCache,
+    SwanConfig, SwanIndex,
 };
 use crate::error::{Error, Result};
 use crate::llama::Llama;
@@ -80,6 +82,8 @@ pub struct SwanSpec {
     pub proj: Option<PathBuf>,
     /// Key pruning rule (`select=magnitude|query`).
     pub key_select: KeySelect,
+    /// Component scaling (`norm=none|eigen`).
+    pub norm: ComponentNorm,
 }
 
 impl Default for SwanSpec {
@@ -95,6 +99,7 @@ impl Default for SwanSpec {
             basis: BasisKind::Calibrated,
             proj: None,
             key_select: KeySelect::Magnitude,
+            norm: ComponentNorm::None,
         }
     }
 }
@@ -296,6 +301,13 @@ impl SwanSpec {
                 ));
             }
         };
+        let norm = match p.take("norm") {
+            None | Some("none") => ComponentNorm::None,
+            Some("eigen") => ComponentNorm::Eigen,
+            Some(v) => {
+                return Err(spec_err(p.spec(), format!("`norm={v}`: expected none or eigen")));
+            }
+        };
         let value = match p.take("value") {
             Some("int8") => ValueKind::Int8,
             Some("int4") => ValueKind::Int4,
@@ -318,6 +330,7 @@ impl SwanSpec {
             basis,
             proj: p.take("proj").map(PathBuf::from),
             key_select,
+            norm,
         })
     }
 
@@ -332,6 +345,7 @@ impl SwanSpec {
             buffer_format: self.buffer_format,
             fp8_scale: self.scale,
             key_select: self.key_select,
+            norm: self.norm,
         }
     }
 
@@ -400,6 +414,13 @@ impl FromStr for CacheSpec {
                         text,
                         "select=query applies to swan caches; swan+tiered prunes audio keys by \
                          magnitude",
+                    ));
+                }
+                if swan.norm != ComponentNorm::None {
+                    return Err(spec_err(
+                        text,
+                        "norm=eigen applies to swan caches; swan+tiered stores audio rows \
+                         unscaled",
                     ));
                 }
                 CacheKind::SwanTiered(swan, TieredSpec::parse(&mut p)?)

@@ -17,8 +17,14 @@
 //! the queries' energy along each basis vector (`|k̂_j|·√E[q̂_j²]`, from the calibrated
 //! basis): a component's expected share of a score rather than its size alone.
 //!
+//! With `norm=eigen` ([`ComponentNorm`]) each head stores its components divided by
+//! power-of-two scales from the basis' eigenvalues, so that one row scale (int8/int4 rows, an
+//! int8 buffer's blocks) fits small components as well as large ones; queries and outputs are
+//! scaled back exactly.
+//!
 //! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
-//! orthogonal basis then reproduces dense attention to float rounding, whichever selection.
+//! orthogonal basis then reproduces dense attention to float rounding, whichever selection
+//! and component scaling.
 
 use std::sync::Arc;
 
@@ -86,6 +92,34 @@ impl std::fmt::Display for KeySelect {
     }
 }
 
+/// Whether a SWAN cache scales each basis component before storing it.
+///
+/// In a calibrated basis the components' magnitudes fall steeply with their eigenvalue, so
+/// one row scale (int8/int4 values, an int8 ring's blocks) spends its range on the first few
+/// components and rounds the rest coarsely. With [`ComponentNorm::Eigen`] each head stores
+/// `x_j / c_j`, `c_j` the power of two nearest `√(λ_j / mean λ)` (`λ` the basis'
+/// eigenvalues, clamped to `2^±6`); the query is multiplied by `c` before scoring and the
+/// output by the values' `c` after, which is exact in floating point (powers of two), so
+/// attention is unchanged up to the storage code's rounding. Components are still selected
+/// by their original magnitudes (the cache passes `c` as selection weights).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ComponentNorm {
+    /// Components stored as they are (the paper's setting).
+    #[default]
+    None,
+    /// Components divided by power-of-two scales from the basis' eigenvalues.
+    Eigen,
+}
+
+impl std::fmt::Display for ComponentNorm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ComponentNorm::None => "none",
+            ComponentNorm::Eigen => "eigen",
+        })
+    }
+}
+
 /// The knobs of a SWAN cache.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SwanConfig {
@@ -105,6 +139,8 @@ pub struct SwanConfig {
     pub fp8_scale: Fp8Scale,
     /// How evicted keys are pruned.
     pub key_select: KeySelect,
+    /// Whether components are scaled before storage.
+    pub norm: ComponentNorm,
 }
 
 impl SwanConfig {
@@ -119,6 +155,7 @@ impl SwanConfig {
             buffer_format: ValueFormat::F32,
             fp8_scale: Fp8Scale::None,
             key_select: KeySelect::Magnitude,
+            norm: ComponentNorm::None,
         }
     }
 
@@ -394,6 +431,95 @@ struct Reopened {
     bytes: usize,
 }
 
+/// Power-of-two component scales of every (layer, kv-head) ([`ComponentNorm::Eigen`]).
+struct ComponentScales {
+    /// Elements per head.
+    d: usize,
+    /// Kv-heads per layer.
+    kv_heads: usize,
+    /// Key scales `c_j`, `[layers, kv_heads, d]`.
+    keys: Vec<f32>,
+    /// Value scales `c_j`, `[layers, kv_heads, d]`.
+    values: Vec<f32>,
+}
+
+impl ComponentScales {
+    /// Largest `|log2 c_j|`: stored components grow by at most `2^6`.
+    const MAX_EXPONENT: f64 = 6.0;
+
+    /// The scales of `set`'s QK and VO bases.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when a basis carries no eigenvalues (a data-free basis
+    /// or an ablation); projection errors for a set of other dimensions.
+    fn new(set: &ProjectionSet, layers: usize, kv_heads: usize, d: usize) -> Result<Self> {
+        let mut out = Self { d, kv_heads, keys: Vec::new(), values: Vec::new() };
+        for layer in 0..layers {
+            for h in 0..kv_heads {
+                for (stream, into) in [
+                    (projection::Stream::Qk, &mut out.keys),
+                    (projection::Stream::Vo, &mut out.values),
+                ] {
+                    let ev = set.basis(stream, layer, h)?.eigenvalues().ok_or_else(|| {
+                        invalid(
+                            "swan cache",
+                            format!(
+                                "norm=eigen needs the basis' eigenvalues, which this {} basis \
+                                 does not carry (use a calibrated basis)",
+                                set.provenance().kind
+                            ),
+                        )
+                    })?;
+                    into.extend(Self::pow2(ev));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `2^round(log2 √(λ_j / mean λ))`, the exponent clamped to `±MAX_EXPONENT`; all 1 when
+    /// the eigenvalues carry no energy.
+    fn pow2(eigenvalues: &[f64]) -> impl Iterator<Item = f32> + '_ {
+        let mean = eigenvalues.iter().map(|l| l.max(0.0)).sum::<f64>() / eigenvalues.len() as f64;
+        eigenvalues.iter().map(move |&l| {
+            if !(mean > 0.0 && mean.is_finite()) {
+                return 1.0;
+            }
+            let e = (0.5 * (l.max(0.0) / mean).log2()).round();
+            let e = e.clamp(-Self::MAX_EXPONENT, Self::MAX_EXPONENT);
+            2f64.powi(e as i32) as f32
+        })
+    }
+
+    fn keys(&self, layer: usize, h: usize) -> &[f32] {
+        let at = (layer * self.kv_heads + h) * self.d;
+        &self.keys[at..at + self.d]
+    }
+
+    fn values(&self, layer: usize, h: usize) -> &[f32] {
+        let at = (layer * self.kv_heads + h) * self.d;
+        &self.values[at..at + self.d]
+    }
+}
+
+/// Divides each `c.len()`-wide row of `rows` by `c` (exact: powers of two).
+fn divide_rows(rows: &mut [f32], c: &[f32]) {
+    for row in rows.chunks_exact_mut(c.len()) {
+        for (x, s) in row.iter_mut().zip(c) {
+            *x /= s;
+        }
+    }
+}
+
+/// Multiplies each `c.len()`-wide row of `rows` by `c` (exact: powers of two).
+fn multiply_rows(rows: &mut [f32], c: &[f32]) {
+    for row in rows.chunks_exact_mut(c.len()) {
+        for (x, s) in row.iter_mut().zip(c) {
+            *x *= s;
+        }
+    }
+}
+
 /// SWAN's hybrid cache for a whole model (sparse rows in `S`, buffer `D`).
 pub struct SwanCache<S: SwanRows, D: Value> {
     shape: CacheShape,
@@ -406,6 +532,10 @@ pub struct SwanCache<S: SwanRows, D: Value> {
     q_rot: Vec<f32>,
     k_rot: Vec<f32>,
     prefill_rot: Vec<f32>,
+    /// Component scales (`norm=eigen`), if any.
+    norm: Option<ComponentScales>,
+    /// Scaled values of one step or prefill (`norm=eigen` only).
+    v_scaled: Vec<f32>,
 }
 
 impl<S: SwanRows, D: Value> SwanCache<S, D> {
@@ -434,6 +564,12 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             shape.kv_heads(),
             cfg.hybrid::<S>(shape.head_dim(), None),
         )?;
+        let norm = match cfg.norm {
+            ComponentNorm::None => None,
+            ComponentNorm::Eigen => {
+                Some(ComponentScales::new(&set, shape.layers, shape.kv_heads(), shape.head_dim())?)
+            }
+        };
         let mut cache = Self {
             shape,
             cfg,
@@ -444,42 +580,59 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             q_rot: vec![0.0; shape.q_heads() * shape.head_dim()],
             k_rot: vec![0.0; shape.kv_heads() * shape.head_dim()],
             prefill_rot: Vec::new(),
+            norm,
+            v_scaled: Vec::new(),
         };
         for layer in 0..shape.layers {
             for h in 0..shape.kv_heads() {
-                cache.select_keys(layer, h)?;
+                cache.select_components(layer, h)?;
             }
         }
         Ok(cache)
     }
 
-    /// Gives head (`layer`, `h`) the key selection of the config: with
-    /// [`KeySelect::Query`], weights `√E[q̂_j²]` from the basis' query energies.
+    /// Gives head (`layer`, `h`) the component selection of the config: with
+    /// [`KeySelect::Query`], key weights `√E[q̂_j²]` from the basis' query energies; with
+    /// [`ComponentNorm::Eigen`], the component scales as weights (times those), so that rows
+    /// stored divided by them keep the components of largest original magnitude.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] when the basis carries no query energies (an ablation,
     /// a data-free basis, or a file calibrated before they were stored) or they are all 0.
-    fn select_keys(&mut self, layer: usize, h: usize) -> Result<()> {
-        if self.cfg.key_select == KeySelect::Magnitude {
+    fn select_components(&mut self, layer: usize, h: usize) -> Result<()> {
+        let mut keys = None;
+        if self.cfg.key_select == KeySelect::Query {
+            let basis = self.set.basis(projection::Stream::Qk, layer, h)?;
+            let energy = basis.query_energy().ok_or_else(|| {
+                invalid(
+                    "swan cache",
+                    format!(
+                        "select=query needs the queries' energy per basis vector, which this {} \
+                         basis does not carry (calibrate it again with `kvtide calibrate`)",
+                        self.set.provenance().kind
+                    ),
+                )
+            })?;
+            keys = Some(energy.iter().map(|&e| e.sqrt() as f32).collect::<Vec<f32>>());
+        }
+        let mut values = None;
+        if let Some(n) = &self.norm {
+            let c = n.keys(layer, h);
+            keys = Some(match keys {
+                Some(w) => w.iter().zip(c).map(|(w, c)| w * c).collect(),
+                None => c.to_vec(),
+            });
+            values = Some(n.values(layer, h).to_vec());
+        }
+        if keys.is_none() && values.is_none() {
             return Ok(());
         }
-        let basis = self.set.basis(projection::Stream::Qk, layer, h)?;
-        let energy = basis.query_energy().ok_or_else(|| {
-            invalid(
-                "swan cache",
-                format!(
-                    "select=query needs the queries' energy per basis vector, which this {} \
-                     basis does not carry (calibrate it again with `kvtide calibrate`)",
-                    self.set.provenance().kind
-                ),
-            )
-        })?;
-        let weights: Vec<f32> = energy.iter().map(|&e| e.sqrt() as f32).collect();
         let head = self
             .caches
             .head_mut(layer, h)
             .ok_or_else(|| invalid("swan cache", "head out of range"))?;
-        head.set_key_weights(Some(&weights))?;
+        head.set_key_weights(keys.as_deref())?;
+        head.set_value_weights(values.as_deref())?;
         Ok(())
     }
 
@@ -488,16 +641,17 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
         self.reopened.as_ref().map(|r| MappedHistory { file: &r.file, rows: r.rows })
     }
 
-    /// Replaces the empty caches of `layer` by ones whose fp8 scales fit `keys`/`values`.
-    fn rescale(&mut self, layer: usize, kv: &LayerKv<'_>) -> Result<()> {
+    /// Replaces the empty caches of `layer` by ones whose fp8 scales fit the rotated keys
+    /// in `prefill_rot` and `values` (as stored: both `[kv_heads, tokens, d]`).
+    fn rescale(&mut self, layer: usize, values: &[f32]) -> Result<()> {
         if self.reopened.is_some() {
             return Err(invalid("swan prefill", "the cache continues a reopened file"));
         }
-        let n = kv.tokens * self.shape.head_dim();
+        let n = values.len() / self.shape.kv_heads();
         for h in 0..self.shape.kv_heads() {
             let max = |x: &[f32]| x.iter().fold(0f32, |m, v| m.max(v.abs()));
             let ks = kv_sparse::fp8::scale_for_max_abs(max(&self.prefill_rot[h * n..(h + 1) * n]))?;
-            let vs = kv_sparse::fp8::scale_for_max_abs(max(&kv.values[h * n..(h + 1) * n]))?;
+            let vs = kv_sparse::fp8::scale_for_max_abs(max(&values[h * n..(h + 1) * n]))?;
             let head = self
                 .caches
                 .head_mut(layer, h)
@@ -506,7 +660,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
                 return Err(invalid("swan prefill", format!("layer {layer} already holds tokens")));
             }
             *head = Hybrid::new(self.cfg.hybrid::<S>(self.shape.head_dim(), Some((ks, vs))))?;
-            self.select_keys(layer, h)?;
+            self.select_components(layer, h)?;
         }
         Ok(())
     }
@@ -533,8 +687,9 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         let scale = if c.scaled_fp8() { " scaled" } else { "" };
         let index = if c.index == SwanIndex::Bitmask { " bitmask" } else { "" };
         let select = if c.key_select == KeySelect::Query { " select=query" } else { "" };
+        let norm = if c.norm == ComponentNorm::Eigen { " norm=eigen" } else { "" };
         format!(
-            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{select}{}",
+            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{select}{norm}{}",
             c.k_key,
             c.k_value,
             c.value,
@@ -577,23 +732,54 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
                 &mut self.prefill_rot[h * n..(h + 1) * n],
             )?;
         }
-        if self.cfg.scaled_fp8() {
-            self.rescale(layer, &kv)?;
+        let mut scaled = std::mem::take(&mut self.v_scaled);
+        if let Some(c) = &self.norm {
+            scaled.clear();
+            scaled.extend_from_slice(kv.values);
+            for h in 0..self.shape.kv_heads() {
+                divide_rows(&mut self.prefill_rot[h * n..(h + 1) * n], c.keys(layer, h));
+                divide_rows(&mut scaled[h * n..(h + 1) * n], c.values(layer, h));
+            }
         }
+        let values = if self.norm.is_some() { &scaled[..] } else { kv.values };
+        let stored = match self.cfg.scaled_fp8() {
+            true => self.rescale(layer, values),
+            false => Ok(()),
+        };
         debug_assert_eq!(self.prefill_rot.len() % d, 0);
-        self.caches.extend_layer(layer, &self.prefill_rot, kv.values)?;
-        Ok(())
+        let stored =
+            stored.and_then(|()| Ok(self.caches.extend_layer(layer, &self.prefill_rot, values)?));
+        self.v_scaled = scaled;
+        stored
     }
 
     fn decode(&mut self, layer: usize, step: StepQkv<'_>, out: &mut [f32]) -> Result<()> {
         self.shape.check_step(layer, &step, out)?;
         self.set.rotate_qk_into(layer, 1, step.q, step.k, &mut self.q_rot, &mut self.k_rot)?;
-        self.caches.append_token(layer, &self.k_rot, step.v)?;
+        let (d, kv_heads) = (self.shape.head_dim(), self.shape.kv_heads());
+        let group = self.shape.q_heads() / kv_heads;
+        if let Some(c) = &self.norm {
+            self.v_scaled.clear();
+            self.v_scaled.extend_from_slice(step.v);
+            for h in 0..kv_heads {
+                divide_rows(&mut self.k_rot[h * d..(h + 1) * d], c.keys(layer, h));
+                divide_rows(&mut self.v_scaled[h * d..(h + 1) * d], c.values(layer, h));
+                let queries = &mut self.q_rot[h * group * d..(h + 1) * group * d];
+                multiply_rows(queries, c.keys(layer, h));
+            }
+        }
+        let values = if self.norm.is_some() { &self.v_scaled[..] } else { step.v };
+        self.caches.append_token(layer, &self.k_rot, values)?;
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
         let mapped =
             self.reopened.as_ref().map(|r| (MappedHistory { file: &r.file, rows: r.rows }, layer));
         S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, out)?;
+        if let Some(c) = &self.norm {
+            for h in 0..kv_heads {
+                multiply_rows(&mut out[h * group * d..(h + 1) * group * d], c.values(layer, h));
+            }
+        }
         Ok(())
     }
 
@@ -658,7 +844,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         );
         // The selection weights are a write-time policy, not part of the file.
         for slot in 0..s.layers * s.kv_heads() {
-            if let Err(e) = self.select_keys(slot / s.kv_heads(), slot % s.kv_heads()) {
+            if let Err(e) = self.select_components(slot / s.kv_heads(), slot % s.kv_heads()) {
                 self.caches = previous;
                 return Err(e);
             }
