@@ -447,31 +447,35 @@ impl ComponentScales {
     /// Largest `|log2 c_j|`: stored components grow by at most `2^6`.
     const MAX_EXPONENT: f64 = 6.0;
 
-    /// The scales of `set`'s QK and VO bases.
+    /// The scales of `set`'s QK and VO bases: from the keys' own energy along each QK basis
+    /// vector where the basis carries the queries' ([`key_energy`]), else from the joint
+    /// eigenvalues; from the joint eigenvalues for VO.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] when a basis carries no eigenvalues (a data-free basis
     /// or an ablation); projection errors for a set of other dimensions.
     fn new(set: &ProjectionSet, layers: usize, kv_heads: usize, d: usize) -> Result<Self> {
         let mut out = Self { d, kv_heads, keys: Vec::new(), values: Vec::new() };
+        let missing = || {
+            invalid(
+                "swan cache",
+                format!(
+                    "norm=eigen needs the basis' eigenvalues, which this {} basis does not \
+                     carry (use a calibrated basis)",
+                    set.provenance().kind
+                ),
+            )
+        };
         for layer in 0..layers {
             for h in 0..kv_heads {
-                for (stream, into) in [
-                    (projection::Stream::Qk, &mut out.keys),
-                    (projection::Stream::Vo, &mut out.values),
-                ] {
-                    let ev = set.basis(stream, layer, h)?.eigenvalues().ok_or_else(|| {
-                        invalid(
-                            "swan cache",
-                            format!(
-                                "norm=eigen needs the basis' eigenvalues, which this {} basis \
-                                 does not carry (use a calibrated basis)",
-                                set.provenance().kind
-                            ),
-                        )
-                    })?;
-                    into.extend(Self::pow2(ev));
+                let qk = set.basis(projection::Stream::Qk, layer, h)?;
+                let ev = qk.eigenvalues().ok_or_else(missing)?;
+                match key_energy(set, qk) {
+                    Some(energy) => out.keys.extend(Self::pow2(&energy)),
+                    None => out.keys.extend(Self::pow2(ev)),
                 }
+                let vo = set.basis(projection::Stream::Vo, layer, h)?;
+                out.values.extend(Self::pow2(vo.eigenvalues().ok_or_else(missing)?));
             }
         }
         Ok(out)
@@ -479,16 +483,19 @@ impl ComponentScales {
 
     /// `2^round(log2 √(λ_j / mean λ))`, the exponent clamped to `±MAX_EXPONENT`; all 1 when
     /// the eigenvalues carry no energy.
-    fn pow2(eigenvalues: &[f64]) -> impl Iterator<Item = f32> + '_ {
+    fn pow2(eigenvalues: &[f64]) -> Vec<f32> {
         let mean = eigenvalues.iter().map(|l| l.max(0.0)).sum::<f64>() / eigenvalues.len() as f64;
-        eigenvalues.iter().map(move |&l| {
-            if !(mean > 0.0 && mean.is_finite()) {
-                return 1.0;
-            }
-            let e = (0.5 * (l.max(0.0) / mean).log2()).round();
-            let e = e.clamp(-Self::MAX_EXPONENT, Self::MAX_EXPONENT);
-            2f64.powi(e as i32) as f32
-        })
+        eigenvalues
+            .iter()
+            .map(move |&l| {
+                if !(mean > 0.0 && mean.is_finite()) {
+                    return 1.0;
+                }
+                let e = (0.5 * (l.max(0.0) / mean).log2()).round();
+                let e = e.clamp(-Self::MAX_EXPONENT, Self::MAX_EXPONENT);
+                2f64.powi(e as i32) as f32
+            })
+            .collect()
     }
 
     fn keys(&self, layer: usize, h: usize) -> &[f32] {
@@ -500,6 +507,21 @@ impl ComponentScales {
         let at = (layer * self.kv_heads + h) * self.d;
         &self.values[at..at + self.d]
     }
+}
+
+/// The keys' own mean energy `E[k̂_j²]` along each vector of a calibrated QK basis: its
+/// eigenvalue is the weighted mean `λ_j = (g·w_q·E[q̂_j²] + w_k·E[k̂_j²]) / (g·w_q + w_k)` of
+/// the `g` query heads' and the key's energies (the calibration's weighting, per vector), and
+/// the basis carries `E[q̂_j²]`. `None` without query energies or a recorded weighting.
+fn key_energy(set: &ProjectionSet, basis: &projection::Basis) -> Option<Vec<f64>> {
+    let (ev, queries) = (basis.eigenvalues()?, basis.query_energy()?);
+    let config = set.provenance().config?;
+    let g = set.dims().q_heads() / set.dims().kv_heads();
+    let (wq, wk) = config.weighting(projection::Stream::Qk).weights(g);
+    let gq = g as f64 * wq;
+    (wk > 0.0).then(|| {
+        ev.iter().zip(queries).map(|(l, q)| (((gq + wk) * l - gq * q) / wk).max(0.0)).collect()
+    })
 }
 
 /// Divides each `c.len()`-wide row of `rows` by `c` (exact: powers of two).
@@ -851,5 +873,55 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         }
         self.reopened = (skip > 0).then(|| Reopened { file: Arc::clone(file), rows: skip, bytes });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use projection::{CalibrationConfig, Calibrator, ModelDims, Stream, Weighting};
+
+    /// The keys' energy recovered from a joint eigenvalue and the queries' energy equals the
+    /// keys' mean squared projection on each basis vector, for each weighting.
+    #[test]
+    fn key_energy_is_the_keys_own_energy_along_each_basis_vector() {
+        let (q_heads, kv_heads, d, n) = (4, 2, 8, 40);
+        let dims = ModelDims::new(1, q_heads, kv_heads, d).unwrap();
+        let val = |i: usize, s: f32| (i as f32 * 0.37 + s).sin() * (1 + i % d) as f32;
+        let queries: Vec<f32> = (0..n * q_heads * d).map(|i| val(i, 0.3)).collect();
+        let keys: Vec<f32> = (0..n * kv_heads * d).map(|i| 0.5 * val(i, 1.7)).collect();
+        let values: Vec<f32> = (0..n * kv_heads * d).map(|i| val(i, 2.9)).collect();
+        let outs: Vec<f32> = (0..n * q_heads * d).map(|i| val(i, 4.1)).collect();
+        for qk in [
+            Weighting::Balanced,
+            Weighting::Stacked,
+            Weighting::Custom { query_side: 0.3, kv_side: 2.0 },
+        ] {
+            let config = CalibrationConfig { qk, vo: Weighting::Balanced };
+            let mut cal = Calibrator::new(dims, config).unwrap();
+            cal.observe_qk(0, n, &queries, &keys).unwrap();
+            cal.observe_vo(0, n, &values, &outs).unwrap();
+            let set = cal.finish("test").unwrap();
+            for h in 0..kv_heads {
+                let basis = set.basis(Stream::Qk, 0, h).unwrap();
+                let got = key_energy(&set, basis).unwrap();
+                let p = basis.matrix();
+                for (j, g) in got.iter().enumerate() {
+                    let col = p.column(j);
+                    let want = (0..n)
+                        .map(|t| {
+                            let k = &keys[(t * kv_heads + h) * d..][..d];
+                            let x: f64 = k.iter().zip(&col).map(|(a, b)| (a * b) as f64).sum();
+                            x * x
+                        })
+                        .sum::<f64>()
+                        / n as f64;
+                    assert!(
+                        (g - want).abs() <= 1e-4 * want.max(1.0),
+                        "{qk:?} head {h} j {j}: {g} vs {want}"
+                    );
+                }
+            }
+        }
     }
 }
