@@ -224,7 +224,7 @@ pub struct FrontierRun {
     /// weighted by the queries' RMS along each basis vector, `select=query`).
     pub select: Option<&'static str>,
     /// SWAN component scaling when not the paper's unscaled rows: `eigen` (each basis
-    /// component divided by a power of two from its eigenvalue before storage, `norm=eigen`).
+    /// component divided by a power of two from its calibrated energy before storage, `norm=eigen`).
     pub norm: Option<&'static str>,
 }
 
@@ -430,7 +430,7 @@ pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
 
 /// Adds to `runs` each SWAN configuration with integer values (int8, int4: one scale per
 /// row) once more with `norm=eigen`: the components divided by powers of two from the
-/// basis' eigenvalues before storage, so that the row's one scale fits the small components
+/// calibrated energies before storage, so that the row's one scale fits the small components
 /// as well as the large. Same bytes; float codes (f16, fp8) keep their relative precision
 /// whatever the scale, so they are not repeated. Configurations already there are not added
 /// twice.
@@ -1313,7 +1313,7 @@ fn component_norm_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Secti
     }
     let better = pairs.iter().filter(|(m, e)| e.perplexity < m.perplexity).count();
     t.note(format!(
-        "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly); it is better in {better} of {} pairs on this model.",
+        "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ) (λ_j: the keys' own energy along the basis vector for keys, the VO eigenvalue for values), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly); it is better in {better} of {} pairs on this model.",
         pairs.len()
     ));
     out.table(t);

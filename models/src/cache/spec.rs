@@ -18,7 +18,8 @@
 //! each basis vector, stored with a calibrated basis) instead of SWAN's `|k̂_j|` (the default,
 //! `magnitude`): which keeps more quality is a property of the model, measured by
 //! `kvtide reproduce --only frontier`. `norm=eigen` stores each basis component divided by a
-//! power of two from the basis' eigenvalues, so that one row scale suits every component
+//! power of two from its calibrated energy (keys: their own energy along the QK basis
+//! vector; values: the VO eigenvalue), so that one row scale suits every component
 //! (see [`crate::cache::ComponentNorm`]; default `none`).
 //!
 //! Every cache also takes `queries=f32|int8` (how the attention kernels take the queries

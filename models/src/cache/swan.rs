@@ -97,8 +97,11 @@ impl std::fmt::Display for KeySelect {
 /// In a calibrated basis the components' magnitudes fall steeply with their eigenvalue, so
 /// one row scale (int8/int4 values, an int8 ring's blocks) spends its range on the first few
 /// components and rounds the rest coarsely. With [`ComponentNorm::Eigen`] each head stores
-/// `x_j / c_j`, `c_j` the power of two nearest `√(λ_j / mean λ)` (`λ` the basis'
-/// eigenvalues, clamped to `2^±6`); the query is multiplied by `c` before scoring and the
+/// `x_j / c_j`, `c_j` the power of two nearest `√(λ_j / mean λ)` (clamped to `2^±6`): for
+/// keys `λ_j` is the keys' own mean energy along basis vector `j` (recovered from the joint
+/// query/key eigenvalue and the queries' energy the calibrated basis stores; the joint
+/// eigenvalue where those are missing), for values the VO eigenvalue. The query is
+/// multiplied by `c` before scoring and the
 /// output by the values' `c` after, which is exact in floating point (powers of two), so
 /// attention is unchanged up to the storage code's rounding. Components are still selected
 /// by their original magnitudes (the cache passes `c` as selection weights).
