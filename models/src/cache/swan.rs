@@ -17,9 +17,9 @@
 //! the queries' energy along each basis vector (`|k̂_j|·√E[q̂_j²]`, from the calibrated
 //! basis): a component's expected share of a score rather than its size alone.
 //!
-//! With `norm=eigen` ([`ComponentNorm`]) each head stores its components divided by
-//! power-of-two scales from the basis' eigenvalues, so that one row scale (int8/int4 rows, an
-//! int8 buffer's blocks) fits small components as well as large ones; queries and outputs are
+//! With `norm=eigen` ([`ComponentNorm`]) each head stores its components (buffer and sparse
+//! rows) divided by power-of-two scales from their calibrated energies, so that one row scale
+//! (int8/int4 rows) fits small components as well as large ones; queries and outputs are
 //! scaled back exactly.
 //!
 //! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
@@ -95,22 +95,22 @@ impl std::fmt::Display for KeySelect {
 /// Whether a SWAN cache scales each basis component before storing it.
 ///
 /// In a calibrated basis the components' magnitudes fall steeply with their eigenvalue, so
-/// one row scale (int8/int4 values, an int8 ring's blocks) spends its range on the first few
-/// components and rounds the rest coarsely. With [`ComponentNorm::Eigen`] each head stores
+/// one row scale (int8/int4 values) spends its range on the first few components and rounds
+/// the rest coarsely. With [`ComponentNorm::Eigen`] each head stores
 /// `x_j / c_j`, `c_j` the power of two nearest `√(λ_j / mean λ)` (clamped to `2^±6`): for
 /// keys `λ_j` is the keys' own mean energy along basis vector `j` (recovered from the joint
 /// query/key eigenvalue and the queries' energy the calibrated basis stores; the joint
 /// eigenvalue where those are missing), for values the VO eigenvalue. The query is
-/// multiplied by `c` before scoring and the
-/// output by the values' `c` after, which is exact in floating point (powers of two), so
-/// attention is unchanged up to the storage code's rounding. Components are still selected
+/// multiplied by `c` before scoring and the output by the values' `c` after, which is exact
+/// in floating point (powers of two), so attention is unchanged up to the storage code's
+/// rounding. Components are still selected
 /// by their original magnitudes (the cache passes `c` as selection weights).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ComponentNorm {
     /// Components stored as they are (the paper's setting).
     #[default]
     None,
-    /// Components divided by power-of-two scales from the basis' eigenvalues.
+    /// Components divided by power-of-two scales from their calibrated energies.
     Eigen,
 }
 
