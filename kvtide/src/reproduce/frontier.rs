@@ -1276,74 +1276,40 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     out.plot(plot.reference("dense f16", base));
 }
 
-/// Each SWAN configuration run with and without component scaling, side by side (same
-/// bytes).
-fn component_norm_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
-    let pairs: Vec<(&FrontierPoint, &FrontierPoint)> = s
-        .points
-        .iter()
-        .filter(|e| e.run.norm == Some("eigen"))
-        .filter_map(|e| {
-            let twin = FrontierRun { norm: None, ..e.run.clone() };
-            s.points.iter().find(|m| m.run == twin).map(|m| (m, e))
-        })
-        .collect();
-    if pairs.is_empty() {
-        return;
-    }
-    let mut t = Table::new(
-        &leg.name("frontier_component_norm"),
-        "Integer row codes: components as they are vs scaled by the basis' eigenvalues (norm=eigen), same bytes",
-        &[
-            "configuration",
-            "bytes / f16 (4096)",
-            "Δ vs f16, unscaled",
-            "Δ vs f16, norm=eigen",
-            "eigen − unscaled",
-        ],
-    );
-    for (m, e) in &pairs {
-        t.row(vec![
-            m.label.clone(),
-            num(m.long_ratio, 3),
-            pct(m.perplexity / base - 1.0, 2),
-            pct(e.perplexity / base - 1.0, 2),
-            format!("{:+.2} pp", 100.0 * (e.perplexity - m.perplexity) / base),
-        ]);
-    }
-    let better = pairs.iter().filter(|(m, e)| e.perplexity < m.perplexity).count();
-    t.note(format!(
-        "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ) (λ_j: the keys' own energy along the basis vector for keys, the VO eigenvalue for values), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly); it is better in {better} of {} pairs on this model.",
-        pairs.len()
-    ));
-    out.table(t);
+/// A side-by-side table of the SWAN configurations run with a knob set and unset (same
+/// bytes): `twin` gives a run with the knob set its unset twin (`None` for other runs).
+struct Pairing {
+    name: &'static str,
+    title: &'static str,
+    /// How the unset and the set variant and their difference are named in the headers.
+    names: (&'static str, &'static str, &'static str),
+    twin: fn(&FrontierRun) -> Option<FrontierRun>,
+    /// What the knob does, the note's opening.
+    what: &'static str,
 }
 
-/// Each SWAN configuration run with both key selections, side by side (same bytes).
-fn key_selection_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+fn paired_table(s: &FrontierStudy, leg: &Leg, base: f64, p: Pairing, out: &mut Section) {
     let pairs: Vec<(&FrontierPoint, &FrontierPoint)> = s
         .points
         .iter()
-        .filter(|q| q.run.select == Some("query"))
-        .filter_map(|q| {
-            let twin = FrontierRun { select: None, ..q.run.clone() };
-            s.points.iter().find(|m| m.run == twin).map(|m| (m, q))
+        .filter_map(|on| {
+            let twin = (p.twin)(&on.run)?;
+            s.points.iter().find(|off| off.run == twin).map(|off| (off, on))
         })
         .collect();
     if pairs.is_empty() {
         return;
     }
-    let mut t = Table::new(
-        &leg.name("frontier_key_selection"),
-        "Key selection: magnitude (the paper's rule) vs query-weighted magnitude, same bytes",
-        &[
-            "configuration",
-            "bytes / f16 (4096)",
-            "Δ vs f16, magnitude",
-            "Δ vs f16, select=query",
-            "query − magnitude",
-        ],
-    );
+    let (off, on, difference) = p.names;
+    let headers = [
+        "configuration".to_owned(),
+        "bytes / f16 (4096)".to_owned(),
+        format!("Δ vs f16, {off}"),
+        format!("Δ vs f16, {on}"),
+        difference.to_owned(),
+    ];
+    let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let mut t = Table::new(&leg.name(p.name), p.title, &headers);
     for (m, q) in &pairs {
         t.row(vec![
             m.label.clone(),
@@ -1354,11 +1320,32 @@ fn key_selection_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Sectio
         ]);
     }
     let better = pairs.iter().filter(|(m, q)| q.perplexity < m.perplexity).count();
-    t.note(format!(
-        "select=query keeps the k components of an evicted key with the largest |k̂_j|·√E[q̂_j²] (the queries' energy along each calibrated basis vector) instead of the largest |k̂_j|; it is better in {better} of {} pairs on this model.",
-        pairs.len()
-    ));
+    t.note(format!("{}; it is better in {better} of {} pairs on this model.", p.what, pairs.len()));
     out.table(t);
+}
+
+/// Each integer-coded SWAN configuration run with and without component scaling.
+fn component_norm_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+    let pairing = Pairing {
+        name: "frontier_component_norm",
+        title: "Integer row codes: components as they are vs scaled by the basis' eigenvalues (norm=eigen), same bytes",
+        names: ("unscaled", "norm=eigen", "eigen − unscaled"),
+        twin: |r| (r.norm == Some("eigen")).then(|| FrontierRun { norm: None, ..r.clone() }),
+        what: "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ) (λ_j: the keys' own energy along the basis vector for keys, the VO eigenvalue for values), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly)",
+    };
+    paired_table(s, leg, base, pairing, out);
+}
+
+/// Each SWAN configuration run with both key selections.
+fn key_selection_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+    let pairing = Pairing {
+        name: "frontier_key_selection",
+        title: "Key selection: magnitude (the paper's rule) vs query-weighted magnitude, same bytes",
+        names: ("magnitude", "select=query", "query − magnitude"),
+        twin: |r| (r.select == Some("query")).then(|| FrontierRun { select: None, ..r.clone() }),
+        what: "select=query keeps the k components of an evicted key with the largest |k̂_j|·√E[q̂_j²] (the queries' energy along each calibrated basis vector) instead of the largest |k̂_j|",
+    };
+    paired_table(s, leg, base, pairing, out);
 }
 
 /// The study's claims (its quality-per-byte targets), measured on one leg's model.
