@@ -145,18 +145,9 @@ fn tiny_query_selected_keys_are_lossless_at_full_k_and_need_query_energies() {
     let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-gqa")).unwrap();
     let vocab = ckpt.config.vocab_size as u32;
     let calib: Vec<u32> = (0..96u32).map(|i| (i * 53 + 7) % vocab).collect();
-    let windows = models::calibrate::swan::windows(&calib, 48, 96);
-    let (set, _) = models::calibrate::swan::calibrate(
-        &ckpt.model,
-        &windows,
-        projection::CalibrationConfig::default(),
-        &mut |_| (),
-    )
-    .unwrap();
-    assert!(set.basis(projection::Stream::Qk, 0, 0).unwrap().query_energy().is_some());
     let dir = tempfile::tempdir().unwrap();
-    let proj = dir.path().join("tiny.projection.safetensors");
-    set.save(&proj).unwrap();
+    let (set, proj) = common::calibrated_projection(&ckpt, &calib, dir.path());
+    assert!(set.basis(projection::Stream::Qk, 0, 0).unwrap().query_energy().is_some());
     let proj = proj.display();
 
     let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % vocab).collect();
@@ -199,17 +190,8 @@ fn tiny_component_scaling_is_exact_with_f32_rows_and_needs_eigenvalues() {
     let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-gqa")).unwrap();
     let vocab = ckpt.config.vocab_size as u32;
     let calib: Vec<u32> = (0..96u32).map(|i| (i * 53 + 7) % vocab).collect();
-    let windows = models::calibrate::swan::windows(&calib, 48, 96);
-    let (set, _) = models::calibrate::swan::calibrate(
-        &ckpt.model,
-        &windows,
-        projection::CalibrationConfig::default(),
-        &mut |_| (),
-    )
-    .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let proj = dir.path().join("tiny.projection.safetensors");
-    set.save(&proj).unwrap();
+    let (_, proj) = common::calibrated_projection(&ckpt, &calib, dir.path());
     let proj = proj.display();
 
     let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % vocab).collect();

@@ -306,18 +306,8 @@ fn reopened_caches_continue_exactly_as_in_memory_on_smollm2() {
 #[test]
 fn component_scaled_caches_reopen_exactly_and_only_as_themselves() {
     let gqa = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
-    let calib = prompt(96);
-    let windows = models::calibrate::swan::windows(&calib, 48, 96);
-    let (set, _) = models::calibrate::swan::calibrate(
-        &gqa.model,
-        &windows,
-        projection::CalibrationConfig::default(),
-        &mut |_| (),
-    )
-    .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let proj = dir.path().join("tiny.projection.safetensors");
-    set.save(&proj).unwrap();
+    let (_, proj) = common::calibrated_projection(&gqa, &prompt(96), dir.path());
     let base =
         format!("swan:k=8,index=bitmask,value=int8,b=4,basis=calibrated,proj={}", proj.display());
     let scaled = format!("{base},norm=eigen,select=query");

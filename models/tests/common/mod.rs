@@ -84,3 +84,23 @@ pub fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
     (a - b).abs().max().double_value(&[])
 }
+
+/// A SWAN projection calibrated on `ids` (windows of 48 tokens) for `ckpt`'s model and saved
+/// as `tiny.projection.safetensors` in `dir`: the set and the file's path.
+pub fn calibrated_projection(
+    ckpt: &models::Checkpoint,
+    ids: &[u32],
+    dir: &std::path::Path,
+) -> (projection::ProjectionSet, PathBuf) {
+    let windows = models::calibrate::swan::windows(ids, 48, ids.len());
+    let (set, _) = models::calibrate::swan::calibrate(
+        &ckpt.model,
+        &windows,
+        projection::CalibrationConfig::default(),
+        &mut |_| (),
+    )
+    .unwrap();
+    let path = dir.join("tiny.projection.safetensors");
+    set.save(&path).unwrap();
+    (set, path)
+}
