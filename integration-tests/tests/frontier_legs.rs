@@ -31,6 +31,7 @@ fn a_missing_gemma_model_is_a_reported_skip() {
         frontier_external_only: false,
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         frontier_grid: Default::default(),
+        frontier_reuse: Default::default(),
         only: vec!["frontier".into()],
     };
     let outcome = run(&args).expect("reproduce --only frontier --further-models-only");

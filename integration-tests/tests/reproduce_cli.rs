@@ -23,6 +23,7 @@ fn memory_study_writes_a_complete_report() {
         frontier_external_only: false,
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         frontier_grid: Default::default(),
+        frontier_reuse: Default::default(),
         only: vec!["memory".into()],
     };
     let outcome = run(&args).expect("reproduce --only memory");
@@ -51,6 +52,7 @@ fn unknown_study_is_a_typed_error() {
         frontier_external_only: false,
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         frontier_grid: Default::default(),
+        frontier_reuse: Default::default(),
         only: vec!["nonsense".into()],
     };
     assert!(run(&args).is_err());

@@ -34,6 +34,7 @@ use serde::Serialize;
 use super::Context;
 use super::decode::{Trace, group_by_weights, teacher_force_texts};
 use super::findings::{Check, Finding};
+use super::frontier_reuse::{LegKey, Measured, ReuseArgs, ReuseSource, Reused};
 use super::plot::Plot;
 use super::report::{Section, Table, num, pct};
 use crate::error::{Result, invalid};
@@ -646,6 +647,10 @@ pub struct FrontierPoint {
     pub frontier_window: bool,
     /// Not dominated at 4096-token bytes.
     pub frontier_long: bool,
+    /// The `results.json` of an earlier run whose figures this point takes
+    /// (`--frontier-reuse`); `None`: measured in this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reused_from: Option<String>,
 }
 
 /// Best dense and best SWAN at or under one budget.
@@ -708,6 +713,13 @@ pub struct FrontierStudy {
     /// How the plan's SWAN grid was restricted ([`SwanGrid::describe`]), if it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restricted: Option<String>,
+    /// The earlier runs whose SWAN figures were reused (`--frontier-reuse`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reused: Vec<ReuseSource>,
+    /// The plan's SWAN configurations left out because no reused file measured them
+    /// (`--frontier-reuse-only`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_run: Vec<String>,
 }
 
 impl FrontierStudy {
@@ -941,7 +953,12 @@ fn whole_window(
 ///
 /// # Errors
 /// Corpus, calibration, cache and forward errors.
-pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<FrontierStudy> {
+pub fn run(
+    ctx: &mut Context,
+    llama_cpp: Option<&Path>,
+    play: &str,
+    reuse: &ReuseArgs,
+) -> Result<FrontierStudy> {
     let proj = ctx.projection()?.display().to_string();
     let (count, wlen, prefix) = ctx.plan.frontier_eval;
     let mut windows = ctx.corpus.windows(play, 0, wlen, count)?;
@@ -958,22 +975,64 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
     }
     let bm = ByteModel::of(ctx.model.config());
     let d = bm.head_dim;
-    let runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
-    let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(runs.len());
-    let groups = group_by_weights(runs.iter().map(|run| {
-        let spec: CacheSpec = run.spec(&proj, 1).parse()?;
+    let file = ctx.model_path().file_name().map_or(String::new(), |f| f.to_string_lossy().into());
+    let model_name = format!("{} ({file})", ctx.model.config().name);
+    let elided = |run: &FrontierRun| run.spec(&proj, 1).replace(&proj, "<calibrated.safetensors>");
+    let mut reused = if reuse.files.is_empty() {
+        Reused::none()
+    } else {
+        let key = LegKey { model: &model_name, play, windows: (count, wlen, prefix), head_dim: d };
+        Reused::load(reuse, key)?
+    };
+    let mut runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
+    let mut not_run = Vec::new();
+    if reuse.only {
+        runs.retain(|r| {
+            let keep = r.k.is_none() || reused.has(&elided(r), &r.label());
+            if !keep {
+                not_run.push(r.label());
+            }
+            keep
+        });
+        if !not_run.is_empty() {
+            ctx.log(&format!(
+                "frontier: {} SWAN configurations of the plan left out (no --frontier-reuse file \
+                 measured them; --frontier-reuse-only)",
+                not_run.len()
+            ));
+        }
+    }
+    // The SWAN configurations an earlier run measured take its figures; the rest run.
+    let taken: Vec<Option<Measured>> = runs
+        .iter()
+        .map(|r| if r.k.is_some() { reused.take(&elided(r), &r.label()) } else { None })
+        .collect();
+    let todo: Vec<usize> = (0..runs.len()).filter(|&i| taken[i].is_none()).collect();
+    if !reused.is_empty() {
+        ctx.log(&format!(
+            "frontier: {} configurations' figures reused, {} to run",
+            runs.len() - todo.len(),
+            todo.len()
+        ));
+    }
+    let dense16_run = runs.iter().position(|r| *r == FrontierRun::dense("f16", "none"));
+    let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(todo.len());
+    let mut groups = group_by_weights(todo.iter().map(|&i| {
+        let spec: CacheSpec = runs[i].spec(&proj, 1).parse()?;
         let (model, c) = spec.build_many(&ctx.model, windows.len())?;
         caches.push(c);
         Ok(model)
     }))?;
+    // Dense f16's group first: reused figures are checked against it before the rest runs.
+    groups.sort_by_key(|(_, members)| !members.iter().any(|&j| Some(todo[j]) == dense16_run));
     let mut traces: Vec<Vec<Trace>> = vec![Vec::new(); runs.len()];
-    for (model, members) in &groups {
+    for (g, (model, members)) in groups.iter().enumerate() {
         let per_batch = (64 / members.len()).clamp(1, windows.len().max(1));
         for chunk in windows.chunks(per_batch) {
             let mut batch = Vec::new();
             let mut texts: Vec<(&[u32], &[u32])> = Vec::new();
-            for &i in members {
-                batch.extend(caches[i].drain(..chunk.len()));
+            for &j in members {
+                batch.extend(caches[j].drain(..chunk.len()));
                 texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
@@ -985,9 +1044,15 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
                 t0.elapsed().as_secs_f64()
             ));
             let mut out = out.into_iter();
-            for &i in members {
-                traces[i].extend(out.by_ref().take(chunk.len()));
+            for &j in members {
+                traces[todo[j]].extend(out.by_ref().take(chunk.len()));
             }
+        }
+        if g == 0
+            && !reused.is_empty()
+            && let Some(i) = dense16_run
+        {
+            reused.check_dense_f16(perplexity_from(&traces[i], 0))?;
         }
     }
     let tokens = wlen - 1;
@@ -1002,7 +1067,8 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
     let mut points: Vec<FrontierPoint> = runs
         .iter()
         .zip(traces)
-        .map(|(run, ts)| {
+        .zip(taken)
+        .map(|((run, ts), taken)| {
             let (mut nll, mut hits, mut n, mut bytes) = (0.0, 0usize, 0usize, 0.0);
             for t in &ts {
                 nll += t.nll_sum();
@@ -1010,13 +1076,21 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
                 n += t.nll.len();
                 bytes += t.at_end.total() as f64;
             }
-            let window_bytes = bytes / ts.len().max(1) as f64;
+            let (perplexity, top1, window_bytes, reused_from) = match taken {
+                Some(m) => (m.perplexity, m.top1, m.window_bytes, Some(m.file)),
+                None => (
+                    (nll / n.max(1) as f64).exp(),
+                    hits as f64 / n.max(1) as f64,
+                    bytes / ts.len().max(1) as f64,
+                    None,
+                ),
+            };
             let point = FrontierPoint {
                 run: run.clone(),
                 label: run.label(),
-                spec: run.spec(&proj, 1).replace(&proj, "<calibrated.safetensors>"),
-                perplexity: (nll / n.max(1) as f64).exp(),
-                top1: hits as f64 / n.max(1) as f64,
+                spec: elided(run),
+                perplexity,
+                top1,
                 window_bytes,
                 window_formula_bytes: bm.bytes(run, tokens) as f64,
                 window_ratio: window_bytes / dense16,
@@ -1024,10 +1098,15 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
                 global_long_ratio: bm.global_ratio(run, LONG_CACHE),
                 frontier_window: false,
                 frontier_long: false,
+                reused_from,
             };
             ctx.log(&format!(
-                "frontier {}: ppl {:.3}, {:.3} × f16 (window), {:.3} × f16 (4096)",
-                point.label, point.perplexity, point.window_ratio, point.long_ratio
+                "frontier {}: ppl {:.3}, {:.3} × f16 (window), {:.3} × f16 (4096){}",
+                point.label,
+                point.perplexity,
+                point.window_ratio,
+                point.long_ratio,
+                if point.reused_from.is_some() { " (reused)" } else { "" }
             ));
             point
         })
@@ -1044,9 +1123,13 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
     } else {
         Vec::new()
     };
-    let file = ctx.model_path().file_name().map_or(String::new(), |f| f.to_string_lossy().into());
+    let dense_rows: Vec<(String, f64)> = points
+        .iter()
+        .filter(|p| p.run.k.is_none())
+        .map(|p| (p.label.clone(), p.perplexity))
+        .collect();
     Ok(FrontierStudy {
-        model: format!("{} ({file})", ctx.model.config().name),
+        model: model_name,
         local: bm.local,
         eval_play: play.to_owned(),
         windows: (count, wlen, prefix),
@@ -1057,7 +1140,50 @@ pub fn run(ctx: &mut Context, llama_cpp: Option<&Path>, play: &str) -> Result<Fr
         dense_f16_llamacpp_positions: on_llamacpp_tokens,
         whole_window,
         restricted: None,
+        reused: reused.sources(&dense_rows),
+        not_run,
     })
+}
+
+/// Where reused figures came from, how far each file's dense rows lie from this run's, and
+/// what `--frontier-reuse-only` left out.
+fn reuse_text(s: &FrontierStudy, out: &mut Section) {
+    if s.reused.is_empty() {
+        return;
+    }
+    let reused = s.points.iter().filter(|p| p.reused_from.is_some()).count();
+    out.text(format!(
+        "{reused} of the {} SWAN configurations take their figures from earlier runs of this \
+         study on the same model, play and windows (`--frontier-reuse`; each point's \
+         `reused_from` in results.json names its file); the dense rows ran again here, and \
+         dense f16 agreed with every file within {:e} (relative). Quantized rows do not repeat \
+         exactly across runs (libtorch's batched products sum in an order that depends on the \
+         configurations sharing a batch; a rounding flip in a code moves a perplexity): the \
+         largest difference of each file's dense rows from this run's is its spread.",
+        s.points.iter().filter(|p| p.run.k.is_some()).count(),
+        super::frontier_reuse::DENSE_F16_AGREEMENT,
+    ));
+    let mut lines = Vec::new();
+    for r in &s.reused {
+        let spread =
+            r.dense_spread.as_ref().map_or("no dense row in common".to_owned(), |(l, x)| {
+                format!("dense rows within {} ({l})", pct(x.abs(), 3))
+            });
+        let when = r.unix_start.map_or(String::new(), |t| format!(", started at Unix time {t}"));
+        lines.push(format!(
+            "* `{}`: {} configurations; written by `{}`{when}; {spread}.",
+            r.file, r.configurations, r.command
+        ));
+    }
+    out.text(lines.join("\n"));
+    if !s.not_run.is_empty() {
+        out.text(format!(
+            "{} SWAN configurations of the plan were measured by no file and left out \
+             (`--frontier-reuse-only`): {}.",
+            s.not_run.len(),
+            s.not_run.join("; ")
+        ));
+    }
 }
 
 fn cell(x: &Option<(String, f64, f64)>, base: f64) -> [String; 3] {
@@ -1082,6 +1208,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             "{r} (the run's choice: the plan's other SWAN configurations were not run)."
         ));
     }
+    reuse_text(s, out);
     if let Some(l) = s.local {
         out.text(format!(
             "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
@@ -1718,6 +1845,7 @@ mod tests {
             global_long_ratio: None,
             frontier_window: false,
             frontier_long: false,
+            reused_from: None,
         }
     }
 
@@ -1735,6 +1863,8 @@ mod tests {
             dense_f16_llamacpp_positions: None,
             whole_window: Vec::new(),
             restricted: None,
+            reused: Vec::new(),
+            not_run: Vec::new(),
         }
     }
 

@@ -12,7 +12,8 @@ use super::findings::{Check, Finding, checks_table, findings_table, lossless_che
 use super::grid::Size;
 use super::report::Report;
 use super::{
-    audio_study, frontier, memory, premise_study, swan_report, swan_study, wnw_report, wnw_study,
+    audio_study, frontier, frontier_reuse, memory, premise_study, swan_report, swan_study,
+    wnw_report, wnw_study,
 };
 use crate::error::{Result, invalid};
 
@@ -57,6 +58,9 @@ pub struct ReproduceArgs {
     /// A restriction of the frontier study's SWAN grid.
     #[command(flatten)]
     pub frontier_grid: frontier::SwanGrid,
+    /// Figures of earlier frontier runs taken into this one.
+    #[command(flatten)]
+    pub frontier_reuse: frontier_reuse::ReuseArgs,
     /// Only these studies (comma-separated: memory, premise, swan, frontier, wnw, audio); the
     /// completeness check then covers only them. For development; the default runs all.
     #[arg(long, value_delimiter = ',')]
@@ -210,7 +214,8 @@ fn frontier_leg(
         ctx.log(&format!("frontier: {line}"));
         Some(line)
     };
-    let mut s = frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play)?;
+    let mut s =
+        frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play, &args.frontier_reuse)?;
     s.restricted = restricted;
     let title = if leg.tag.is_empty() {
         "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
