@@ -958,6 +958,7 @@ pub fn run(
     llama_cpp: Option<&Path>,
     play: &str,
     reuse: &ReuseArgs,
+    one_leg: bool,
 ) -> Result<FrontierStudy> {
     let proj = ctx.projection()?.display().to_string();
     let (count, wlen, prefix) = ctx.plan.frontier_eval;
@@ -982,7 +983,11 @@ pub fn run(
         Reused::none()
     } else {
         let key = LegKey { model: &model_name, play, windows: (count, wlen, prefix), head_dim: d };
-        Reused::load(reuse, key)?
+        let r = Reused::load(reuse, key, one_leg)?;
+        for why in r.skipped() {
+            ctx.log(&format!("frontier: not reused for this leg: {why}"));
+        }
+        r
     };
     let mut runs: Vec<FrontierRun> = ctx.plan.frontier.clone();
     let mut not_run = Vec::new();

@@ -7,7 +7,8 @@
 //! What is reused, and what keeps it honest:
 //! * only SWAN configurations (`papers/swan.txt`, method section) of this run's plan, matched
 //!   by their spec string (projection path elided) and label, from a `results.json` leg of
-//!   the same model, play, windows (count, length, prefix) and head size;
+//!   the same model, play, windows (count, length, prefix) and head size (a file without
+//!   one is an error in a run of one leg, and a printed skip where it may hold another leg);
 //! * the dense rows always run again; the dense f16 perplexity must agree with each file's
 //!   within [`DENSE_F16_AGREEMENT`] (checked before any SWAN configuration runs), otherwise
 //!   the run stops with a typed error — a different model file, text or code path;
@@ -141,29 +142,42 @@ pub struct LegKey<'a> {
 /// The figures loaded for one leg of the study.
 pub struct Reused {
     sources: Vec<Source>,
+    skipped: Vec<String>,
 }
 
 impl Reused {
     /// Nothing to reuse.
     pub fn none() -> Self {
-        Self { sources: Vec::new() }
+        Self { sources: Vec::new(), skipped: Vec::new() }
     }
 
-    /// Reads every file of `args` and keeps the frontier leg matching `key` from each.
+    /// Reads every file of `args` and keeps the frontier leg matching `key` from each. With
+    /// `strict` (a run of one leg) a file without such a leg is an error; otherwise (it may
+    /// hold another leg of the run) it is skipped and said so by [`Reused::skipped`].
     ///
     /// # Errors
     /// [`Error::Io`] / [`Error::Json`] for a file that cannot be read or parsed;
-    /// [`Error::InvalidInput`] for a file with no frontier leg of this model, play, windows
-    /// and head size, or a point with a non-finite or non-positive figure.
-    pub fn load(args: &ReuseArgs, key: LegKey<'_>) -> Result<Self> {
-        let mut sources = Vec::new();
+    /// [`Error::InvalidInput`] for a point with a non-finite or non-positive figure, and with
+    /// `strict` for a file with no frontier leg of this model, play, windows and head size.
+    pub fn load(args: &ReuseArgs, key: LegKey<'_>, strict: bool) -> Result<Self> {
+        let mut out = Self::none();
         for path in &args.files {
-            sources.push(Self::read(path, key)?);
+            match Self::read(path, key)? {
+                Ok(source) => out.sources.push(source),
+                Err(why) if strict => return Err(invalid(OP, why)),
+                Err(why) => out.skipped.push(why),
+            }
         }
-        Ok(Self { sources })
+        Ok(out)
     }
 
-    fn read(path: &Path, key: LegKey<'_>) -> Result<Source> {
+    /// Why each file skipped for this leg was (non-strict loads only).
+    pub fn skipped(&self) -> &[String] {
+        &self.skipped
+    }
+
+    /// The file's leg matching `key`, or (inner `Err`) why it has none.
+    fn read(path: &Path, key: LegKey<'_>) -> Result<std::result::Result<Source, String>> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             op: "read",
             path: path.to_owned(),
@@ -188,23 +202,20 @@ impl Reused {
                         && leg.windows == key.windows
                         && leg.head_dim == key.head_dim
                     {
-                        return Self::source(path, run, leg);
+                        return Self::source(path, run, leg).map(Ok);
                     }
                 }
             }
         }
-        Err(invalid(
-            OP,
-            format!(
-                "{} has no frontier leg of {} on {}, windows {:?}, d_h {} (it has: {})",
-                path.display(),
-                key.model,
-                key.play,
-                key.windows,
-                key.head_dim,
-                if found.is_empty() { "none".to_owned() } else { found.join("; ") }
-            ),
-        ))
+        Ok(Err(format!(
+            "{} has no frontier leg of {} on {}, windows {:?}, d_h {} (it has: {})",
+            path.display(),
+            key.model,
+            key.play,
+            key.windows,
+            key.head_dim,
+            if found.is_empty() { "none".to_owned() } else { found.join("; ") }
+        )))
     }
 
     fn source(path: &Path, run: FileRun, leg: FileLeg) -> Result<Source> {
@@ -371,7 +382,7 @@ mod tests {
             ],
         );
         let args = ReuseArgs { files: vec![a, b], only: false };
-        let mut r = Reused::load(&args, KEY).unwrap();
+        let mut r = Reused::load(&args, KEY, true).unwrap();
         assert!(r.has("swan:k=16", "swan k=16"));
         assert!(!r.has("swan:k=16", "another label"), "spec and label must both match");
         assert!(!r.has("dense:format=f16", "dense f16"), "dense rows are never reused");
@@ -393,27 +404,33 @@ mod tests {
     fn a_disagreeing_dense_f16_or_another_leg_is_refused() {
         let d = dir("refuse");
         let a = file(&d, "a.json", KEY.model, vec![point("dense", "dense f16", "x", 80.0)]);
-        let r = Reused::load(&ReuseArgs { files: vec![a.clone()], only: false }, KEY).unwrap();
+        let r =
+            Reused::load(&ReuseArgs { files: vec![a.clone()], only: false }, KEY, true).unwrap();
         let e = r.check_dense_f16(80.5).unwrap_err().to_string();
         assert!(e.contains("80.5") && e.contains("not comparable"), "{e}");
         let other =
             file(&d, "o.json", "Other (o.gguf)", vec![point("dense", "dense f16", "x", 1.0)]);
-        let e = Reused::load(&ReuseArgs { files: vec![other], only: false }, KEY)
-            .err()
-            .unwrap()
-            .to_string();
+        let others = ReuseArgs { files: vec![other], only: false };
+        let e = Reused::load(&others, KEY, true).err().unwrap().to_string();
         assert!(e.contains("no frontier leg") && e.contains("Other (o.gguf)"), "{e}");
+        // In a run of several legs the file may be another leg's: skipped, and said so.
+        let r = Reused::load(&others, KEY, false).unwrap();
+        assert!(r.is_empty() && r.skipped()[0].contains("Other (o.gguf)"));
         let missing = d.join("missing.json");
-        let e = Reused::load(&ReuseArgs { files: vec![missing], only: false }, KEY).err().unwrap();
+        let e = Reused::load(&ReuseArgs { files: vec![missing], only: false }, KEY, false)
+            .err()
+            .unwrap();
         assert!(matches!(e, Error::Io { .. }), "{e}");
         let bad = d.join("bad.json");
         std::fs::write(&bad, "{ not json").unwrap();
-        let e = Reused::load(&ReuseArgs { files: vec![bad], only: false }, KEY).err().unwrap();
+        let e =
+            Reused::load(&ReuseArgs { files: vec![bad], only: false }, KEY, false).err().unwrap();
         assert!(matches!(e, Error::Json { .. }), "{e}");
         let nan = d.join("nan.json");
         let text = std::fs::read_to_string(&a).unwrap().replace("80.0", "-1.0");
         std::fs::write(&nan, text).unwrap();
-        let e = Reused::load(&ReuseArgs { files: vec![nan], only: false }, KEY).err().unwrap();
+        let e =
+            Reused::load(&ReuseArgs { files: vec![nan], only: false }, KEY, false).err().unwrap();
         assert!(e.to_string().contains("non-positive"), "{e}");
     }
 }

@@ -181,6 +181,7 @@ fn progress(total: usize) -> ProgressBar {
 /// The frontier study on one model (one leg): its section, findings, check and record.
 fn frontier_leg(
     leg: &frontier::Leg,
+    one_leg: bool,
     args: &ReproduceArgs,
     ctx: &mut Context,
     out: &mut Outputs<'_>,
@@ -214,8 +215,13 @@ fn frontier_leg(
         ctx.log(&format!("frontier: {line}"));
         Some(line)
     };
-    let mut s =
-        frontier::run(ctx, args.llama_cpp.as_deref(), &args.frontier_play, &args.frontier_reuse)?;
+    let mut s = frontier::run(
+        ctx,
+        args.llama_cpp.as_deref(),
+        &args.frontier_play,
+        &args.frontier_reuse,
+        one_leg,
+    )?;
     s.restricted = restricted;
     let title = if leg.tag.is_empty() {
         "Frontier: perplexity vs KV bytes against quantized dense KV".to_owned()
@@ -249,18 +255,21 @@ fn study(name: &str, args: &ReproduceArgs, ctx: &mut Context, out: &mut Outputs<
         } else {
             frontier::LegChoice::All
         };
-        for leg in frontier::legs(ctx.model_path(), &gemma, choice) {
+        let legs = frontier::legs(ctx.model_path(), &gemma, choice);
+        // A reused file matching no leg is an error only where it cannot be another leg's.
+        let one_leg = legs.iter().filter(|l| l.model.is_ok()).count() <= 1;
+        for leg in legs {
             match (&leg.model, leg.tag.is_empty()) {
                 (Err(_), _) => {
                     let line = leg.skip_line().unwrap_or_default();
                     ctx.log(&line);
                     out.report.section(&format!("Frontier on {}: skipped", leg.title)).text(line);
                 }
-                (Ok(_), true) => frontier_leg(&leg, args, ctx, out)?,
+                (Ok(_), true) => frontier_leg(&leg, one_leg, args, ctx, out)?,
                 (Ok(path), false) => {
                     ctx.log(&format!("frontier: the {} leg on {}", leg.title, path.display()));
                     let mut further = ctx.for_model(path)?;
-                    frontier_leg(&leg, args, &mut further, out)?;
+                    frontier_leg(&leg, one_leg, args, &mut further, out)?;
                 }
             }
         }
