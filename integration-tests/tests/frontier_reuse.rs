@@ -20,6 +20,7 @@ fn args(out: std::path::PathBuf, values: &[&str], reuse: ReuseArgs) -> Reproduce
         primary_model_only: true,
         frontier_external_only: false,
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
+        frontier_windows: None,
         frontier_grid: SwanGrid {
             k_eighths: vec![2],
             values: values.iter().map(|v| (*v).to_owned()).collect(),

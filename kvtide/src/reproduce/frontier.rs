@@ -34,6 +34,7 @@ use serde::Serialize;
 use super::Context;
 use super::decode::{Trace, group_by_weights, teacher_force_texts};
 use super::findings::{Check, Finding};
+use super::frontier_peer::{self, PeerGap};
 use super::frontier_reuse::{LegKey, Measured, ReuseArgs, ReuseSource, Reused};
 use super::plot::Plot;
 use super::report::{Section, Table, num, pct};
@@ -680,6 +681,11 @@ pub struct External {
     pub status: String,
     /// `(cache type, perplexity)` rows.
     pub rows: Vec<(String, f64)>,
+    /// `(cache type, mean NLL of each window)` over the positions the tool scores (from its
+    /// running perplexities, [`frontier_peer::chunk_nlls`]); a type whose output did not
+    /// give one figure per window is absent.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<(String, Vec<f64>)>,
 }
 
 /// Everything the study measured.
@@ -710,6 +716,10 @@ pub struct FrontierStudy {
     /// perplexity over the positions llama.cpp's tool scores. Computed when the external
     /// check ran (empty without `--llama-cpp` or when the tool could not run).
     pub whole_window: Vec<(String, f64)>,
+    /// The same configurations' mean NLL on each window alone (llama.cpp's positions), for
+    /// the gaps' resolution ([`frontier_peer::peer_gap`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub whole_window_nll: Vec<(String, Vec<f64>)>,
     /// How the plan's SWAN grid was restricted ([`SwanGrid::describe`]), if it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restricted: Option<String>,
@@ -737,6 +747,90 @@ impl FrontierStudy {
         let ppl = |l: &str| self.whole_window.iter().find(|(x, _)| x == l).map(|r| r.1);
         Some(ppl(label)? / ppl("dense f16")? - 1.0)
     }
+
+    /// llama.cpp KV type `ty` against its counterpart `label`, window by window (both under
+    /// llama.cpp's condition), when both tools gave per-window figures.
+    pub fn peer_gap(&self, ty: &str, label: &str) -> Option<PeerGap> {
+        let series = |v: &[(String, Vec<f64>)], key: &str| {
+            v.iter().find(|(x, _)| x == key).map(|(_, w)| w.clone())
+        };
+        let (kv, kv16) =
+            (series(&self.whole_window_nll, label)?, series(&self.whole_window_nll, "dense f16")?);
+        let (lc, lc16) =
+            (series(&self.external.windows, ty)?, series(&self.external.windows, "f16")?);
+        frontier_peer::peer_gap(&kv, &kv16, &lc, &lc16)
+    }
+}
+
+/// The resolution of the external check: each of llama.cpp's quantized KV types against its
+/// counterpart, with the gap's jackknife standard error over the windows, and the costs of
+/// every window alone (absent when either tool gave no per-window figures).
+fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
+    let gaps: Vec<(&str, &str, PeerGap)> = LLAMACPP_COUNTERPARTS
+        .iter()
+        .filter(|(ty, _)| *ty != "f16")
+        .filter_map(|&(ty, label)| Some((ty, label, s.peer_gap(ty, label)?)))
+        .collect();
+    if gaps.is_empty() {
+        return;
+    }
+    let n = s.windows.0;
+    let pp = |x: f64| format!("{:+.2}", 100.0 * x);
+    let mut g = Table::new(
+        &leg.name("frontier_peer_gaps"),
+        &format!("The peer gaps and their resolution over the {n} windows (llama.cpp's condition)"),
+        &[
+            "llama.cpp KV",
+            "kvtide counterpart",
+            "kvtide vs f16",
+            "llama.cpp vs f16",
+            "gap (pp)",
+            "jackknife SE (pp)",
+            "one window's gap (pp): min … max",
+            "windows where kvtide costs more",
+        ],
+    );
+    for (ty, label, p) in &gaps {
+        let (lo, hi) = p.window_gaps().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
+        g.row(vec![
+            (*ty).to_owned(),
+            (*label).to_owned(),
+            pct(p.kvtide, 2),
+            pct(p.llamacpp, 2),
+            pp(p.gap),
+            format!("{:.2}", 100.0 * p.se),
+            format!("{} … {}", pp(lo), pp(hi)),
+            format!("{} of {n}", p.window_gaps().filter(|x| *x > 0.0).count()),
+        ]);
+    }
+    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows.");
+    out.table(g);
+    let mut w = Table::new(
+        &leg.name("frontier_peer_windows"),
+        "Each window alone: costs over each tool's own f16 (llama.cpp's condition)",
+        &[
+            "window",
+            "llama.cpp KV",
+            "kvtide counterpart",
+            "kvtide vs f16",
+            "llama.cpp vs f16",
+            "gap (pp)",
+        ],
+    );
+    for i in 0..n {
+        for (ty, label, p) in &gaps {
+            let Some(&(k, l)) = p.windows.get(i) else { continue };
+            w.row(vec![
+                (i + 1).to_string(),
+                (*ty).to_owned(),
+                (*label).to_owned(),
+                pct(k, 2),
+                pct(l, 2),
+                pp(k - l),
+            ]);
+        }
+    }
+    out.table(w);
 }
 
 /// The grid label of llama.cpp KV type `ty`'s counterpart.
@@ -799,14 +893,14 @@ fn external(ctx: &Context, dir: Option<&Path>, text: &str, windows: (usize, usiz
     let Some(dir) = dir else {
         let status = "skipped: no --llama-cpp DIR given (build the tools with ../shared/recipes/llamacpp-peer.sh)";
         ctx.log(&format!("frontier external check {status}"));
-        return External { status: status.into(), rows: Vec::new() };
+        return External { status: status.into(), ..External::default() };
     };
     match run_external(ctx, dir, text, windows) {
-        Ok(rows) => External { status: "ran".into(), rows },
+        Ok((rows, windows)) => External { status: "ran".into(), rows, windows },
         Err(e) => {
             let status = format!("skipped: {e}");
             ctx.log(&format!("frontier external check {status}"));
-            External { status, rows: Vec::new() }
+            External { status, ..External::default() }
         }
     }
 }
@@ -816,7 +910,7 @@ fn run_external(
     dir: &Path,
     text: &str,
     (count, len): (usize, usize),
-) -> Result<Vec<(String, f64)>> {
+) -> Result<ExternalRows> {
     let tool = |name: &str| {
         let p = dir.join(name);
         if p.is_file() {
@@ -848,7 +942,7 @@ fn run_external(
     let text_file = std::env::temp_dir().join("kvtide-frontier-eval.txt");
     std::fs::write(&text_file, text).map_err(|e| invalid("frontier text", e.to_string()))?;
     let threads = ctx.plan.threads.to_string();
-    let mut rows = Vec::new();
+    let (mut rows, mut per_window) = (Vec::new(), Vec::new());
     for ty in ["f16", "q8_0", "q4_0"] {
         let out = Command::new(&perplexity)
             .arg("-m")
@@ -874,8 +968,32 @@ fn run_external(
             })?;
         ctx.log(&format!("frontier external: llama.cpp -ctk/-ctv {ty}: ppl {ppl:.4}"));
         rows.push((ty.to_owned(), ppl));
+        let nll = frontier_peer::chunk_nlls(&all);
+        if nll.len() == count {
+            per_window.push((ty.to_owned(), nll));
+        } else {
+            ctx.log(&format!(
+                "frontier external: llama.cpp -ctk/-ctv {ty}: {} per-chunk figures for {count} windows; its gaps' resolution is not computed",
+                nll.len()
+            ));
+        }
     }
-    Ok(rows)
+    Ok((rows, per_window))
+}
+
+/// llama.cpp's perplexity per KV type, and its mean NLL per window where the tool's output
+/// gave one per window.
+type ExternalRows = (Vec<(String, f64)>, Vec<(String, Vec<f64>)>);
+
+/// Mean NLL of each trace over its scored tokens from index `skip` on.
+fn window_nlls(traces: &[Trace], skip: usize) -> Vec<f64> {
+    traces
+        .iter()
+        .map(|t| {
+            let kept = t.nll.get(skip..).unwrap_or(&[]);
+            kept.iter().sum::<f64>() / kept.len().max(1) as f64
+        })
+        .collect()
 }
 
 /// Perplexity over each trace's scored tokens from index `skip` on (the positions
@@ -890,12 +1008,14 @@ fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
 
 /// The study's counterparts of llama.cpp's KV types, in the grid's labels (the first of a
 /// type is the one its target judges; `q8_0`'s second is the same cache scored with int8
-/// queries, as llama.cpp scores it, where the CPU has the integer products).
-const LLAMACPP_COUNTERPARTS: [(&str, &str); 4] = [
+/// queries, as llama.cpp scores it, where the CPU has the integer products; `q4_0`'s second
+/// rotates the values alone, the full grid's `hadamard-v`).
+const LLAMACPP_COUNTERPARTS: [(&str, &str); 5] = [
     ("f16", "dense f16"),
     ("q8_0", "dense int8 rotate=hadamard"),
     ("q4_0", "dense int4 rotate=hadamard"),
     ("q8_0", "dense int8 rotate=hadamard queries=int8"),
+    ("q4_0", "dense int4 rotate=hadamard-v"),
 ];
 
 /// The counterparts of llama.cpp's KV types under llama.cpp's conditions: the tool runs each
@@ -908,7 +1028,7 @@ fn whole_window(
     windows: &[Vec<u32>],
     runs: &[FrontierRun],
     skip: usize,
-) -> Result<Vec<(String, f64)>> {
+) -> Result<WholeWindow> {
     let chosen: Vec<&FrontierRun> = LLAMACPP_COUNTERPARTS
         .iter()
         .filter_map(|(_, label)| runs.iter().find(|r| r.label() == *label))
@@ -922,6 +1042,7 @@ fn whole_window(
     }))?;
     let texts: Vec<(&[u32], &[u32])> = windows.iter().map(|w| w.split_at(1)).collect();
     let mut out = vec![(String::new(), f64::NAN); chosen.len()];
+    let mut nll = vec![(String::new(), Vec::new()); chosen.len()];
     for (model, members) in &groups {
         let t0 = std::time::Instant::now();
         let mut batch = Vec::new();
@@ -938,6 +1059,7 @@ fn whole_window(
                 chosen[i].label()
             ));
             out[i] = (chosen[i].label(), ppl);
+            nll[i] = (chosen[i].label(), window_nlls(ts, skip));
         }
         ctx.log(&format!(
             "frontier whole-window: {} configurations × {} windows in {:.0} s",
@@ -946,8 +1068,11 @@ fn whole_window(
             t0.elapsed().as_secs_f64()
         ));
     }
-    Ok(out)
+    Ok((out, nll))
 }
+
+/// The counterparts' perplexities under llama.cpp's condition, and their mean NLL per window.
+type WholeWindow = (Vec<(String, f64)>, Vec<(String, Vec<f64>)>);
 
 /// Runs every configuration of the plan's frontier grid on windows of `play`.
 ///
@@ -1123,10 +1248,10 @@ pub fn run(
         models::load::text::read_text(&crate::paths::plays_dir().join(format!("{play}.md")))?;
     let external = external(ctx, llama_cpp, &text, (count, wlen));
     // Only worth its decode when there are peer rows to compare with.
-    let whole_window = if !external.rows.is_empty() {
+    let (whole_window, whole_window_nll) = if !external.rows.is_empty() {
         whole_window(ctx, &windows, &runs, wlen / 2)?
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     let dense_rows: Vec<(String, f64)> = points
         .iter()
@@ -1144,6 +1269,7 @@ pub fn run(
         external,
         dense_f16_llamacpp_positions: on_llamacpp_tokens,
         whole_window,
+        whole_window_nll,
         restricted: None,
         reused: reused.sources(&dense_rows),
         not_run,
@@ -1339,6 +1465,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         ));
     }
     out.table(e);
+    peer_gap_tables(s, leg, out);
     // One line per SWAN encoding along k, and one per dense rotation across the formats.
     let line = |keep: &dyn Fn(&FrontierRun) -> bool| -> Vec<(f64, f64)> {
         let mut v: Vec<(f64, f64)> = s
@@ -1599,6 +1726,13 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                     pct(c4, 2),
                     100.0 * (w4 - c4).abs()
                 );
+                let se = |ty, l| s.peer_gap(ty, l).map(|g| format!("{:.2}", 100.0 * g.se));
+                if let (Some(e8), Some(e4)) = (se("q8_0", i8l), se("q4_0", i4l)) {
+                    detail = format!(
+                        "{detail}; gaps' jackknife SE over the {} windows: int8 {e8} pp, int4 {e4} pp",
+                        s.windows.0
+                    );
+                }
             }
             // The same cache scored with int8 queries, as llama.cpp scores q8_0 (reported,
             // not judged: the target names the f32-query setting).
@@ -1611,6 +1745,19 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                 detail = format!(
                     "{detail}; with int8 queries (as llama.cpp scores q8_0): {w}, half prefilled {}",
                     pct(h8, 2)
+                );
+            }
+            // The values-only rotation beside it (reported, not judged: the target names
+            // llama.cpp's rotation).
+            let v4l = "dense int4 rotate=hadamard-v";
+            if let Some(v4) = ours(v4l) {
+                let w = s.whole_window_cost(v4l).map_or_else(
+                    || "whole window not measured".to_owned(),
+                    |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - c4).abs()),
+                );
+                detail = format!(
+                    "{detail}; int4 with the values alone rotated (hadamard-v): {w}, half prefilled {}",
+                    pct(v4, 2)
                 );
             }
             out.push(Finding::new(
@@ -1651,6 +1798,7 @@ pub fn formula_bytes(s: &FrontierStudy, leg: &Leg) -> Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reproduce::report::Report;
 
     #[test]
     fn a_restricted_swan_grid_keeps_the_dense_rows_and_refuses_what_the_plan_lacks() {
@@ -1864,9 +2012,10 @@ mod tests {
             head_dim,
             points,
             budgets: Vec::new(),
-            external: External { status: "skipped".into(), rows: Vec::new() },
+            external: External { status: "skipped".into(), ..External::default() },
             dense_f16_llamacpp_positions: None,
             whole_window: Vec::new(),
+            whole_window_nll: Vec::new(),
             restricted: None,
             reused: Vec::new(),
             not_run: Vec::new(),
@@ -1884,6 +2033,7 @@ mod tests {
             external: External {
                 status: "ran".into(),
                 rows: vec![("f16".into(), 80.0), ("q8_0".into(), 80.08), ("q4_0".into(), 84.0)],
+                ..External::default()
             },
             dense_f16_llamacpp_positions: Some(80.0),
             ..study(64, points)
@@ -1920,6 +2070,70 @@ mod tests {
         assert!(f.holds, "{}", f.evidence);
         let want = "with int8 queries (as llama.cpp scores q8_0): whole window 0.10 % (0.00 pp)";
         assert!(f.evidence.contains(want), "{}", f.evidence);
+        // The values-only rotation of int4 is reported beside q4_0, not judged.
+        s.points.push(point(FrontierRun::dense("int4", "hadamard-v"), 103.0));
+        s.whole_window.push(("dense int4 rotate=hadamard-v".into(), 94.5));
+        let f = peer(&s);
+        assert!(f.holds, "{}", f.evidence);
+        let want = "values alone rotated (hadamard-v): whole window 5.00 % (0.00 pp), half prefilled 3.00 %";
+        assert!(f.evidence.contains(want), "{}", f.evidence);
+    }
+
+    /// With per-window figures from both tools the report gives each gap's resolution and
+    /// every window's costs; the finding quotes the standard error.
+    #[test]
+    fn the_peer_gaps_come_with_their_resolution_over_the_windows() {
+        let runs =
+            [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 104.0)];
+        let points = runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+        let f16 = vec![4.0, 4.4, 4.2, 3.8];
+        let shift = |d: &[f64]| f16.iter().zip(d).map(|(m, x)| m + x).collect::<Vec<f64>>();
+        let mut s = FrontierStudy {
+            windows: (4, 1024, 512),
+            external: External {
+                status: "ran".into(),
+                rows: vec![("f16".into(), 80.0), ("q8_0".into(), 80.08), ("q4_0".into(), 84.0)],
+                windows: vec![
+                    ("f16".into(), f16.clone()),
+                    ("q8_0".into(), shift(&[0.001; 4])),
+                    ("q4_0".into(), shift(&[0.05, 0.04, 0.06, 0.05])),
+                ],
+            },
+            dense_f16_llamacpp_positions: Some(80.0),
+            whole_window: vec![
+                ("dense f16".into(), 90.0),
+                ("dense int8 rotate=hadamard".into(), 90.09),
+                ("dense int4 rotate=hadamard".into(), 96.0),
+            ],
+            whole_window_nll: vec![
+                ("dense f16".into(), f16.clone()),
+                ("dense int8 rotate=hadamard".into(), shift(&[0.001; 4])),
+                ("dense int4 rotate=hadamard".into(), shift(&[0.05, 0.04, 0.26, 0.05])),
+            ],
+            ..study(64, points)
+        };
+        let g = s.peer_gap("q4_0", "dense int4 rotate=hadamard").expect("both tools per window");
+        assert!((g.windows[2].0 - (0.26_f64.exp() - 1.0)).abs() < 1e-12);
+        assert!(g.gap > 0.0 && g.se > 0.3 * g.gap, "{g:?}");
+        let q8 = s.peer_gap("q8_0", "dense int8 rotate=hadamard").unwrap();
+        assert!(q8.gap.abs() < 1e-12 && q8.se < 1e-12);
+        let mut report = Report::default();
+        let leg = Leg { tag: "", title: "test model", model: Ok(PathBuf::from("m.gguf")) };
+        section(&s, &leg, report.section("frontier"));
+        let table = |name: &str| report.tables().find(|t| t.name == name).cloned();
+        let gaps = table("frontier_peer_gaps").expect("gap table");
+        assert_eq!(gaps.rows.len(), 2);
+        assert_eq!(gaps.rows[1][0], "q4_0");
+        assert_eq!(gaps.rows[1][7], "1 of 4");
+        assert_eq!(table("frontier_peer_windows").expect("window table").rows.len(), 8);
+        let f = leg_findings(&s).into_iter().find(|f| f.id == "frontier-llamacpp").unwrap();
+        assert!(f.evidence.contains("jackknife SE"), "{}", f.evidence);
+        // A tool without per-window figures: no resolution, no tables, the finding as before.
+        s.external.windows.clear();
+        assert!(s.peer_gap("q4_0", "dense int4 rotate=hadamard").is_none());
+        let mut report = Report::default();
+        section(&s, &leg, report.section("frontier"));
+        assert!(report.tables().all(|t| !t.name.starts_with("frontier_peer")));
     }
 
     /// The half-k target keeps its symmetric definition; the best split at the same bytes

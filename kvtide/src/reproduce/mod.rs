@@ -14,7 +14,8 @@
 //! * Against the formats runtimes already have: [`frontier`] — perplexity vs KV bytes for
 //!   dense f16 / fp8 / int8 / int4 (unrotated, Hadamard, calibrated) and SWAN under every
 //!   row encoding, the non-dominated frontier, and llama.cpp's own figures on the same text.
-//!   A grid too large for one sitting is measured in parts and assembled: [`frontier_reuse`].
+//!   A grid too large for one sitting is measured in parts and assembled: [`frontier_reuse`];
+//!   how precisely the peer comparison's gaps are known, window by window: [`frontier_peer`].
 //! * Output: [`report`] and [`plot`]; claims and enforced checks: [`findings`]; the grids
 //!   (and the `--quick` CI plan): [`grid`].
 //!
@@ -28,6 +29,7 @@ pub mod corpus;
 pub mod decode;
 pub mod findings;
 pub mod frontier;
+pub mod frontier_peer;
 pub mod frontier_reuse;
 pub mod grid;
 pub mod memory;

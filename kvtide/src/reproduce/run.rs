@@ -46,7 +46,7 @@ pub struct ReproduceArgs {
     #[arg(long)]
     pub primary_model_only: bool,
     /// The frontier study reduced to llama.cpp's counterparts (dense f16, Hadamard int8 and
-    /// int4) on its full windows, with the external check: the peer comparison in minutes,
+    /// int4, and int4 with its values alone rotated where the plan has it) on its full windows, with the external check: the peer comparison in minutes,
     /// without the SWAN grid.
     #[arg(long)]
     pub frontier_external_only: bool,
@@ -55,6 +55,12 @@ pub struct ReproduceArgs {
     /// how a figure moves with the text.
     #[arg(long, default_value = super::corpus::SWAN_EVAL_PLAY)]
     pub frontier_play: String,
+    /// How many windows the frontier study scores (the plan's own otherwise: 8 of 1024
+    /// tokens at full size): more windows narrow each figure's resolution and take
+    /// proportionally longer; the play must hold them all. Earlier runs on another count are
+    /// not reused.
+    #[arg(long)]
+    pub frontier_windows: Option<usize>,
     /// A restriction of the frontier study's SWAN grid.
     #[command(flatten)]
     pub frontier_grid: frontier::SwanGrid,
@@ -187,6 +193,15 @@ fn frontier_leg(
     out: &mut Outputs<'_>,
 ) -> Result<()> {
     check_frontier_play(&args.frontier_play)?;
+    if let Some(n) = args.frontier_windows {
+        if n == 0 {
+            return Err(invalid(
+                "reproduce --frontier-windows",
+                "expected at least 1 window, got 0",
+            ));
+        }
+        ctx.plan.frontier_eval.0 = n;
+    }
     if ctx.model_path().file_name() != Some(std::ffi::OsStr::new(crate::paths::DEFAULT_MODEL)) {
         let d = ctx.model.config().head_dim;
         ctx.plan.further_model_frontier(d);
