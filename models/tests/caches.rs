@@ -99,6 +99,9 @@ fn bad_specs_are_typed_errors() {
         "swan+tiered:span=0..8,select=query",
         "swan:norm=whiten",
         "swan+tiered:span=0..8,norm=eigen",
+        "swan:ring=int4,ring_rotate=calibrated",
+        "dense:ring_rotate=kv-shuffle",
+        "dense:ring_rotate=sideways",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }

@@ -196,6 +196,10 @@ fn lossless_caches_equal_dense_on_global_layers_and_windows() {
         "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=hadamard,threads=2",
         "dense:format=f32,rotate=hadamard,threads=2",
         "tiered:span=64..576,lossless,format=f32,ring=f32,threads=2",
+        // The rings in a basis of their own (values absorbed, keys rotated by a float ring
+        // or not): still lossless.
+        "swan:k=256,kv=256,value=f32,buffer=f32,b=16,basis=hadamard,ring=f32,ring_rotate=hadamard-v,threads=2",
+        "dense:format=f32,ring_rotate=hadamard,threads=2",
     ] {
         let (got, _) = decode_logits(&ckpt, spec, c);
         for (i, (a, b)) in dense.iter().zip(&got).enumerate() {
@@ -203,6 +207,40 @@ fn lossless_caches_equal_dense_on_global_layers_and_windows() {
             assert!(err < 1e-3, "{spec} step {i}: max abs logit difference {err:e} vs dense");
         }
     }
+}
+
+/// A quantized ring stores its keys and values in `ring_rotate`'s basis, whatever the global
+/// layers' basis. int8 rings in Walsh–Hadamard coordinates beside unrotated f32 global
+/// layers attend as a Hadamard-rotated cache with the same rings does, and unrotated rings
+/// beside Hadamard-rotated global layers as an unrotated cache — up to the int8 rounding
+/// flips that f32 rounding in the other basis causes, well under what the rings' basis
+/// itself changes; naming the spec's own basis changes nothing at all.
+#[test]
+fn a_ring_rotation_stores_the_rings_in_its_own_basis() {
+    let f = fixture();
+    let c = case(&f, "long");
+    let ckpt = checkpoint();
+    let run = |spec: &str| decode_logits(&ckpt, spec, c).0;
+    let rotated = run("dense:format=f32,rotate=hadamard,ring=int8,threads=2");
+    let plain = run("dense:format=f32,ring=int8,threads=2");
+    let diff = |x: &[Tensor], y: &[Tensor]| {
+        x.iter().zip(y).map(|(a, b)| (a - b).abs().max().double_value(&[])).fold(0.0, f64::max)
+    };
+    let basis = diff(&rotated, &plain);
+    let to_hadamard =
+        diff(&rotated, &run("dense:format=f32,ring=int8,ring_rotate=hadamard,threads=2"));
+    let to_plain =
+        diff(&plain, &run("dense:format=f32,rotate=hadamard,ring=int8,ring_rotate=none,threads=2"));
+    let own = diff(
+        &rotated,
+        &run("dense:format=f32,rotate=hadamard,ring=int8,ring_rotate=hadamard,threads=2"),
+    );
+    eprintln!(
+        "int8 rings: the basis moves logits by {basis:e}; ring_rotate=hadamard {to_hadamard:e}, ring_rotate=none {to_plain:e} from the cache with those rings; the spec's own basis {own:e}"
+    );
+    assert_eq!(own, 0.0, "ring_rotate naming the spec's own basis changed the logits");
+    assert!(to_hadamard < 0.3 * basis, "ring_rotate=hadamard: {to_hadamard:e} vs {basis:e}");
+    assert!(to_plain < 0.3 * basis, "ring_rotate=none: {to_plain:e} vs {basis:e}");
 }
 
 #[test]

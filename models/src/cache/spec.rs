@@ -32,7 +32,11 @@
 //! window ([`crate::cache::WindowedCache`]) in this format (default: the format of a `dense`
 //! spec — so `dense:format=int4` quantizes every layer, as llama.cpp's `-ctk/-ctv q4_0`
 //! does — the buffer format of a SWAN spec, f16 otherwise). A quantized ring stores q/k in
-//! the basis the spec rotates into (`rotate=` of a dense spec, `basis=` of a SWAN spec). SWAN
+//! the basis the spec rotates into (`rotate=` of a dense spec, `basis=` of a SWAN spec), or
+//! in `ring_rotate=none|hadamard|hadamard-v|random[:seed]` when given: the model then absorbs
+//! that basis's v/o rotation on the local layers (the spec's own on the others) and a
+//! quantized ring rotates q/k by its q/k half — a 4-bit ring, say, in Walsh–Hadamard
+//! coordinates beside SWAN's calibrated global layers. SWAN
 //! defaults are the paper's operating point: `k = kv = head_dim/2`, fp8 values with
 //! per-head scales, `b = 128`, f16 buffer, calibrated basis. `basis` is `calibrated`
 //! (needs a `ProjectionSet` file: `proj=PATH`, or the default the application supplies through
@@ -175,6 +179,9 @@ pub struct CacheSpec {
     /// Row format of the local layers' window rings (`ring=`; `None`: follow the spec, see
     /// the module docs).
     pub ring: Option<DenseStorage>,
+    /// The basis the local layers' rings store K/V in when it is not the spec's own
+    /// (`ring_rotate=`; `None`: the spec's, see the module docs).
+    pub ring_rotate: Option<BasisKind>,
     /// Query precision of the score products over int8 keys (`queries=`; `None`: f32).
     pub queries: Option<attn_kernels::QueryPrecision>,
     text: String,
@@ -403,6 +410,32 @@ impl FromStr for CacheSpec {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
         let ring = storage_param(&mut p, "ring")?;
+        let ring_rotate = match p.take("ring_rotate") {
+            None => None,
+            Some("none") => Some(BasisKind::Identity),
+            Some(r) => {
+                let kind = r
+                    .parse::<BasisKind>()
+                    .map_err(|e| spec_err(text, format!("ring_rotate: {e}")))?;
+                if !matches!(
+                    kind,
+                    BasisKind::Identity
+                        | BasisKind::Random { .. }
+                        | BasisKind::Hadamard
+                        | BasisKind::HadamardValues
+                ) {
+                    return Err(spec_err(
+                        text,
+                        format!(
+                            "ring_rotate={r}: expected none, identity, hadamard, hadamard-v or \
+                             random[:seed] (a calibrated basis is the spec's own: leave \
+                             ring_rotate out)"
+                        ),
+                    ));
+                }
+                Some(kind)
+            }
+        };
         let queries = p.parse_opt::<attn_kernels::QueryPrecision>("queries")?;
         let kind = match name {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
@@ -434,7 +467,7 @@ impl FromStr for CacheSpec {
             }
         };
         p.finish()?;
-        Ok(Self { kind, threads, ring, queries, text: text.to_string() })
+        Ok(Self { kind, threads, ring, ring_rotate, queries, text: text.to_string() })
     }
 }
 
@@ -523,15 +556,21 @@ impl CacheSpec {
     /// [`CacheSpec::parts`] before the query precision is set.
     fn layered_parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
         let Some(local) = model.config().local_attention.clone() else {
-            let (model, make, _) = self.global_parts(model, None)?;
+            let (model, make, _) = self.global_parts(model, None, None)?;
             return Ok((model, make));
         };
         let layers = crate::cache::global_layers(&local);
-        let (model, make, set) = self.global_parts(model, Some(&layers))?;
-        let (format, threads) = (self.ring_format(), self.threads.unwrap_or_else(default_threads));
-        // A quantized ring stores q/k in the basis the spec rotates into (its values already
-        // are: the model absorbed the whole set); a float ring attends the same either way.
         let locals: Vec<usize> = (0..local.local.len()).filter(|&i| local.local[i]).collect();
+        let ring_set = match self.ring_rotate {
+            Some(basis) if !locals.is_empty() => Some(projection_set(basis, None, model)?),
+            _ => None,
+        };
+        let ring = ring_set.as_ref().map(|set| (locals.as_slice(), set));
+        let (model, make, set) = self.global_parts(model, Some(&layers), ring)?;
+        let (format, threads) = (self.ring_format(), self.threads.unwrap_or_else(default_threads));
+        // A quantized ring stores q/k in the basis the model's set gives its layer — the
+        // spec's own, or `ring_rotate`'s — (its values already are: the model absorbed the
+        // whole set); a float ring attends the same either way.
         let rotation = match (format, set) {
             (DenseStorage::Quant(_), Some(set)) if !locals.is_empty() => {
                 Some(Arc::new(select_layers(&set, &locals)?))
@@ -554,6 +593,7 @@ impl CacheSpec {
         &self,
         model: &Llama,
         layers: Option<&[usize]>,
+        ring: Option<(&[usize], &ProjectionSet)>,
     ) -> Result<(Llama, CacheMaker<'_>, Option<ProjectionSet>)> {
         let full = CacheShape::of(model.config())?;
         let shape = CacheShape { layers: layers.map_or(full.layers, <[usize]>::len), ..full };
@@ -565,41 +605,80 @@ impl CacheSpec {
                 None => set.clone(),
             }))
         };
+        // The model absorbs the whole set, its `ring` layers' bases taken from the ring
+        // rotation when the spec names one; it is returned for the rings' own rotation.
+        let absorb = |full: &ProjectionSet| -> Result<(Llama, ProjectionSet)> {
+            let set = match ring {
+                Some((locals, r)) => with_layers_of(full, r, locals)?,
+                None => full.clone(),
+            };
+            Ok((model.absorb_vo(&set)?, set))
+        };
+        // A spec without a rotation of its own: unrotated layers beside the rings' basis.
+        let unrotated = || -> Result<(Llama, Option<ProjectionSet>)> {
+            if ring.is_none() {
+                return Ok((model.clone(), None));
+            }
+            let (m, set) = absorb(&projection_set(BasisKind::Identity, None, model)?)?;
+            Ok((m, Some(set)))
+        };
         Ok(match &self.kind {
             CacheKind::Dense(spec) => match spec.rotate {
                 None => {
+                    let (m, set) = unrotated()?;
                     let make = move || dense(shape, spec.format, None, threads);
-                    (model.clone(), Box::new(make), None)
+                    (m, Box::new(make), set)
                 }
                 Some(basis) => {
                     let full = projection_set(basis, spec.proj.as_deref(), model)?;
-                    let absorbed = model.absorb_vo(&full)?;
+                    let (absorbed, whole) = absorb(&full)?;
                     let set = served(&full)?;
                     let make = move || dense(shape, spec.format, Some(set.clone()), threads);
-                    (absorbed, Box::new(make), Some(full))
+                    (absorbed, Box::new(make), Some(whole))
                 }
             },
             CacheKind::Swan(swan) => {
                 let full = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
-                let absorbed = model.absorb_vo(&full)?;
+                let (absorbed, whole) = absorb(&full)?;
                 let set = served(&full)?;
                 let make = move || swan_cache(shape, cfg, set.clone(), threads);
-                (absorbed, Box::new(make), Some(full))
+                (absorbed, Box::new(make), Some(whole))
             }
             CacheKind::Tiered(t) => {
-                (model.clone(), Box::new(move || t.build(shape, None, threads)), None)
+                let (m, set) = unrotated()?;
+                (m, Box::new(move || t.build(shape, None, threads)), set)
             }
             CacheKind::SwanTiered(swan, t) => {
                 let full = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
-                let absorbed = model.absorb_vo(&full)?;
+                let (absorbed, whole) = absorb(&full)?;
                 let set = served(&full)?;
                 let make = move || t.build(shape, Some((cfg, set.clone())), threads);
-                (absorbed, Box::new(make), Some(full))
+                (absorbed, Box::new(make), Some(whole))
             }
         })
     }
+}
+
+/// `set` with the bases of `layers` taken from `other` (a set of the same model): the
+/// local layers' ring rotation beside the spec's own basis on the others.
+fn with_layers_of(
+    set: &ProjectionSet,
+    other: &ProjectionSet,
+    layers: &[usize],
+) -> Result<ProjectionSet> {
+    let d = set.dims();
+    let (mut qk, mut vo) = (Vec::new(), Vec::new());
+    for layer in 0..d.layers() {
+        let from = if layers.contains(&layer) { other } else { set };
+        for h in 0..d.kv_heads() {
+            qk.push(from.basis(Stream::Qk, layer, h)?.clone());
+            vo.push(from.basis(Stream::Vo, layer, h)?.clone());
+        }
+    }
+    let dims = ModelDims::new(d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())?;
+    Ok(ProjectionSet::from_parts(dims, qk, vo, None, set.provenance().clone())?)
 }
 
 /// The bases of `layers` (in order) of `set`, as a set for a model of those layers alone.
