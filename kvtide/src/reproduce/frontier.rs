@@ -19,7 +19,9 @@
 //! layers (Gemma 3) the caches serve the global layers and the local layers keep a dense
 //! ring of their window — in a dense configuration's own format (a quantized one quantizes
 //! every layer, as llama.cpp's `-ctk/-ctv` does), f16 for SWAN — and each SWAN
-//! configuration with 8-bit values runs once more with `int8` rings ([`add_int8_rings`]);
+//! configuration with 8-bit values runs once more with `int8` rings ([`add_int8_rings`]),
+//! and each int8 bitmask one with `int4` rings in Walsh–Hadamard coordinates
+//! ([`add_int4_rings`]);
 //! the budgets count both (ring bytes included, dense f16 of the same windowed model as the
 //! reference), and a third measure counts the global layers alone, the part a cache format
 //! changes. Bitmask 8-bit SWAN configurations also run with query-weighted key selection
@@ -222,6 +224,10 @@ pub struct FrontierRun {
     /// spec's default (a dense configuration's own format, a SWAN configuration's f16
     /// buffer format): `int8` (`q8_0` blocks) for a SWAN configuration.
     pub ring: Option<&'static str>,
+    /// The rings' own basis when it is not the spec's (`ring_rotate=`): `hadamard-v` for
+    /// `int4` rings — values in Walsh–Hadamard blocks, keys unrotated — as 4-bit codes
+    /// collapse in the calibrated basis.
+    pub ring_rotate: Option<&'static str>,
     /// SWAN key selection when it is not the paper's magnitude rule: `query` (magnitude
     /// weighted by the queries' RMS along each basis vector, `select=query`).
     pub select: Option<&'static str>,
@@ -233,14 +239,41 @@ pub struct FrontierRun {
 impl FrontierRun {
     fn dense(values: &'static str, rotate: &'static str) -> Self {
         let (index, k, kv, buffer, queries, ring) = ("—", None, None, 0, "f32", None);
-        let (select, norm) = (None, None);
-        Self { family: "dense", values, rotate, index, k, kv, buffer, queries, ring, select, norm }
+        let (ring_rotate, select, norm) = (None, None, None);
+        let family = "dense";
+        Self {
+            family,
+            values,
+            rotate,
+            index,
+            k,
+            kv,
+            buffer,
+            queries,
+            ring,
+            ring_rotate,
+            select,
+            norm,
+        }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
         let (family, rotate, queries, k) = ("swan", "calibrated", "f32", Some(k));
-        let (kv, ring, select, norm) = (None, None, None, None);
-        Self { family, values, rotate, index, k, kv, buffer, queries, ring, select, norm }
+        let (kv, ring, ring_rotate, select, norm) = (None, None, None, None, None);
+        Self {
+            family,
+            values,
+            rotate,
+            index,
+            k,
+            kv,
+            buffer,
+            queries,
+            ring,
+            ring_rotate,
+            select,
+            norm,
+        }
     }
 
     /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
@@ -253,6 +286,12 @@ impl FrontierRun {
     /// instead of its f16 buffer format.
     fn with_int8_ring(self) -> Self {
         Self { ring: Some("int8"), ..self }
+    }
+
+    /// The same SWAN configuration with the local layers' rings in `int4` (`q4_0` blocks),
+    /// their values in Walsh–Hadamard blocks and keys unrotated (`ring_rotate=hadamard-v`).
+    fn with_int4_ring(self) -> Self {
+        Self { ring: Some("int4"), ring_rotate: Some("hadamard-v"), ..self }
     }
 
     /// The same SWAN configuration selecting keys by query-weighted magnitude.
@@ -295,6 +334,10 @@ impl FrontierRun {
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
+        let ring = match self.ring_rotate {
+            Some(b) => format!("{ring} ring_rotate={b}"),
+            None => ring,
+        };
         let select = self.select.map_or(String::new(), |s| format!(" select={s}"));
         let norm = self.norm.map_or(String::new(), |n| format!(" norm={n}"));
         let tail = format!("{ring}{select}{norm}{queries}");
@@ -312,6 +355,10 @@ impl FrontierRun {
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
+        let ring = match self.ring_rotate {
+            Some(b) => format!("{ring},ring_rotate={b}"),
+            None => ring,
+        };
         let select = self.select.map_or(String::new(), |s| format!(",select={s}"));
         let norm = self.norm.map_or(String::new(), |n| format!(",norm={n}"));
         let spec = match self.k {
@@ -404,6 +451,28 @@ pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
         .iter()
         .filter(|r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"))
         .map(|r| r.clone().with_int8_ring())
+        .filter(|r| !runs.contains(r))
+        .collect();
+    runs.extend(more);
+}
+
+/// Adds to `runs` each bitmask SWAN configuration with int8 values, one budget for keys and
+/// values, the paper's key selection and f16 rings once more with `int4` rings in
+/// Walsh–Hadamard coordinates ([`FrontierRun::ring_rotate`]): at the end of a short window
+/// the rings are most of a windowed model's bytes, and below ~0.38 × f16 only 4-bit rings
+/// leave the global layers any bytes. Configurations already there are not added twice.
+pub fn add_int4_rings(runs: &mut Vec<FrontierRun>) {
+    let more: Vec<FrontierRun> = runs
+        .iter()
+        .filter(|r| {
+            r.k.is_some()
+                && r.kv.is_none()
+                && r.ring.is_none()
+                && r.select.is_none()
+                && r.index == "bitmask"
+                && r.values == "int8"
+        })
+        .map(|r| r.clone().with_int4_ring())
         .filter(|r| !runs.contains(r))
         .collect();
     runs.extend(more);
@@ -1342,7 +1411,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     reuse_text(s, out);
     if let Some(l) = s.local {
         out.text(format!(
-            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
+            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis) or `ring=int4 ring_rotate=hadamard-v` (`q4_0` rows, values in 64-wide Walsh–Hadamard blocks, keys unrotated). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
             l.global_layers,
             l.layers,
             l.window,
@@ -1894,6 +1963,37 @@ mod tests {
         only.apply(&mut runs, 256).unwrap();
         assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.norm == Some("eigen")));
         assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 10);
+    }
+
+    #[test]
+    fn int4_rings_join_the_int8_bitmask_runs_in_a_basis_of_their_own() {
+        let mut runs = grid(256, &[2, 4], &[0, 128], false);
+        add_int8_rings(&mut runs);
+        add_component_norm(&mut runs);
+        let before = runs.clone();
+        add_int4_rings(&mut runs);
+        let added: Vec<&FrontierRun> = runs[before.len()..].iter().collect();
+        // bitmask int8 × 2 k × 2 b × norm none/eigen; not list, fp8, int4, int8 rings.
+        assert_eq!(added.len(), 8);
+        for r in &added {
+            assert!(r.index == "bitmask" && r.values == "int8" && r.kv.is_none(), "{r:?}");
+            assert_eq!((r.ring_format(), r.ring_rotate), ("int4", Some("hadamard-v")));
+            assert!(r.label().contains(" ring=int4 ring_rotate=hadamard-v"), "{}", r.label());
+            let spec = r.spec("p.bin", 2);
+            assert!(spec.contains(",ring=int4,ring_rotate=hadamard-v"), "{spec}");
+            spec.parse::<CacheSpec>().expect("the spec parses");
+            // K and V of one position: two q4_0 rows of 256 elements (8 blocks of 18 bytes).
+            assert_eq!(r.ring_token_bytes(256), 2 * 8 * 18);
+        }
+        add_int4_rings(&mut runs);
+        assert_eq!(runs.len(), before.len() + 8, "no configuration is added twice");
+        let mut labels: Vec<String> = runs.iter().map(FrontierRun::label).collect();
+        labels.sort();
+        labels.dedup();
+        assert_eq!(labels.len(), runs.len());
+        let only = SwanGrid { rings: vec!["int4".into()], ..SwanGrid::default() };
+        only.apply(&mut runs, 256).unwrap();
+        assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
     }
 
     #[test]

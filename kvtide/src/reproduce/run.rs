@@ -217,6 +217,11 @@ fn frontier_leg(
     // Integer row codes with the components scaled by the basis' eigenvalues beside the
     // unscaled rows: one row scale spans components of very different sizes otherwise.
     frontier::add_component_norm(&mut ctx.plan.frontier);
+    // Below ~0.38 × f16 at the end of a short window only 4-bit rings leave the global
+    // layers any bytes: the int8 bitmask runs once more with int4 rings in a basis of their own.
+    if ctx.model.config().local_attention.is_some() {
+        frontier::add_int4_rings(&mut ctx.plan.frontier);
+    }
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
