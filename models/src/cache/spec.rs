@@ -54,7 +54,7 @@ use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, List,
 use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
-use projection::{BasisKind, ModelDims, ProjectionSet, Stream};
+use projection::{Basis, BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
@@ -662,7 +662,9 @@ impl CacheSpec {
 }
 
 /// `set` with the bases of `layers` taken from `other` (a set of the same model): the
-/// local layers' ring rotation beside the spec's own basis on the others.
+/// local layers' ring rotation beside the spec's own basis on the others. Matrices only
+/// (what absorbing v/o and rotating a ring need): a calibrated basis' eigenvalues and query
+/// energies stay with the set the global layers' cache is served from.
 fn with_layers_of(
     set: &ProjectionSet,
     other: &ProjectionSet,
@@ -673,8 +675,8 @@ fn with_layers_of(
     for layer in 0..d.layers() {
         let from = if layers.contains(&layer) { other } else { set };
         for h in 0..d.kv_heads() {
-            qk.push(from.basis(Stream::Qk, layer, h)?.clone());
-            vo.push(from.basis(Stream::Vo, layer, h)?.clone());
+            qk.push(Basis::new(from.basis(Stream::Qk, layer, h)?.matrix().clone())?);
+            vo.push(Basis::new(from.basis(Stream::Vo, layer, h)?.matrix().clone())?);
         }
     }
     let dims = ModelDims::new(d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())?;
@@ -792,5 +794,39 @@ fn swan_cache(
             with_buffer::<CodedStore<B, Int4Values>>(s, c, st, threads)
         }
         (_, v) => Err(spec_err("swan", format!("value code {v} is not supported"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use projection::{Mat, Provenance};
+
+    /// A calibrated set (bases with eigenvalues) takes a synthetic ring basis on some
+    /// layers: the mixed set holds the ring's matrices there and the calibrated ones
+    /// elsewhere.
+    #[test]
+    fn ring_layers_mix_into_a_calibrated_set() {
+        let dims = ModelDims::new(3, 2, 1, 4).unwrap();
+        let eig = |m: Mat| Basis::with_eigenvalues(m, vec![4.0, 3.0, 2.0, 1.0]).unwrap();
+        let swap = Mat::from_fn(4, 4, |i, j| if i == 3 - j { 1.0 } else { 0.0 });
+        let qk = (0..3).map(|_| eig(swap.clone())).collect();
+        let vo = (0..3).map(|_| eig(swap.clone())).collect();
+        let prov = Provenance {
+            model: "toy".into(),
+            calibration_tokens: 10,
+            kind: BasisKind::Calibrated,
+            config: None,
+        };
+        let calibrated = ProjectionSet::from_parts(dims, qk, vo, None, prov).unwrap();
+        let ring = ProjectionSet::hadamard(ModelDims::new(3, 2, 1, 4).unwrap(), "toy").unwrap();
+        let mixed = with_layers_of(&calibrated, &ring, &[0, 2]).unwrap();
+        for layer in 0..3 {
+            let from = if layer == 1 { &calibrated } else { &ring };
+            for s in [Stream::Qk, Stream::Vo] {
+                let got = mixed.basis(s, layer, 0).unwrap().matrix();
+                assert_eq!(got, from.basis(s, layer, 0).unwrap().matrix(), "layer {layer}");
+            }
+        }
     }
 }
