@@ -258,22 +258,8 @@ impl FrontierRun {
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
-        let (family, rotate, queries, k) = ("swan", "calibrated", "f32", Some(k));
-        let (kv, ring, ring_rotate, select, norm) = (None, None, None, None, None);
-        Self {
-            family,
-            values,
-            rotate,
-            index,
-            k,
-            kv,
-            buffer,
-            queries,
-            ring,
-            ring_rotate,
-            select,
-            norm,
-        }
+        let dense = Self::dense(values, "calibrated");
+        Self { family: "swan", index, k: Some(k), buffer, ..dense }
     }
 
     /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
@@ -1803,31 +1789,28 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                     );
                 }
             }
-            // The same cache scored with int8 queries, as llama.cpp scores q8_0 (reported,
-            // not judged: the target names the f32-query setting).
-            let q8l = "dense int8 rotate=hadamard queries=int8";
-            if let Some(h8) = ours(q8l) {
-                let w = s.whole_window_cost(q8l).map_or_else(
+            // Reported beside the judged counterparts, not judged (the target names the
+            // f32-query setting and llama.cpp's rotation): the int8 cache scored with int8
+            // queries, as llama.cpp scores q8_0, and int4 with the values alone rotated.
+            let beside = [
+                (
+                    "dense int8 rotate=hadamard queries=int8",
+                    c8,
+                    "with int8 queries (as llama.cpp scores q8_0)",
+                ),
+                (
+                    "dense int4 rotate=hadamard-v",
+                    c4,
+                    "int4 with the values alone rotated (hadamard-v)",
+                ),
+            ];
+            for (label, peer, what) in beside {
+                let Some(half) = ours(label) else { continue };
+                let w = s.whole_window_cost(label).map_or_else(
                     || "whole window not measured".to_owned(),
-                    |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - c8).abs()),
+                    |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - peer).abs()),
                 );
-                detail = format!(
-                    "{detail}; with int8 queries (as llama.cpp scores q8_0): {w}, half prefilled {}",
-                    pct(h8, 2)
-                );
-            }
-            // The values-only rotation beside it (reported, not judged: the target names
-            // llama.cpp's rotation).
-            let v4l = "dense int4 rotate=hadamard-v";
-            if let Some(v4) = ours(v4l) {
-                let w = s.whole_window_cost(v4l).map_or_else(
-                    || "whole window not measured".to_owned(),
-                    |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - c4).abs()),
-                );
-                detail = format!(
-                    "{detail}; int4 with the values alone rotated (hadamard-v): {w}, half prefilled {}",
-                    pct(v4, 2)
-                );
+                detail = format!("{detail}; {what}: {w}, half prefilled {}", pct(half, 2));
             }
             out.push(Finding::new(
                 "frontier-llamacpp",
