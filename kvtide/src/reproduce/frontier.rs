@@ -806,14 +806,14 @@ impl FrontierStudy {
     /// llama.cpp KV type `ty` against its counterpart `label`, window by window (both under
     /// llama.cpp's condition), when both tools gave per-window figures.
     pub fn peer_gap(&self, ty: &str, label: &str) -> Option<PeerGap> {
-        let series = |v: &[(String, Vec<f64>)], key: &str| {
-            v.iter().find(|(x, _)| x == key).map(|(_, w)| w.clone())
-        };
+        fn series<'a>(v: &'a [(String, Vec<f64>)], key: &str) -> Option<&'a [f64]> {
+            v.iter().find(|(x, _)| x == key).map(|(_, w)| w.as_slice())
+        }
         let (kv, kv16) =
             (series(&self.whole_window_nll, label)?, series(&self.whole_window_nll, "dense f16")?);
         let (lc, lc16) =
             (series(&self.external.windows, ty)?, series(&self.external.windows, "f16")?);
-        frontier_peer::peer_gap(&kv, &kv16, &lc, &lc16)
+        frontier_peer::peer_gap(kv, kv16, lc, lc16)
     }
 }
 
@@ -1040,12 +1040,18 @@ fn run_external(
 /// gave one per window.
 type ExternalRows = (Vec<(String, f64)>, Vec<(String, Vec<f64>)>);
 
+/// A trace's NLLs from index `skip` on (with `skip` from [`run`]: the positions llama.cpp's
+/// tool scores).
+fn scored(t: &Trace, skip: usize) -> &[f64] {
+    t.nll.get(skip..).unwrap_or(&[])
+}
+
 /// Mean NLL of each trace over its scored tokens from index `skip` on.
 fn window_nlls(traces: &[Trace], skip: usize) -> Vec<f64> {
     traces
         .iter()
         .map(|t| {
-            let kept = t.nll.get(skip..).unwrap_or(&[]);
+            let kept = scored(t, skip);
             kept.iter().sum::<f64>() / kept.len().max(1) as f64
         })
         .collect()
@@ -1055,7 +1061,7 @@ fn window_nlls(traces: &[Trace], skip: usize) -> Vec<f64> {
 /// llama.cpp's tool scores).
 fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
     let (sum, n) = traces.iter().fold((0.0, 0usize), |(s, n), t| {
-        let kept = t.nll.get(skip..).unwrap_or(&[]);
+        let kept = scored(t, skip);
         (s + kept.iter().sum::<f64>(), n + kept.len())
     });
     (sum / n.max(1) as f64).exp()

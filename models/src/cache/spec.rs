@@ -679,8 +679,7 @@ fn with_layers_of(
             vo.push(Basis::new(from.basis(Stream::Vo, layer, h)?.matrix().clone())?);
         }
     }
-    let dims = ModelDims::new(d.layers(), d.q_heads(), d.kv_heads(), d.head_dim())?;
-    Ok(ProjectionSet::from_parts(dims, qk, vo, None, set.provenance().clone())?)
+    Ok(ProjectionSet::from_parts(d, qk, vo, None, set.provenance().clone())?)
 }
 
 /// The bases of `layers` (in order) of `set`, as a set for a model of those layers alone.
