@@ -428,6 +428,7 @@ impl EncodedAttention for Reference {
         }
         let heads = kv.iter().map(|c| {
             let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_dense(c.sink.0, c.sink.1);
             if let Some((keys, values)) = &c.prefix {
                 rows.push_quant(keys, values);
             }

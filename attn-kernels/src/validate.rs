@@ -178,6 +178,10 @@ pub(crate) fn quantized<C: DenseCodec>(
         head_dim(op, kv_head, d, values.head_dim())?;
         rows += same_rows(op, kv_head, what, keys.num_rows(), values.num_rows())?;
     }
+    let (sk, sv) = kv.sink;
+    let sink_keys = ring_rows(op, kv_head, ["sink keys", "sink keys"], (sk, &[]), d)?;
+    let sink_values = ring_rows(op, kv_head, ["sink values", "sink values"], (sv, &[]), d)?;
+    rows += same_rows(op, kv_head, "sink", sink_keys, sink_values)?;
     non_empty(op, kv_head, rows)
 }
 

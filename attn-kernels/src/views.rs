@@ -403,6 +403,9 @@ pub struct QuantKv<'a, C> {
     pub values: QuantView<'a, C>,
     /// Older key and value rows before `keys` / `values`, or `None`.
     pub prefix: Option<(QuantView<'a, C>, QuantView<'a, C>)>,
+    /// Rows kept in `f32` before every quantized row — the first positions of the sequence
+    /// (the attention sink), row-major `head_dim`-wide keys and values; empty for none.
+    pub sink: (&'a [f32], &'a [f32]),
 }
 
 impl<C> Clone for QuantKv<'_, C> {
@@ -415,7 +418,36 @@ impl<C> Copy for QuantKv<'_, C> {}
 impl<'a, C: DenseCodec> QuantKv<'a, C> {
     /// Keys and values of one kv-head.
     pub fn new(keys: QuantView<'a, C>, values: QuantView<'a, C>) -> Self {
-        Self { keys, values, prefix: None }
+        Self { keys, values, prefix: None, sink: (&[], &[]) }
+    }
+
+    /// The same rows after `keys` / `values` kept in `f32` (row-major, `head_dim` wide):
+    /// attended first, under the same softmax.
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::{AttnConfig, CpuAttention, EncodedAttention, QuantKv};
+    /// use kv_sparse::quant::{Int4Blocks, QuantRows};
+    /// let d = 32;
+    /// let (mut k, mut v) = (QuantRows::<Int4Blocks>::new(d)?, QuantRows::<Int4Blocks>::new(d)?);
+    /// k.push(&[0.1; 32])?;
+    /// v.push(&[2.0; 32])?;
+    /// let (sink_k, sink_v) = (vec![0.1f32; 32], vec![1.0f32; 32]);
+    /// let kv = QuantKv::new(k.view(), v.view()).with_sink(&sink_k, &sink_v);
+    /// assert_eq!((kv.num_rows(), kv.sink_rows(d)), (2, 1));
+    /// let mut out = [0.0; 32];
+    /// CpuAttention::new(1)?.quantized(&AttnConfig::new(1, 1, d)?, &[0.0; 32], &[kv], &mut out)?;
+    /// assert!(out.iter().all(|&x| (x - 1.5).abs() < 1e-3)); // equal scores: the mean
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_sink(self, keys: &'a [f32], values: &'a [f32]) -> Self {
+        Self { sink: (keys, values), ..self }
+    }
+
+    /// Rows of `head_dim` the sink holds.
+    pub fn sink_rows(&self, head_dim: usize) -> usize {
+        self.sink.0.len() / head_dim.max(1)
     }
 
     /// Keys and values of one kv-head after older rows `prefix` (keys, values) held
@@ -425,15 +457,21 @@ impl<'a, C: DenseCodec> QuantKv<'a, C> {
         keys: QuantView<'a, C>,
         values: QuantView<'a, C>,
     ) -> Self {
-        Self { keys, values, prefix: Some(prefix) }
+        Self { keys, values, prefix: Some(prefix), sink: (&[], &[]) }
     }
 
-    /// Key rows, the prefix's included.
+    /// Key rows: the sink's, the prefix's and the own.
     pub fn num_rows(&self) -> usize {
+        self.sink_rows(self.keys.head_dim()) + self.quantized_rows()
+    }
+
+    /// Quantized key rows (the prefix's included, the sink's not).
+    pub fn quantized_rows(&self) -> usize {
         self.keys.num_rows() + self.prefix.map_or(0, |(k, _)| k.num_rows())
     }
 
-    /// Key and value row `j` (prefix rows first), or `None` past the end.
+    /// Quantized key and value row `j` (prefix rows first; sink rows not counted), or
+    /// `None` past the end.
     pub fn row(&self, j: usize) -> Option<(&'a [u8], &'a [u8])> {
         let before = self.prefix.map_or(0, |(k, _)| k.num_rows());
         match self.prefix {

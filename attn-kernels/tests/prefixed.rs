@@ -2,7 +2,10 @@
 //! [`PrefixedCodedHybrid`]) attends as the contiguous history does: bit for bit on every
 //! instruction set when the prefix holds whole tiles (and whole blocks, for CSR rows),
 //! within rounding otherwise; dense quantized rows in two parts (`QuantKv::continuing`)
-//! attend bit for bit as in one; the reference agrees; malformed prefixes are typed errors.
+//! attend bit for bit as in one; the reference agrees; `f32` sink rows before quantized rows
+//! (`QuantKv::with_sink`) attend as the reference does under one softmax, and attend as the
+//! dense kernel over the same rows when nothing else is stored; malformed prefixes and sinks
+//! are typed errors.
 
 mod common;
 
@@ -284,5 +287,91 @@ fn quantized_rows_in_two_parts_attend_as_in_one() {
     for (name, mut e) in engines() {
         let err = e.quantized(&cfg, &synth::values(cfg.q_len(), 3), &[bad], &mut out).unwrap_err();
         assert!(matches!(err, Error::RowCountMismatch { kv_head: 0, .. }), "{name}: {err}");
+    }
+}
+
+/// `sink` f32 rows, then `rows` quantized rows (some in a prefix): every engine against the
+/// reference, which decodes the quantized rows and reads the sink rows as they are.
+fn sink_case<C: DenseCodec>(layout: (usize, usize), d: usize, sink: usize, rows: usize) {
+    let cfg = cfg(layout, d);
+    let q = synth::values(cfg.q_len(), 61);
+    let heads: Vec<[Vec<f32>; 4]> = (0..layout.1 as u64)
+        .map(|h| {
+            [0, 1, 2, 3].map(|i| synth::values(if i < 2 { sink } else { rows } * d, 70 + 4 * h + i))
+        })
+        .collect();
+    let store = |x: &[f32]| {
+        let mut s = QuantRows::<C>::new(d).unwrap();
+        s.push(x).unwrap();
+        s
+    };
+    let cut = rows / 3 * d;
+    let stores: Vec<_> = heads
+        .iter()
+        .map(|[_, _, k, v]| {
+            ((store(&k[..cut]), store(&v[..cut])), (store(&k[cut..]), store(&v[cut..])))
+        })
+        .collect();
+    let kv: Vec<QuantKv<'_, C>> = heads
+        .iter()
+        .zip(&stores)
+        .map(|([sk, sv, _, _], ((k0, v0), (k1, v1)))| {
+            QuantKv::continuing((k0.view(), v0.view()), k1.view(), v1.view()).with_sink(sk, sv)
+        })
+        .collect();
+    assert!(kv.iter().all(|h| h.num_rows() == sink + rows && h.sink_rows(d) == sink));
+    let mut want = vec![0.0; cfg.q_len()];
+    Reference.quantized(&cfg, &q, &kv, &mut want).unwrap();
+    let max = heads.iter().fold(0.0f32, |m, [_, sv, _, v]| m.max(bound(sv)).max(bound(v)));
+    for (name, mut e) in engines() {
+        let mut got = vec![f32::NAN; cfg.q_len()];
+        e.quantized(&cfg, &q, &kv, &mut got).unwrap();
+        let what = format!("{name} {:?} {layout:?} d={d} sink={sink} rows={rows}", C::FORMAT);
+        check(&got, &want, false, max, &what);
+    }
+    // Only sink rows stored: the dense kernel's attention over the same f32 rows.
+    let (empty_k, empty_v) = (store(&[]), store(&[]));
+    let only: Vec<_> = heads
+        .iter()
+        .map(|[sk, sv, _, _]| QuantKv::new(empty_k.view(), empty_v.view()).with_sink(sk, sv))
+        .collect();
+    let dense: Vec<_> =
+        heads.iter().map(|[sk, sv, _, _]| attn_kernels::DenseKv::new(d, sk, sv)).collect();
+    if sink > 0 {
+        for (name, mut e) in engines() {
+            let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+            e.quantized(&cfg, &q, &only, &mut a).unwrap();
+            e.dense(&cfg, &q, &dense, &mut b).unwrap();
+            check(&a, &b, false, max, &format!("{name} sink only d={d} sink={sink}"));
+        }
+    }
+}
+
+#[test]
+fn sink_rows_attend_before_the_quantized_rows_under_one_softmax() {
+    for layout in [(2, 2), (8, 1)] {
+        for (sink, rows) in [(1, 150), (3, 40), (TILE + 1, 2 * TILE + 3), (4, 0)] {
+            sink_case::<Int8Blocks>(layout, 64, sink, rows);
+            sink_case::<Int4Blocks>(layout, 32, sink, rows);
+            sink_case::<Fp8Rows>(layout, 40, sink, rows);
+        }
+    }
+}
+
+#[test]
+fn malformed_sinks_are_typed_errors() {
+    let (d, cfg) = (32, cfg((2, 1), 32));
+    let mut k = QuantRows::<Int8Blocks>::new(d).unwrap();
+    k.push(&synth::values(4 * d, 1)).unwrap();
+    let (three, two, ragged) = (vec![0.5; 3 * d], vec![0.5; 2 * d], vec![0.5; d + 1]);
+    let q = synth::values(cfg.q_len(), 3);
+    let mut out = vec![0.0; cfg.q_len()];
+    for (name, mut e) in engines() {
+        let bad = QuantKv::new(k.view(), k.view()).with_sink(&three, &two);
+        let err = e.quantized(&cfg, &q, &[bad], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { part: "sink", .. }), "{name}: {err}");
+        let bad = QuantKv::new(k.view(), k.view()).with_sink(&ragged, &ragged);
+        let err = e.quantized(&cfg, &q, &[bad], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RaggedRows { what: "sink keys", .. }), "{name}: {err}");
     }
 }

@@ -398,8 +398,20 @@ impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
     ) {
         let kv = &self.0[item.kv];
         let d = job.cfg.head_dim();
+        // The sink's f32 rows come first, then the quantized rows under the same softmax.
+        let sink = kv.sink_rows(d);
+        if item.rows.start < sink {
+            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+            let (keys, values) = (Ring::new((kv.sink.0, &[]), d), Ring::new((kv.sink.1, &[]), d));
+            let row = |j| (keys.row(j), values.row(j));
+            let rows = item.rows.start..item.rows.end.min(sink);
+            dense_segment::<f32, W>(k, &row, rows, q, d, slot, None);
+        }
+        if item.rows.end <= sink {
+            return;
+        }
         let row = |j: usize| kv.row(j).expect("validated row");
-        let range = item.rows.clone();
+        let range = item.rows.start.saturating_sub(sink)..item.rows.end - sink;
         // Blocked rows carry their scales inside; the row factor is 1.
         let plain = |j| {
             let (kr, vr) = row(j);

@@ -135,6 +135,12 @@ impl PackedQuant {
     pub fn pair<C: DenseCodec>(kv: &[QuantKv<'_, C>]) -> Result<(Self, Self)> {
         let mut parts: [Vec<Vec<QuantView<'_, C>>>; 2] = [Vec::new(), Vec::new()];
         for h in kv {
+            if !h.sink.0.is_empty() {
+                return Err(crate::Error::GpuUnsupported {
+                    op: "PackedQuant::pair",
+                    what: "sink rows kept in f32 before the quantized rows".into(),
+                });
+            }
             let (pk, pv) = h.prefix.map_or((None, None), |(k, v)| (Some(k), Some(v)));
             parts[0].push(pk.into_iter().chain([h.keys]).collect());
             parts[1].push(pv.into_iter().chain([h.values]).collect());
