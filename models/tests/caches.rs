@@ -102,6 +102,9 @@ fn bad_specs_are_typed_errors() {
         "swan:ring=int4,ring_rotate=calibrated",
         "dense:ring_rotate=kv-shuffle",
         "dense:ring_rotate=sideways",
+        "dense:format=f16,sink=1",
+        "dense:format=int4,sink=x",
+        "dense:format=int8,sink=-1",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -114,6 +117,32 @@ fn bad_specs_are_typed_errors() {
     let (model, cache) = outside.build(&ckpt.model).unwrap();
     let mut session = Session::new(model, cache).unwrap();
     assert!(session.prefill(&[1, 2, 3, 4]).is_err(), "span outside the prompt");
+}
+
+/// `sink=N` keeps a quantized cache's first `N` positions in f32 before its quantized rows:
+/// with every position inside the sink it scores as the dense f32 cache does and holds its
+/// bytes; a sink of 3 holds 3 f32 rows and quantized rows after them; the label says so, and
+/// the file format (quantized rows only) refuses to save or load such a cache.
+#[test]
+fn a_sink_keeps_the_first_positions_in_full() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let (f32_cache, f32_ppl) = run(&wide, "dense:format=f32");
+    let f32_bytes = f32_cache.cache().bytes().total() as f64;
+    for (format, row) in [("int8", 34.0), ("int4", 18.0), ("fp8", 34.0)] {
+        let (all, ppl) = run(&wide, &format!("dense:format={format},sink=64"));
+        assert!((ppl - f32_ppl).abs() <= 1e-6 * f32_ppl, "{format}: {ppl} vs f32 {f32_ppl}");
+        assert_eq!(all.cache().bytes().total() as f64, f32_bytes, "{format}");
+        let (s, _) = run(&wide, &format!("dense:format={format},rotate=hadamard,sink=3"));
+        // 63 positions held: 3 in f32 (128 bytes a 32-wide row), 60 quantized.
+        let want = f32_bytes / 63.0 * (3.0 + 60.0 * row / 128.0);
+        assert_eq!(s.cache().bytes().total() as f64, want, "{format}");
+        assert!(s.cache().label().contains(" rotate=hadamard sink=3"), "{}", s.cache().label());
+        assert!(matches!(s.cache().image(), Err(Error::NotPersistable { .. })), "{format}");
+    }
+    // A sink of 0 is the plain quantized cache.
+    let (plain, p0) = run(&wide, "dense:format=int4");
+    let (zero, p1) = run(&wide, "dense:format=int4,sink=0");
+    assert_eq!((p0, plain.cache().label()), (p1, zero.cache().label()));
 }
 
 /// `queries=int8` is for caches with int8 keys: others refuse it with a typed error; with

@@ -4,6 +4,11 @@
 //! baselines SWAN is measured against in the frontier study: every key and value kept,
 //! each stored at 8 or 4 bits (`papers/swan.txt` compares against dense f16; a runtime
 //! compares against what its engine already offers).
+//!
+//! Optionally the first `sink` positions of every layer and kv-head stay in `f32` (`sink=N`
+//! of a dense spec): the attention sink — the first token, which every later query attends
+//! heavily — is the one row whose rounding error every window and every query shares, and
+//! on some models (Gemma 3 at 4 bits) it sets most of the quantized cache's cost.
 
 use std::sync::Arc;
 
@@ -27,6 +32,11 @@ pub struct QuantCache<C: DenseCodec> {
     /// A reopened file whose rows of every head come first, read where they are mapped,
     /// and the rows each head holds there.
     reopened: Option<(Arc<MappedCache>, usize)>,
+    /// Positions kept in `f32` before the quantized rows (`0`: none).
+    sink: usize,
+    /// `sink_keys[layer * kv_heads + h]`: those positions' rows, row-major.
+    sink_keys: Vec<Vec<f32>>,
+    sink_values: Vec<Vec<f32>>,
 }
 
 /// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, if any.
@@ -79,28 +89,82 @@ impl<C: DenseCodec> QuantCache<C> {
             keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             reopened: None,
+            sink: 0,
+            sink_keys: vec![Vec::new(); heads],
+            sink_values: vec![Vec::new(); heads],
         })
+    }
+
+    /// The same (empty) cache keeping its first `positions` positions of every layer and
+    /// kv-head in `f32`, attended before the quantized rows under one softmax; `0` keeps
+    /// none. Their bytes count as resident. A cache with a sink is not persisted: the file
+    /// format holds quantized rows only.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when the cache already holds positions.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::quant::Int4Blocks;
+    /// use models::cache::{CacheShape, KvCache, QuantCache, StepQkv};
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 32)?);
+    /// let mut cache = QuantCache::<Int4Blocks>::new(shape, None, 1)?.with_sink(1)?;
+    /// let (q, k) = ([0.0; 32], [0.1; 32]);
+    /// let mut out = [0.0; 32];
+    /// cache.decode(0, StepQkv { q: &q, k: &k, v: &[0.3; 32] }, &mut out)?;
+    /// assert_eq!(out, [0.3; 32]); // the sink row, exactly
+    /// cache.decode(0, StepQkv { q: &q, k: &k, v: &[0.7; 32] }, &mut out)?;
+    /// assert!(out.iter().all(|&x| (x - 0.5).abs() < 0.01)); // the mean of both values
+    /// assert_eq!(cache.bytes().total(), 2 * 32 * 4 + 2 * 18); // f32 sink + one q4_0 block each
+    /// assert_eq!(cache.label(), "dense int4 sink=1");
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn with_sink(mut self, positions: usize) -> Result<Self> {
+        if self.len() > 0 {
+            return Err(invalid(
+                "quantized cache sink",
+                format!("the cache already holds {} positions", self.len()),
+            ));
+        }
+        self.sink = positions;
+        Ok(self)
     }
 
     fn heads(&self, layer: usize) -> std::ops::Range<usize> {
         layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
     }
 
-    /// Checks every head's rows of a block, then appends them (all-or-nothing).
+    /// Checks every head's rows of a block, then appends them (all-or-nothing): the rows
+    /// of positions still inside the sink to it, the others quantized.
     fn push(&mut self, layer: usize, keys: &[f32], values: &[f32]) -> Result<()> {
         const OP: &str = "quantized cache append";
         let n = keys.len() / self.shape.kv_heads();
+        let d = self.shape.head_dim();
+        let first = self.heads(layer).start;
+        // Rows of this block that go to the sink (the same for every head of the layer).
+        let held = self.sink_keys[first].len() / d;
+        let to_sink = self.sink.saturating_sub(held).min(n / d) * d;
         for slot in self.heads(layer) {
-            let i = slot - self.heads(layer).start;
-            self.keys[slot].check(OP, &keys[i * n..(i + 1) * n])?;
-            self.values[slot].check(OP, &values[i * n..(i + 1) * n])?;
+            let i = slot - first;
+            self.keys[slot].check(OP, &keys[i * n + to_sink..(i + 1) * n])?;
+            self.values[slot].check(OP, &values[i * n + to_sink..(i + 1) * n])?;
+            let sink = (&keys[i * n..i * n + to_sink], &values[i * n..i * n + to_sink]);
+            if let Some(x) = sink.0.iter().chain(sink.1).find(|x| !x.is_finite()) {
+                return Err(invalid(OP, format!("non-finite sink element {x}")));
+            }
         }
         for slot in self.heads(layer) {
-            let i = slot - self.heads(layer).start;
-            self.keys[slot].push_checked(&keys[i * n..(i + 1) * n]);
-            self.values[slot].push_checked(&values[i * n..(i + 1) * n]);
+            let i = slot - first;
+            self.sink_keys[slot].extend_from_slice(&keys[i * n..i * n + to_sink]);
+            self.sink_values[slot].extend_from_slice(&values[i * n..i * n + to_sink]);
+            self.keys[slot].push_checked(&keys[i * n + to_sink..(i + 1) * n]);
+            self.values[slot].push_checked(&values[i * n + to_sink..(i + 1) * n]);
         }
         Ok(())
+    }
+
+    fn sink_label(&self) -> String {
+        if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() }
     }
 }
 
@@ -125,7 +189,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
-        format!("dense {}{rotate}{}", C::FORMAT, super::queries_label(&self.kernel))
+        let queries = super::queries_label(&self.kernel);
+        format!("dense {}{rotate}{}{queries}", C::FORMAT, self.sink_label())
     }
 
     fn shape(&self) -> CacheShape {
@@ -134,7 +199,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
 
     fn len(&self) -> usize {
         let mapped = self.reopened.as_ref().map_or(0, |r| r.1);
-        self.keys.last().map_or(0, QuantRows::len) + mapped
+        let sink = self.sink_keys.last().map_or(0, Vec::len) / self.shape.head_dim().max(1);
+        self.keys.last().map_or(0, QuantRows::len) + mapped + sink
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -171,7 +237,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             self.push(layer, step.k, step.v)?;
             let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
-                let mut kv = QuantKv::new(self.keys[s].view(), self.values[s].view());
+                let mut kv = QuantKv::new(self.keys[s].view(), self.values[s].view())
+                    .with_sink(&self.sink_keys[s], &self.sink_values[s]);
                 kv.prefix = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), s)?;
                 views.push(kv);
             }
@@ -189,6 +256,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     fn bytes(&self) -> CacheBytes {
         let mut held: usize =
             self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        held += self.sink_keys.iter().chain(&self.sink_values).map(|r| 4 * r.len()).sum::<usize>();
         for slot in 0..self.keys.len() {
             if let Ok(Some((k, v))) =
                 mapped_rows::<C>(self.reopened.as_ref(), self.shape.kv_heads(), slot)
@@ -204,6 +272,9 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
+        if self.sink > 0 {
+            return Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() });
+        }
         let mut heads = Vec::with_capacity(self.keys.len());
         for (slot, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
             let older = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), slot)?;
@@ -217,6 +288,9 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     /// Every head is validated before the cache changes.
     fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         const OP: &str = "quantized cache load";
+        if self.sink > 0 {
+            return Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() });
+        }
         let s = self.shape;
         file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
         let tokens = super::persist::common_tokens(OP, file)?;

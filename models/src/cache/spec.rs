@@ -2,7 +2,7 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
@@ -11,7 +11,10 @@
 //! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
 //! for a quantized KV cache), `hadamard-v` its value half alone (keys stay in their own
 //! basis: better at int4 on Gemma 3, whose keys lose more once spread by any rotation),
-//! `calibrated` the SWAN basis (same file as `basis=calibrated`).
+//! `calibrated` the SWAN basis (same file as `basis=calibrated`). `sink=N` keeps the first
+//! `N` positions of a quantized dense cache (fp8/int8/int4) in `f32` — the attention sink,
+//! whose rounding error every query of every window shares (lossless for those rows; the
+//! rings of a sliding-window model's local layers keep none; default `0`).
 //! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row. `select=query` prunes evicted keys by `|k̂_j|·√E[q̂_j²]` (the queries' energy along
@@ -136,12 +139,15 @@ pub struct DenseSpec {
     pub rotate: Option<BasisKind>,
     /// Projection file for `rotate=calibrated` (`proj`).
     pub proj: Option<PathBuf>,
+    /// Positions of a quantized cache kept in `f32` before its quantized rows (`sink`;
+    /// `0` = none, the default): see [`QuantCache::with_sink`].
+    pub sink: usize,
 }
 
 impl DenseSpec {
     /// Plain dense storage in `format`, no rotation.
     pub fn new(format: DenseStorage) -> Self {
-        Self { format, rotate: None, proj: None }
+        Self { format, rotate: None, proj: None, sink: 0 }
     }
 
     fn parse(p: &mut Params<'_>) -> Result<Self> {
@@ -152,7 +158,21 @@ impl DenseSpec {
                 r.parse::<BasisKind>().map_err(|e| spec_err(p.spec(), format!("rotate: {e}")))?,
             ),
         };
-        Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from) })
+        let sink = match p.take("sink") {
+            None => 0,
+            Some(n) => n.parse::<usize>().map_err(|_| {
+                spec_err(p.spec(), format!("sink={n}: expected a number of positions"))
+            })?,
+        };
+        if sink > 0 && matches!(format, DenseStorage::Float(_)) {
+            return Err(spec_err(
+                p.spec(),
+                format!(
+                    "sink={sink}: format={format} keeps every position in full already; sink= applies to fp8, int8 and int4"
+                ),
+            ));
+        }
+        Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from), sink })
     }
 }
 
@@ -626,14 +646,14 @@ impl CacheSpec {
             CacheKind::Dense(spec) => match spec.rotate {
                 None => {
                     let (m, set) = unrotated()?;
-                    let make = move || dense(shape, spec.format, None, threads);
+                    let make = move || dense(shape, spec, None, threads);
                     (m, Box::new(make), set)
                 }
                 Some(basis) => {
                     let full = projection_set(basis, spec.proj.as_deref(), model)?;
                     let (absorbed, whole) = absorb(&full)?;
                     let set = served(&full)?;
-                    let make = move || dense(shape, spec.format, Some(set.clone()), threads);
+                    let make = move || dense(shape, spec, Some(set.clone()), threads);
                     (absorbed, Box::new(make), Some(whole))
                 }
             },
@@ -703,7 +723,7 @@ type CacheMaker<'a> = Box<dyn Fn() -> Result<Box<dyn KvCache>> + 'a>;
 
 fn dense(
     shape: CacheShape,
-    format: DenseStorage,
+    spec: &DenseSpec,
     rotation: Option<Arc<ProjectionSet>>,
     threads: usize,
 ) -> Result<Box<dyn KvCache>> {
@@ -718,18 +738,19 @@ fn dense(
             None => cache,
         }))
     }
-    Ok(match format {
+    let sink = spec.sink;
+    Ok(match spec.format {
         DenseStorage::Float(ValueFormat::F32) => float::<f32>(shape, rotation, threads)?,
         DenseStorage::Float(ValueFormat::Bf16) => float::<bf16>(shape, rotation, threads)?,
         DenseStorage::Float(_) => float::<f16>(shape, rotation, threads)?,
         DenseStorage::Quant(DenseFormat::Fp8) => {
-            Box::new(QuantCache::<Fp8Rows>::new(shape, rotation, threads)?)
+            Box::new(QuantCache::<Fp8Rows>::new(shape, rotation, threads)?.with_sink(sink)?)
         }
         DenseStorage::Quant(DenseFormat::Int8) => {
-            Box::new(QuantCache::<Int8Blocks>::new(shape, rotation, threads)?)
+            Box::new(QuantCache::<Int8Blocks>::new(shape, rotation, threads)?.with_sink(sink)?)
         }
         DenseStorage::Quant(DenseFormat::Int4) => {
-            Box::new(QuantCache::<Int4Blocks>::new(shape, rotation, threads)?)
+            Box::new(QuantCache::<Int4Blocks>::new(shape, rotation, threads)?.with_sink(sink)?)
         }
     })
 }
