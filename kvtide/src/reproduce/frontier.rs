@@ -234,6 +234,9 @@ pub struct FrontierRun {
     /// SWAN component scaling when not the paper's unscaled rows: `eigen` (each basis
     /// component divided by a power of two from its calibrated energy before storage, `norm=eigen`).
     pub norm: Option<&'static str>,
+    /// Positions a quantized dense cache keeps in `f32` before its quantized rows (`sink=`;
+    /// `0`: none) — the attention sink, whose rounding every query shares.
+    pub sink: usize,
 }
 
 impl FrontierRun {
@@ -254,7 +257,13 @@ impl FrontierRun {
             ring_rotate,
             select,
             norm,
+            sink: 0,
         }
+    }
+
+    /// The same dense configuration keeping its first position in `f32` (`sink=1`).
+    fn with_sink(self) -> Self {
+        Self { sink: 1, ..self }
     }
 
     fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
@@ -326,7 +335,8 @@ impl FrontierRun {
         };
         let select = self.select.map_or(String::new(), |s| format!(" select={s}"));
         let norm = self.norm.map_or(String::new(), |n| format!(" norm={n}"));
-        let tail = format!("{ring}{select}{norm}{queries}");
+        let sink = if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() };
+        let tail = format!("{sink}{ring}{select}{norm}{queries}");
         match self.k {
             None if self.rotate == "none" => format!("dense {}{tail}", self.values),
             None => format!("dense {} rotate={}{tail}", self.values, self.rotate),
@@ -354,7 +364,12 @@ impl FrontierRun {
                 } else {
                     String::new()
                 };
-                format!("dense:format={},rotate={}{p},threads={threads}", self.values, self.rotate)
+                let sink =
+                    if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
+                format!(
+                    "dense:format={},rotate={}{p}{sink},threads={threads}",
+                    self.values, self.rotate
+                )
             }
             Some(k) => format!(
                 "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj},threads={threads}",
@@ -380,7 +395,9 @@ impl FrontierRun {
                 "f32" => 4 * d,
                 _ => 2 * d,
             };
-            return 2 * tokens * row;
+            // Sink positions are kept in f32 in place of their quantized rows.
+            let sink = tokens.min(self.sink);
+            return 2 * (tokens - sink) * row + 2 * sink * 4 * d;
         };
         let cfg = self.swan_config(d, k, self.kv.unwrap_or(k));
         let sparse = tokens.saturating_sub(self.buffer);
@@ -518,6 +535,11 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     // CPU has the integer products).
     if attn_kernels::QueryPrecision::Int8.is_available() {
         runs.push(FrontierRun::dense("int8", "hadamard").with_int8_queries());
+    }
+    // The rotated 4- and 8-bit caches with the attention sink kept in f32: the one row whose
+    // rounding error every query and every window shares.
+    for (values, rotate) in [("int8", "hadamard"), ("int4", "hadamard"), ("int4", "hadamard-v")] {
+        runs.push(FrontierRun::dense(values, rotate).with_sink());
     }
     let values: &[&str] =
         if full { &["f16", "fp8", "int8", "int4"] } else { &["fp8", "int8", "int4"] };
@@ -1070,13 +1092,16 @@ fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
 /// The study's counterparts of llama.cpp's KV types, in the grid's labels (the first of a
 /// type is the one its target judges; `q8_0`'s second is the same cache scored with int8
 /// queries, as llama.cpp scores it, where the CPU has the integer products; `q4_0`'s second
-/// rotates the values alone, the full grid's `hadamard-v`).
-const LLAMACPP_COUNTERPARTS: [(&str, &str); 5] = [
+/// rotates the values alone, the full grid's `hadamard-v`; the `sink=1` ones keep the first
+/// position in f32, which llama.cpp does not — reported beside, not judged).
+const LLAMACPP_COUNTERPARTS: [(&str, &str); 7] = [
     ("f16", "dense f16"),
     ("q8_0", "dense int8 rotate=hadamard"),
     ("q4_0", "dense int4 rotate=hadamard"),
     ("q8_0", "dense int8 rotate=hadamard queries=int8"),
     ("q4_0", "dense int4 rotate=hadamard-v"),
+    ("q8_0", "dense int8 rotate=hadamard sink=1"),
+    ("q4_0", "dense int4 rotate=hadamard sink=1"),
 ];
 
 /// The counterparts of llama.cpp's KV types under llama.cpp's conditions: the tool runs each
@@ -2337,6 +2362,28 @@ mod tests {
         };
         assert_eq!(sparse(&fp8, 256 + 256 + 2), 2 * 3 * 8);
         assert_eq!(sparse(&int8, 256 + 256 + 2 + 2), 2 * 6 * 8);
+    }
+
+    #[test]
+    fn a_sink_is_counted_in_f32_and_named_in_label_and_spec() {
+        let plain = FrontierRun::dense("int4", "hadamard");
+        let sink = plain.clone().with_sink();
+        assert_eq!(sink.label(), "dense int4 rotate=hadamard sink=1");
+        assert!(
+            sink.spec("", 2).contains(",rotate=hadamard,sink=1,threads=2"),
+            "{}",
+            sink.spec("", 2)
+        );
+        assert!(sink.is_llamacpp_counterpart());
+        // The first position's q4_0 rows (8 blocks of 18 bytes) are f32 rows (1024 bytes).
+        assert_eq!(sink.head_bytes(256, 1000), plain.head_bytes(256, 1000) + 2 * (1024 - 144));
+        assert_eq!(sink.head_bytes(256, 0), 0);
+        let spec: models::cache::CacheSpec = sink.spec("", 1).parse().unwrap();
+        assert!(matches!(&spec.kind, models::cache::CacheKind::Dense(d) if d.sink == 1));
+        let plan = grid(64, &[4], &[128], false);
+        for label in LLAMACPP_COUNTERPARTS.iter().map(|(_, l)| *l).filter(|l| l.contains("sink")) {
+            assert!(plan.iter().any(|r| r.label() == label), "{label} not in the plan");
+        }
     }
 
     #[test]
