@@ -2,7 +2,7 @@
 //! attends exactly like a dense cache holding only the last `w` positions (prefills shorter
 //! and longer than the window, then decode steps that wrap the ring several times), and a
 //! The same holds for a [`QuantWindowCache`] against a quantized cache of the last `w`
-//! positions, rotated or not; a [`WindowedCache`] sends local layers to the ring and global
+//! positions, rotated or not, with or without f32 sink rows; a [`WindowedCache`] sends local layers to the ring and global
 //! ones to its inner cache, reporting the bytes of each.
 
 use std::sync::Arc;
@@ -82,7 +82,7 @@ fn window_cache_equals_dense_over_the_last_window() {
 /// A quantized ring of `window` positions against a [`QuantCache`] given only the last
 /// `window` positions (same codec, same rotation): the rows are encoded identically, so the
 /// outputs differ by the order of summation alone.
-fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: bool) {
+fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: bool, sink: usize) {
     let (q_heads, kv_heads, d, window) = (4, 2, 64, 5);
     let shape = CacheShape::new(2, attn_kernels::AttnConfig::new(q_heads, kv_heads, d).unwrap());
     let set = rotate.then(|| {
@@ -95,7 +95,10 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
         let keys: Vec<Vec<f32>> = (0..total).map(|t| values(t as u64, kv_heads * d)).collect();
         let vals: Vec<Vec<f32>> =
             (0..total).map(|t| values(1000 + t as u64, kv_heads * d)).collect();
-        let mut ring = QuantWindowCache::<C>::new(shape, window, set.clone(), 1).unwrap();
+        let ring = QuantWindowCache::<C>::new(shape, window, set.clone(), 1).unwrap();
+        let mut ring = ring.with_sink(sink).unwrap();
+        // A prefill longer than the window skips positions before it, sink ones included.
+        let skipped = prompt.saturating_sub(window);
         if prompt > 0 {
             let (k, v) = (
                 head_major(&keys[..prompt], kv_heads, d),
@@ -109,7 +112,9 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
             let mut got = vec![0.0; q_heads * d];
             ring.decode(layer, StepQkv { q: &q, k: &keys[t], v: &vals[t] }, &mut got).unwrap();
             let start = (t + 1).saturating_sub(window);
-            let mut want_cache = QuantCache::<C>::new(shape, set.clone(), 1).unwrap();
+            // The sink positions still inside the window are the cache's first, in f32.
+            let want_cache = QuantCache::<C>::new(shape, set.clone(), 1).unwrap();
+            let mut want_cache = want_cache.with_sink(sink.saturating_sub(start)).unwrap();
             if start < t {
                 let (k, v) = (
                     head_major(&keys[start..t], kv_heads, d),
@@ -125,10 +130,14 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(
                 err < 1e-5,
-                "{} rotate {rotate}, prompt {prompt}, position {t}: {err}",
+                "{} rotate {rotate}, sink {sink}, prompt {prompt}, position {t}: {err}",
                 C::FORMAT
             );
-            assert_eq!(ring.bytes().total(), 2 * window.min(t + 1) * kv_heads * C::row_bytes(d));
+            let sink_rows = if sink > skipped { sink.min(t + 1) } else { 0 };
+            assert_eq!(
+                ring.bytes().total(),
+                2 * kv_heads * (window.min(t + 1) * C::row_bytes(d) + sink_rows * 4 * d)
+            );
         }
     }
 }
@@ -136,10 +145,20 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
 #[test]
 fn quantized_window_caches_equal_quantized_caches_over_the_last_window() {
     for rotate in [false, true] {
-        quant_ring_equals_quant_cache_over_the_last_window::<Int8Blocks>(rotate);
-        quant_ring_equals_quant_cache_over_the_last_window::<Int4Blocks>(rotate);
-        quant_ring_equals_quant_cache_over_the_last_window::<Fp8Rows>(rotate);
+        for sink in [0, 2] {
+            quant_ring_equals_quant_cache_over_the_last_window::<Int8Blocks>(rotate, sink);
+            quant_ring_equals_quant_cache_over_the_last_window::<Int4Blocks>(rotate, sink);
+            quant_ring_equals_quant_cache_over_the_last_window::<Fp8Rows>(rotate, sink);
+        }
     }
+    // A sink longer than the window, or set on a ring that holds positions, is refused.
+    let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 32).unwrap());
+    let ring = QuantWindowCache::<Int8Blocks>::new(shape, 4, None, 1).unwrap();
+    assert!(ring.with_sink(5).is_err());
+    let mut ring = QuantWindowCache::<Int8Blocks>::new(shape, 4, None, 1).unwrap();
+    let mut out = [0.0; 32];
+    ring.decode(0, StepQkv { q: &[0.0; 32], k: &[0.1; 32], v: &[0.2; 32] }, &mut out).unwrap();
+    assert!(ring.with_sink(1).is_err());
 }
 
 #[test]

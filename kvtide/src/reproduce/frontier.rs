@@ -172,7 +172,12 @@ impl ByteModel {
     /// local layers).
     pub fn ring_bytes(&self, run: &FrontierRun, tokens: usize) -> usize {
         self.local.map_or(0, |l| {
-            l.layers * self.kv_heads * tokens.min(l.window) * run.ring_token_bytes(self.head_dim)
+            let d = self.head_dim;
+            // A dense configuration's sink rows stay in f32 in its quantized rings too.
+            let sink = if run.ring.is_none() && run.k.is_none() { tokens.min(run.sink) } else { 0 };
+            l.layers
+                * self.kv_heads
+                * (tokens.min(l.window) * run.ring_token_bytes(d) + sink * 2 * 4 * d)
         })
     }
 
@@ -2378,6 +2383,9 @@ mod tests {
         // The first position's q4_0 rows (8 blocks of 18 bytes) are f32 rows (1024 bytes).
         assert_eq!(sink.head_bytes(256, 1000), plain.head_bytes(256, 1000) + 2 * (1024 - 144));
         assert_eq!(sink.head_bytes(256, 0), 0);
+        // Gemma 3's rings keep the sink row in f32 too: one position, 15 layers, K and V.
+        let bm = gemma();
+        assert_eq!(bm.ring_bytes(&sink, 767), bm.ring_bytes(&plain, 767) + 15 * 2 * 1024);
         let spec: models::cache::CacheSpec = sink.spec("", 1).parse().unwrap();
         assert!(matches!(&spec.kind, models::cache::CacheKind::Dense(d) if d.sink == 1));
         let plan = grid(64, &[4], &[128], false);

@@ -13,8 +13,9 @@
 //! basis: better at int4 on Gemma 3, whose keys lose more once spread by any rotation),
 //! `calibrated` the SWAN basis (same file as `basis=calibrated`). `sink=N` keeps the first
 //! `N` positions of a quantized dense cache (fp8/int8/int4) in `f32` — the attention sink,
-//! whose rounding error every query of every window shares (lossless for those rows; the
-//! rings of a sliding-window model's local layers keep none; default `0`).
+//! whose rounding error every query of every window shares (lossless for those rows; on a
+//! sliding-window model the quantized rings keep them too while they are inside the window;
+//! default `0`).
 //! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row. `select=query` prunes evicted keys by `|k̂_j|·√E[q̂_j²]` (the queries' energy along
@@ -597,10 +598,19 @@ impl CacheSpec {
             }
             _ => None,
         };
+        // A dense spec's sink holds for its quantized rings too (a float ring keeps all).
+        let sink = match (&self.kind, format) {
+            (CacheKind::Dense(d), DenseStorage::Quant(_)) => d.sink,
+            _ => 0,
+        };
         let wrap = move || -> Result<Box<dyn KvCache>> {
             let (global, rotation) = (make()?, rotation.clone());
-            Ok(Box::new(crate::cache::WindowedCache::new(
-                &local, format, rotation, global, threads,
+            Ok(Box::new(crate::cache::WindowedCache::with_ring_sink(
+                &local,
+                (format, sink),
+                rotation,
+                global,
+                threads,
             )?))
         };
         Ok((model, Box::new(wrap)))

@@ -20,7 +20,9 @@
 use std::sync::Arc;
 
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv, EncodedAttention, QuantKv};
-use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+use kv_sparse::quant::{
+    DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows, QuantView,
+};
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
 
@@ -189,6 +191,11 @@ pub struct QuantWindowCache<C: DenseCodec> {
     values: Vec<QuantRows<C>>,
     /// Positions appended to each layer.
     seen: Vec<usize>,
+    /// Positions kept in `f32` while they are inside the window (`0`: none).
+    sink: usize,
+    /// `sink_keys[layer * kv_heads + h]`: those positions' rows, row-major.
+    sink_keys: Vec<Vec<f32>>,
+    sink_values: Vec<Vec<f32>>,
 }
 
 impl<C: DenseCodec> QuantWindowCache<C> {
@@ -237,7 +244,49 @@ impl<C: DenseCodec> QuantWindowCache<C> {
             keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             seen: vec![0; shape.layers],
+            sink: 0,
+            sink_keys: vec![Vec::new(); heads],
+            sink_values: vec![Vec::new(); heads],
         })
+    }
+
+    /// The same (empty) ring keeping its first `positions` positions in `f32` while they
+    /// are inside the window — attended in place of their quantized slots, under one
+    /// softmax (see [`crate::cache::QuantCache::with_sink`]); their bytes count as resident.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] when the ring already holds positions or `positions`
+    /// exceeds the window.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::quant::Int4Blocks;
+    /// use models::cache::{CacheShape, KvCache, QuantWindowCache, StepQkv};
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 32)?);
+    /// let mut ring = QuantWindowCache::<Int4Blocks>::new(shape, 2, None, 1)?.with_sink(1)?;
+    /// let mut out = [0.0; 32];
+    /// for (i, v) in [0.3, 0.7, 0.9].into_iter().enumerate() {
+    ///     let step = StepQkv { q: &[0.0; 32], k: &[0.1; 32], v: &[v; 32] };
+    ///     ring.decode(0, step, &mut out)?;
+    ///     if i == 0 {
+    ///         assert_eq!(out, [0.3; 32]); // the sink row, exactly
+    ///     }
+    /// }
+    /// assert!(out.iter().all(|&x| (x - 0.8).abs() < 0.02)); // the last two; the sink left
+    /// # Ok::<(), models::Error>(())
+    /// ```
+    pub fn with_sink(mut self, positions: usize) -> Result<Self> {
+        if self.seen.iter().any(|&s| s > 0) {
+            return Err(invalid("quantized window sink", "the ring already holds positions"));
+        }
+        if positions > self.window {
+            return Err(invalid(
+                "quantized window sink",
+                format!("a sink of {positions} positions in a window of {}", self.window),
+            ));
+        }
+        self.sink = positions;
+        Ok(self)
     }
 
     fn heads(&self, layer: usize) -> std::ops::Range<usize> {
@@ -262,8 +311,20 @@ impl<C: DenseCodec> QuantWindowCache<C> {
         }
         for t in from..to {
             let ring = self.seen[layer] % self.window;
+            let in_sink = self.seen[layer] < self.sink;
             for (i, slot) in self.heads(layer).enumerate() {
                 let at = i * stride + t * d;
+                if in_sink {
+                    // Row p at p·d: positions a long prefill skipped (never attended again,
+                    // they lie before the window) are zeros.
+                    let p = self.seen[layer] * d;
+                    for (dst, src) in
+                        [(&mut self.sink_keys[slot], keys), (&mut self.sink_values[slot], values)]
+                    {
+                        dst.resize(p, 0.0);
+                        dst.extend_from_slice(&src[at..at + d]);
+                    }
+                }
                 for (dst, src) in [(&mut self.keys[slot], keys), (&mut self.values[slot], values)] {
                     let row = &src[at..at + d];
                     if dst.len() < ring {
@@ -305,8 +366,9 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
+        let sink = if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() };
         format!(
-            "window {} {}{rotate}{}",
+            "window {} {}{rotate}{sink}{}",
             self.window,
             C::FORMAT,
             super::queries_label(&self.kernel)
@@ -364,10 +426,24 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             };
             let d = self.shape.head_dim();
             self.push(layer, (step.k, step.v), d, (0, 1))?;
-            let views: Vec<QuantKv<'_, C>> = self
-                .heads(layer)
-                .map(|s| QuantKv::new(self.keys[s].view(), self.values[s].view()))
-                .collect();
+            // Sink positions still inside the window: slots lo..hi, read from the f32 rows.
+            let n = self.seen[layer];
+            let (lo, hi) = (n.saturating_sub(self.window), self.sink.min(n));
+            let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
+            for s in self.heads(layer) {
+                let (k, v) = (self.keys[s].view(), self.values[s].view());
+                views.push(if lo < hi {
+                    let part = |x, a, b| rows_of::<C>(x, d, a..b);
+                    let len = k.num_rows();
+                    let before = (part(k, 0, lo)?, part(v, 0, lo)?);
+                    QuantKv::continuing(before, part(k, hi, len)?, part(v, hi, len)?).with_sink(
+                        &self.sink_keys[s][lo * d..hi * d],
+                        &self.sink_values[s][lo * d..hi * d],
+                    )
+                } else {
+                    QuantKv::new(k, v)
+                });
+            }
             self.kernel.quantized(&self.shape.attn, step.q, &views, out)?;
             Ok(())
         })();
@@ -384,9 +460,21 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
     }
 
     fn bytes(&self) -> CacheBytes {
-        let held = self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
-        CacheBytes { resident: held, offloaded: 0 }
+        let held: usize =
+            self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        let sink: usize = self.sink_keys.iter().chain(&self.sink_values).map(|r| 4 * r.len()).sum();
+        CacheBytes { resident: held + sink, offloaded: 0 }
     }
+}
+
+/// Rows `range` of `view` (rows of `head_dim`), as a view of their own.
+fn rows_of<C: DenseCodec>(
+    view: QuantView<'_, C>,
+    head_dim: usize,
+    range: std::ops::Range<usize>,
+) -> kv_sparse::Result<QuantView<'_, C>> {
+    let rb = C::row_bytes(head_dim);
+    QuantView::from_bytes(head_dim, &view.bytes()[range.start * rb..range.end * rb])
 }
 
 /// The ring of the local layers of `shape` in `format`: a [`WindowCache`] of floats, or a
@@ -397,7 +485,7 @@ fn ring_cache(
     window: usize,
     format: DenseStorage,
     rotation: Option<Arc<ProjectionSet>>,
-    threads: usize,
+    (threads, sink): (usize, usize),
 ) -> Result<Box<dyn KvCache>> {
     let (w, t) = (window, threads);
     Ok(match format {
@@ -407,13 +495,13 @@ fn ring_cache(
         }
         DenseStorage::Float(_) => Box::new(WindowCache::<half::f16>::new(shape, w, t)?),
         DenseStorage::Quant(DenseFormat::Fp8) => {
-            Box::new(QuantWindowCache::<Fp8Rows>::new(shape, w, rotation, t)?)
+            Box::new(QuantWindowCache::<Fp8Rows>::new(shape, w, rotation, t)?.with_sink(sink)?)
         }
         DenseStorage::Quant(DenseFormat::Int8) => {
-            Box::new(QuantWindowCache::<Int8Blocks>::new(shape, w, rotation, t)?)
+            Box::new(QuantWindowCache::<Int8Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?)
         }
         DenseStorage::Quant(DenseFormat::Int4) => {
-            Box::new(QuantWindowCache::<Int4Blocks>::new(shape, w, rotation, t)?)
+            Box::new(QuantWindowCache::<Int4Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?)
         }
     })
 }
@@ -451,6 +539,23 @@ impl WindowedCache {
         global: Box<dyn KvCache>,
         threads: usize,
     ) -> Result<Self> {
+        Self::with_ring_sink(layers, (format, 0), rotation, global, threads)
+    }
+
+    /// [`WindowedCache::new`] with a quantized ring keeping its first `sink` positions in
+    /// `f32` while they are inside the window ([`QuantWindowCache::with_sink`]; a float
+    /// ring keeps every position in full already and ignores it).
+    ///
+    /// # Errors
+    /// As [`WindowedCache::new`]; also [`crate::Error::InvalidInput`] for a sink longer
+    /// than the window.
+    pub fn with_ring_sink(
+        layers: &LocalAttention,
+        (format, sink): (DenseStorage, usize),
+        rotation: Option<Arc<ProjectionSet>>,
+        global: Box<dyn KvCache>,
+        threads: usize,
+    ) -> Result<Self> {
         let inner = global.shape();
         let n_global = layers.local.iter().filter(|&&l| !l).count();
         if inner.layers != n_global {
@@ -474,7 +579,7 @@ impl WindowedCache {
             })
             .collect();
         let (w, local_shape) = (layers.window, CacheShape { layers: counts[1], ..inner });
-        let ring = ring_cache(local_shape, w, format, rotation, threads)?;
+        let ring = ring_cache(local_shape, w, format, rotation, (threads, sink))?;
         let shape = CacheShape { layers: layers.local.len(), ..inner };
         Ok(Self { shape, window: w, slots, ring, global })
     }
