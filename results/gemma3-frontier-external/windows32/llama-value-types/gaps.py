@@ -4,7 +4,9 @@ jackknife standard error (the study's own rule, kvtide/src/reproduce/frontier_pe
 llama.cpp's per-chunk figures come from its running perplexities: ../results.json for the
 runs the study made (-ctk/-ctv f16, q8_0, q4_0), the logs here for q4_0 keys with f16 / q8_0
 values (`llama-perplexity -m <F32 GGUF> -f <the study's text> -c 1024 --chunks 32 -t 2 -fa on
--ctk q4_0 -ctv V`)."""
+-ctk q4_0 -ctv V`), and for the sweep below: q4_0 keys with q4_1 / q5_0 / q5_1 / iq4_nl values,
+f16 or q8_0 keys with q4_0 values, and q4_0/q4_0 and q4_0/f16 with llama.cpp's rotation off
+(`LLAMA_ATTN_ROT_DISABLE=1`)."""
 import json, math, os, re
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -49,3 +51,36 @@ for label in ["dense int4 rotate=hadamard", "dense int4 rotate=hadamard-v"]:
         print(f"{label} ({100*k:.2f} %) vs llama.cpp {ty} ({100*l:.2f} %): {100*g:+.2f} pp, SE {100*se:.2f}")
 k, l, g, se = gap(lc["q4_0"], lc["f16"], lc["q4_0 keys, f16 values"], lc["f16"])
 print(f"llama.cpp q4_0/q4_0 ({100*k:.2f} %) vs q4_0 keys, f16 values ({100*l:.2f} %): {100*g:+.2f} pp, SE {100*se:.2f}")
+
+
+# llama.cpp's own q4_0-key costs, value type by value type: a cache whose keys are stored
+# identically, whose values differ by a few bits. Each line: the cost over llama.cpp's f16
+# with its jackknife SE, and its distance from the q4_0/q4_0 run the study judges.
+print()
+print("llama.cpp, same q4_0 keys (Hadamard-rotated), values of each type:")
+sweep = [
+    ("q4_0 keys, f16 values", None),
+    ("q4_0 keys, q8_0 values", None),
+    ("q4_0 keys, q5_1 values", "k-q4_0-v-q5_1.log"),
+    ("q4_0 keys, q5_0 values", "k-q4_0-v-q5_0.log"),
+    ("q4_0 keys, q4_1 values", "k-q4_0-v-q4_1.log"),
+    ("q4_0 keys, iq4_nl values", "k-q4_0-v-iq4_nl.log"),
+    ("q4_0", None),
+]
+for name, log in sweep:
+    if log is not None:
+        if not os.path.exists(os.path.join(here, log)):
+            continue
+        lc[name] = chunks(log)
+    c, _, g, se = gap(lc[name], lc["f16"], lc["q4_0"], lc["f16"])
+    print(f"  {name:28s} {100*c:6.2f} %   vs q4_0/q4_0 {100*g:+6.2f} pp, SE {100*se:.2f}")
+print("llama.cpp, other pairs:")
+for name, log in [
+    ("f16 keys, q4_0 values", "k-f16-v-q4_0.log"),
+    ("q8_0 keys, q4_0 values", "k-q8_0-v-q4_0.log"),
+    ("q4_0/q4_0, rotation off", "norot-q4_0-q4_0.log"),
+    ("q4_0 keys, f16 values, rotation off", "norot-q4_0-f16.log"),
+]:
+    lc[name] = chunks(log)
+    c, _, g, se = gap(lc[name], lc["f16"], lc["q4_0"], lc["f16"])
+    print(f"  {name:36s} {100*c:6.2f} %   vs q4_0/q4_0 {100*g:+6.2f} pp, SE {100*se:.2f}")
