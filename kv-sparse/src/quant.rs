@@ -640,6 +640,26 @@ impl<'a, C: DenseCodec> QuantView<'a, C> {
         self.bytes
     }
 
+    /// The view of rows `range` (clamped to the rows there are), still borrowed; nothing is
+    /// checked again.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::quant::{Int8Blocks, QuantRows};
+    /// let mut rows = QuantRows::<Int8Blocks>::new(32)?;
+    /// rows.push(&[1.0; 3 * 32])?;
+    /// let view = rows.view();
+    /// assert_eq!(view.rows(1..3).num_rows(), 2);
+    /// assert_eq!(view.rows(1..3).row(0), view.row(1));
+    /// assert_eq!(view.rows(2..9).num_rows(), 1);
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn rows(&self, range: std::ops::Range<usize>) -> Self {
+        let (rb, n) = (C::row_bytes(self.head_dim), self.num_rows());
+        let (start, end) = (range.start.min(n), range.end.min(n));
+        Self::from_bytes_unchecked(self.head_dim, &self.bytes[start * rb..end.max(start) * rb])
+    }
+
     /// Decodes row `i` into `out`.
     ///
     /// # Errors

@@ -20,13 +20,12 @@
 use std::sync::Arc;
 
 use attn_kernels::{CpuAttention, DecodeAttention, DenseKv, EncodedAttention, QuantKv};
-use kv_sparse::quant::{
-    DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows, QuantView,
-};
+use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
 
 use super::rotation::QkRotation;
+use super::sink::SinkRows;
 use super::spec::DenseStorage;
 use super::{AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, check_finite};
 use crate::error::{Result, invalid};
@@ -191,11 +190,8 @@ pub struct QuantWindowCache<C: DenseCodec> {
     values: Vec<QuantRows<C>>,
     /// Positions appended to each layer.
     seen: Vec<usize>,
-    /// Positions kept in `f32` while they are inside the window (`0`: none).
-    sink: usize,
-    /// `sink_keys[layer * kv_heads + h]`: those positions' rows, row-major.
-    sink_keys: Vec<Vec<f32>>,
-    sink_values: Vec<Vec<f32>>,
+    /// Positions kept in `f32` while they are inside the window.
+    sink: SinkRows,
 }
 
 impl<C: DenseCodec> QuantWindowCache<C> {
@@ -244,9 +240,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
             keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             seen: vec![0; shape.layers],
-            sink: 0,
-            sink_keys: vec![Vec::new(); heads],
-            sink_values: vec![Vec::new(); heads],
+            sink: SinkRows::new(heads),
         })
     }
 
@@ -285,7 +279,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
                 format!("a sink of {positions} positions in a window of {}", self.window),
             ));
         }
-        self.sink = positions;
+        self.sink.positions = positions;
         Ok(self)
     }
 
@@ -311,7 +305,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
         }
         for t in from..to {
             let ring = self.seen[layer] % self.window;
-            let in_sink = self.seen[layer] < self.sink;
+            let in_sink = self.seen[layer] < self.sink.positions;
             for (i, slot) in self.heads(layer).enumerate() {
                 let at = i * stride + t * d;
                 if in_sink {
@@ -319,7 +313,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
                     // they lie before the window) are zeros.
                     let p = self.seen[layer] * d;
                     for (dst, src) in
-                        [(&mut self.sink_keys[slot], keys), (&mut self.sink_values[slot], values)]
+                        [(&mut self.sink.keys[slot], keys), (&mut self.sink.values[slot], values)]
                     {
                         dst.resize(p, 0.0);
                         dst.extend_from_slice(&src[at..at + d]);
@@ -366,11 +360,11 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
-        let sink = if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() };
         format!(
-            "window {} {}{rotate}{sink}{}",
+            "window {} {}{rotate}{}{}",
             self.window,
             C::FORMAT,
+            self.sink.label(),
             super::queries_label(&self.kernel)
         )
     }
@@ -428,18 +422,15 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             self.push(layer, (step.k, step.v), d, (0, 1))?;
             // Sink positions still inside the window: slots lo..hi, read from the f32 rows.
             let n = self.seen[layer];
-            let (lo, hi) = (n.saturating_sub(self.window), self.sink.min(n));
+            let (lo, hi) = (n.saturating_sub(self.window), self.sink.positions.min(n));
             let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
                 let (k, v) = (self.keys[s].view(), self.values[s].view());
                 views.push(if lo < hi {
-                    let part = |x, a, b| rows_of::<C>(x, d, a..b);
                     let len = k.num_rows();
-                    let before = (part(k, 0, lo)?, part(v, 0, lo)?);
-                    QuantKv::continuing(before, part(k, hi, len)?, part(v, hi, len)?).with_sink(
-                        &self.sink_keys[s][lo * d..hi * d],
-                        &self.sink_values[s][lo * d..hi * d],
-                    )
+                    let before = (k.rows(0..lo), v.rows(0..lo));
+                    let (sk, sv) = self.sink.rows(s, lo..hi, d);
+                    QuantKv::continuing(before, k.rows(hi..len), v.rows(hi..len)).with_sink(sk, sv)
                 } else {
                     QuantKv::new(k, v)
                 });
@@ -462,19 +453,8 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
     fn bytes(&self) -> CacheBytes {
         let held: usize =
             self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
-        let sink: usize = self.sink_keys.iter().chain(&self.sink_values).map(|r| 4 * r.len()).sum();
-        CacheBytes { resident: held + sink, offloaded: 0 }
+        CacheBytes { resident: held + self.sink.held_bytes(), offloaded: 0 }
     }
-}
-
-/// Rows `range` of `view` (rows of `head_dim`), as a view of their own.
-fn rows_of<C: DenseCodec>(
-    view: QuantView<'_, C>,
-    head_dim: usize,
-    range: std::ops::Range<usize>,
-) -> kv_sparse::Result<QuantView<'_, C>> {
-    let rb = C::row_bytes(head_dim);
-    QuantView::from_bytes(head_dim, &view.bytes()[range.start * rb..range.end * rb])
 }
 
 /// The ring of the local layers of `shape` in `format`: a [`WindowCache`] of floats, or a
