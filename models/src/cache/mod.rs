@@ -22,6 +22,7 @@ mod dense;
 pub mod persist;
 mod quant;
 mod rotation;
+mod sink;
 pub mod spec;
 mod swan;
 pub mod tiered;

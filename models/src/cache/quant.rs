@@ -18,6 +18,7 @@ use kv_sparse::quant::{DenseCodec, QuantRows, QuantView};
 use projection::ProjectionSet;
 
 use super::rotation::QkRotation;
+use super::sink::SinkRows;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, invalid};
 
@@ -32,11 +33,8 @@ pub struct QuantCache<C: DenseCodec> {
     /// A reopened file whose rows of every head come first, read where they are mapped,
     /// and the rows each head holds there.
     reopened: Option<(Arc<MappedCache>, usize)>,
-    /// Positions kept in `f32` before the quantized rows (`0`: none).
-    sink: usize,
-    /// `sink_keys[layer * kv_heads + h]`: those positions' rows, row-major.
-    sink_keys: Vec<Vec<f32>>,
-    sink_values: Vec<Vec<f32>>,
+    /// Positions kept in `f32` before the quantized rows.
+    sink: SinkRows,
 }
 
 /// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, if any.
@@ -89,9 +87,7 @@ impl<C: DenseCodec> QuantCache<C> {
             keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
             reopened: None,
-            sink: 0,
-            sink_keys: vec![Vec::new(); heads],
-            sink_values: vec![Vec::new(); heads],
+            sink: SinkRows::new(heads),
         })
     }
 
@@ -126,7 +122,7 @@ impl<C: DenseCodec> QuantCache<C> {
                 format!("the cache already holds {} positions", self.len()),
             ));
         }
-        self.sink = positions;
+        self.sink.positions = positions;
         Ok(self)
     }
 
@@ -142,8 +138,8 @@ impl<C: DenseCodec> QuantCache<C> {
         let d = self.shape.head_dim();
         let first = self.heads(layer).start;
         // Rows of this block that go to the sink (the same for every head of the layer).
-        let held = self.sink_keys[first].len() / d;
-        let to_sink = self.sink.saturating_sub(held).min(n / d) * d;
+        let held = self.sink.keys[first].len() / d;
+        let to_sink = self.sink.positions.saturating_sub(held).min(n / d) * d;
         for slot in self.heads(layer) {
             let i = slot - first;
             self.keys[slot].check(OP, &keys[i * n + to_sink..(i + 1) * n])?;
@@ -155,16 +151,12 @@ impl<C: DenseCodec> QuantCache<C> {
         }
         for slot in self.heads(layer) {
             let i = slot - first;
-            self.sink_keys[slot].extend_from_slice(&keys[i * n..i * n + to_sink]);
-            self.sink_values[slot].extend_from_slice(&values[i * n..i * n + to_sink]);
+            self.sink.keys[slot].extend_from_slice(&keys[i * n..i * n + to_sink]);
+            self.sink.values[slot].extend_from_slice(&values[i * n..i * n + to_sink]);
             self.keys[slot].push_checked(&keys[i * n + to_sink..(i + 1) * n]);
             self.values[slot].push_checked(&values[i * n + to_sink..(i + 1) * n]);
         }
         Ok(())
-    }
-
-    fn sink_label(&self) -> String {
-        if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() }
     }
 }
 
@@ -190,7 +182,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
         let queries = super::queries_label(&self.kernel);
-        format!("dense {}{rotate}{}{queries}", C::FORMAT, self.sink_label())
+        format!("dense {}{rotate}{}{queries}", C::FORMAT, self.sink.label())
     }
 
     fn shape(&self) -> CacheShape {
@@ -199,7 +191,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
 
     fn len(&self) -> usize {
         let mapped = self.reopened.as_ref().map_or(0, |r| r.1);
-        let sink = self.sink_keys.last().map_or(0, Vec::len) / self.shape.head_dim().max(1);
+        let sink = self.sink.keys.last().map_or(0, Vec::len) / self.shape.head_dim().max(1);
         self.keys.last().map_or(0, QuantRows::len) + mapped + sink
     }
 
@@ -238,7 +230,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
                 let mut kv = QuantKv::new(self.keys[s].view(), self.values[s].view())
-                    .with_sink(&self.sink_keys[s], &self.sink_values[s]);
+                    .with_sink(&self.sink.keys[s], &self.sink.values[s]);
                 kv.prefix = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), s)?;
                 views.push(kv);
             }
@@ -256,7 +248,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     fn bytes(&self) -> CacheBytes {
         let mut held: usize =
             self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
-        held += self.sink_keys.iter().chain(&self.sink_values).map(|r| 4 * r.len()).sum::<usize>();
+        held += self.sink.held_bytes();
         for slot in 0..self.keys.len() {
             if let Ok(Some((k, v))) =
                 mapped_rows::<C>(self.reopened.as_ref(), self.shape.kv_heads(), slot)
@@ -272,7 +264,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
-        if self.sink > 0 {
+        if self.sink.positions > 0 {
             return Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() });
         }
         let mut heads = Vec::with_capacity(self.keys.len());
@@ -288,7 +280,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     /// Every head is validated before the cache changes.
     fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         const OP: &str = "quantized cache load";
-        if self.sink > 0 {
+        if self.sink.positions > 0 {
             return Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() });
         }
         let s = self.shape;
