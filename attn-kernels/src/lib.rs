@@ -67,5 +67,5 @@ pub use pool::ThreadPool;
 pub use reference::Reference;
 pub use views::{
     CodedHistoryPrefix, CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HistoryPrefix,
-    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, SparseKv, SparseSlab,
+    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, SparseKv, SparseSlab, WithSink,
 };

@@ -323,11 +323,14 @@ impl DecodeAttention for Reference {
         const OP: &str = "Reference::hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view(), c.history_prefix().as_ref())?;
+            let (view, prefix) = (c.hybrid_view(), c.history_prefix());
+            validate::hybrid(OP, cfg.head_dim(), h, &view, prefix.as_ref(), c.sink_rows())?;
         }
         let heads = kv.iter().map(|c| {
             let v = c.hybrid_view();
             let mut rows = Decoded::new(cfg.head_dim());
+            let (sink_keys, sink_values) = c.sink_rows();
+            rows.push_dense(sink_keys, sink_values);
             if let Some((keys, values)) = c.history_prefix() {
                 rows.push_csr(&keys, &values, v.value_scale);
             }
@@ -455,11 +458,14 @@ impl EncodedAttention for Reference {
                 h,
                 &c.coded_view(),
                 c.history_prefix().as_ref(),
+                c.sink_rows(),
             )?;
         }
         let heads = kv.iter().map(|c| {
             let v = c.coded_view();
             let mut rows = Decoded::new(cfg.head_dim());
+            let (sink_keys, sink_values) = c.sink_rows();
+            rows.push_dense(sink_keys, sink_values);
             if let Some((keys, values)) = c.history_prefix() {
                 rows.push_coded(&keys, &values, v.value_scale);
             }

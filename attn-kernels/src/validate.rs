@@ -152,9 +152,11 @@ pub(crate) fn hybrid<I: SparseIndex, V: Value, D: Value>(
     kv_head: usize,
     view: &HybridView<'_, I, V, D>,
     prefix: Option<&HistoryPrefix<'_, I, V>>,
+    sink_rows: (&[f32], &[f32]),
 ) -> Result<usize> {
     head_dim(op, kv_head, d, view.head_dim)?;
     let mut s = csr(op, d, kv_head, &view.sparse_keys, &view.sparse_values, view.value_scale)?;
+    s += sink(op, d, kv_head, sink_rows)?;
     if let Some((keys, values)) = prefix {
         s += csr(op, d, kv_head, keys, values, view.value_scale)?;
     }
@@ -178,11 +180,20 @@ pub(crate) fn quantized<C: DenseCodec>(
         head_dim(op, kv_head, d, values.head_dim())?;
         rows += same_rows(op, kv_head, what, keys.num_rows(), values.num_rows())?;
     }
-    let (sk, sv) = kv.sink;
-    let sink_keys = ring_rows(op, kv_head, ["sink keys", "sink keys"], (sk, &[]), d)?;
-    let sink_values = ring_rows(op, kv_head, ["sink values", "sink values"], (sv, &[]), d)?;
-    rows += same_rows(op, kv_head, "sink", sink_keys, sink_values)?;
+    rows += sink(op, d, kv_head, kv.sink)?;
     non_empty(op, kv_head, rows)
+}
+
+/// A kv-head's `f32` sink rows (keys, values); returns their rows.
+pub(crate) fn sink(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    (keys, values): (&[f32], &[f32]),
+) -> Result<usize> {
+    let k = ring_rows(op, kv_head, ["sink keys", "sink keys"], (keys, &[]), d)?;
+    let v = ring_rows(op, kv_head, ["sink values", "sink values"], (values, &[]), d)?;
+    same_rows(op, kv_head, "sink", k, v)
 }
 
 /// A coded hybrid kv-head and the older coded rows before its history, if any; returns
@@ -193,11 +204,12 @@ pub(crate) fn coded_hybrid<X: IndexCode, Y: ValueCode, D: Value>(
     kv_head: usize,
     view: &CodedHybridView<'_, X, Y, D>,
     prefix: Option<&CodedHistoryPrefix<'_, X, Y>>,
+    sink_rows: (&[f32], &[f32]),
 ) -> Result<usize> {
     head_dim(op, kv_head, d, view.head_dim)?;
     scale(op, kv_head, "key", view.value_scale.0)?;
     scale(op, kv_head, "value", view.value_scale.1)?;
-    let mut s = 0;
+    let mut s = sink(op, d, kv_head, sink_rows)?;
     let own = ("sparse", (&view.sparse_keys, &view.sparse_values));
     let older = prefix.map(|(k, v)| ("sparse prefix", (k, v)));
     for (what, (keys, values)) in std::iter::once(own).chain(older) {

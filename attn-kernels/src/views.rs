@@ -107,6 +107,13 @@ pub trait HybridSource<I, V, D>: Sync {
     fn history_prefix(&self) -> Option<HistoryPrefix<'_, I, V>> {
         None
     }
+
+    /// `f32` key and value rows (row-major, `head_dim` wide) attended before everything
+    /// else in the same softmax, unscaled: positions a cache keeps in full whatever it does
+    /// with the rest (the attention sink). Empty (the default) for none.
+    fn sink_rows(&self) -> (&[f32], &[f32]) {
+        (&[], &[])
+    }
 }
 
 impl<I: SparseIndex, V: Value, D: Value> HybridSource<I, V, D> for HybridView<'_, I, V, D> {
@@ -209,6 +216,73 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridSource<X, Y, D>
 
     fn history_prefix(&self) -> Option<CodedHistoryPrefix<'_, X, Y>> {
         Some(self.prefix)
+    }
+}
+
+/// A hybrid or coded hybrid source whose first positions are kept in full: `sink` holds
+/// their `f32` key and value rows (row-major, `head_dim` wide, unscaled), attended before
+/// `head`'s rows — its history prefix, sparse history and buffer — under one softmax.
+/// A SWAN cache that keeps the attention sink out of its sparse rows lends its heads so.
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention, DenseKv, WithSink};
+/// use kv_sparse::hybrid::{HybridCache, HybridConfig};
+/// let d = 4;
+/// let (k0, v0) = ([1.0f32, 0.5, -0.5, 2.0], [3.0f32, -1.0, 0.0, 1.0]);
+/// let mut rest = HybridCache::<u8, f32, f32>::new(HybridConfig::new(d, 2, d))?;
+/// let mut keys = k0.to_vec();
+/// let mut values = v0.to_vec();
+/// for t in 1..5 {
+///     let (k, v) = ([t as f32, 1.0, -1.0, 0.5], [1.0, t as f32, 0.0, 2.0]);
+///     rest.append(&k, &v)?;
+///     keys.extend(k);
+///     values.extend(v);
+/// }
+/// // Lossless rows (k = d, f32): the sink plus the rest attend as one dense head.
+/// let head = WithSink { sink: (&k0[..], &v0[..]), head: rest.view() };
+/// let attn = AttnConfig::new(1, 1, d)?;
+/// let q = [0.3, -0.2, 0.5, 1.0];
+/// let (mut a, mut b) = ([0.0; 4], [0.0; 4]);
+/// let mut kernel = CpuAttention::new(1)?;
+/// kernel.hybrid(&attn, &q, &[head], &mut a)?;
+/// kernel.dense(&attn, &q, &[DenseKv::new(d, &keys, &values)], &mut b)?;
+/// assert!(a.iter().zip(&b).all(|(x, y)| (x - y).abs() < 1e-5));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct WithSink<'a, H> {
+    /// The kept positions' `f32` key and value rows.
+    pub sink: (&'a [f32], &'a [f32]),
+    /// The rows after them.
+    pub head: H,
+}
+
+impl<I, V, D, H: HybridSource<I, V, D>> HybridSource<I, V, D> for WithSink<'_, H> {
+    fn hybrid_view(&self) -> HybridView<'_, I, V, D> {
+        self.head.hybrid_view()
+    }
+
+    fn history_prefix(&self) -> Option<HistoryPrefix<'_, I, V>> {
+        self.head.history_prefix()
+    }
+
+    fn sink_rows(&self) -> (&[f32], &[f32]) {
+        self.sink
+    }
+}
+
+impl<X, Y, D, H: CodedHybridSource<X, Y, D>> CodedHybridSource<X, Y, D> for WithSink<'_, H> {
+    fn coded_view(&self) -> CodedHybridView<'_, X, Y, D> {
+        self.head.coded_view()
+    }
+
+    fn history_prefix(&self) -> Option<CodedHistoryPrefix<'_, X, Y>> {
+        self.head.history_prefix()
+    }
+
+    fn sink_rows(&self) -> (&[f32], &[f32]) {
+        self.sink
     }
 }
 
@@ -492,6 +566,12 @@ pub trait CodedHybridSource<X, Y, D>: Sync {
     /// (see [`HybridSource::history_prefix`]). `None` (the default) for a single history.
     fn history_prefix(&self) -> Option<CodedHistoryPrefix<'_, X, Y>> {
         None
+    }
+
+    /// `f32` rows attended before everything else (see [`HybridSource::sink_rows`]).
+    /// Empty (the default) for none.
+    fn sink_rows(&self) -> (&[f32], &[f32]) {
+        (&[], &[])
     }
 }
 

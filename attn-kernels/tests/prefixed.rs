@@ -4,15 +4,17 @@
 //! within rounding otherwise; dense quantized rows in two parts (`QuantKv::continuing`)
 //! attend bit for bit as in one; the reference agrees; `f32` sink rows before quantized rows
 //! (`QuantKv::with_sink`) attend as the reference does under one softmax, and attend as the
-//! dense kernel over the same rows when nothing else is stored; malformed prefixes and sinks
-//! are typed errors.
+//! dense kernel over the same rows when nothing else is stored; sink rows before a hybrid or
+//! coded hybrid head ([`WithSink`], with or without a history prefix) attend as the
+//! reference does, and a lossless head with a sink as the dense kernel over all its rows;
+//! malformed prefixes and sinks are typed errors.
 
 mod common;
 
 use attn_kernels::accuracy::Kernel;
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, EncodedAttention, Error, Isa, PrefixedCodedHybrid,
-    PrefixedHybrid, QuantKv, Reference, synth,
+    PrefixedHybrid, QuantKv, Reference, WithSink, synth,
 };
 use common::{assert_close, cfg};
 use half::f16;
@@ -374,4 +376,175 @@ fn malformed_sinks_are_typed_errors() {
         let err = e.quantized(&cfg, &q, &[bad], &mut out).unwrap_err();
         assert!(matches!(err, Error::RaggedRows { what: "sink keys", .. }), "{name}: {err}");
     }
+}
+
+/// `sink` f32 rows per head before a CSR hybrid head of `tokens` rows (the history split
+/// after one tile when `prefixed`): every engine against the reference.
+fn hybrid_sink_case(layout: (usize, usize), d: usize, sink: usize, prefixed: bool) {
+    let (cfg, tokens) = (cfg(layout, d), 150);
+    let hybrid = HybridConfig { rows_per_block: 64, ..HybridConfig::new(d, 16, d / 2) };
+    let sinks: Vec<[Vec<f32>; 2]> = (0..layout.1 as u64)
+        .map(|h| [0, 1].map(|i| synth::values(sink * d, 90 + 2 * h + i)))
+        .collect();
+    let whole: Vec<HybridCache<u8, f16, f16>> = (0..layout.1 as u64)
+        .map(|h| {
+            let mut c = HybridCache::new(hybrid).unwrap();
+            c.extend(&synth::values(tokens * d, 3 * h), &synth::values(tokens * d, 3 * h + 1))
+                .unwrap();
+            c
+        })
+        .collect();
+    let p = if prefixed { TILE } else { 0 };
+    let rest: Vec<_> =
+        whole.iter().map(|c| HybridCache::from_view_after(hybrid, c.view(), p).unwrap()).collect();
+    let heads: Vec<_> = whole
+        .iter()
+        .zip(&rest)
+        .zip(&sinks)
+        .map(|((w, r), [sk, sv])| {
+            let v = w.view();
+            let prefix = (v.sparse_keys.first_rows(p), v.sparse_values.first_rows(p));
+            WithSink { sink: (&sk[..], &sv[..]), head: PrefixedHybrid { prefix, view: r.view() } }
+        })
+        .collect();
+    let q = synth::values(cfg.q_len(), 13);
+    let mut want = vec![0.0; cfg.q_len()];
+    Reference.hybrid(&cfg, &q, &heads, &mut want).unwrap();
+    // The sink changes the output: it is attended, not dropped.
+    let mut without = vec![0.0; cfg.q_len()];
+    Reference.hybrid(&cfg, &q, &whole, &mut without).unwrap();
+    assert_ne!(want, without, "sink rows must take part in the softmax");
+    let max = sinks.iter().fold(8.0f32, |m, [_, sv]| m.max(bound(sv)));
+    for (name, mut e) in engines() {
+        let mut got = vec![f32::NAN; cfg.q_len()];
+        e.hybrid(&cfg, &q, &heads, &mut got).unwrap();
+        let what = format!("{name} csr {layout:?} d={d} sink={sink} prefix={p}");
+        check(&got, &want, false, max, &what);
+    }
+}
+
+/// As [`hybrid_sink_case`] for coded rows `X`×`Y`.
+fn coded_sink_case<X: IndexCode, Y: ValueCode>(layout: (usize, usize), d: usize, sink: usize) {
+    let (cfg, tokens) = (cfg(layout, d), 120);
+    let hybrid = HybridConfig { rows_per_block: 40, ..HybridConfig::new(d, 16, (d / 2) & !1) }
+        .for_store::<CodedStore<X, Y>>();
+    let sinks: Vec<[Vec<f32>; 2]> = (0..layout.1 as u64)
+        .map(|h| [0, 1].map(|i| synth::values(sink * d, 40 + 2 * h + i)))
+        .collect();
+    let whole: Vec<CodedHybridCache<X, Y, f16>> = (0..layout.1 as u64)
+        .map(|h| {
+            let mut c = CodedHybridCache::new(hybrid).unwrap();
+            c.extend(&synth::values(tokens * d, 7 + h), &synth::values(tokens * d, 17 + h))
+                .unwrap();
+            c
+        })
+        .collect();
+    let p = TILE;
+    let rest: Vec<_> = whole
+        .iter()
+        .map(|c| CodedHybridCache::from_view_after(hybrid, c.view(), p).unwrap())
+        .collect();
+    let prefixed: Vec<_> = whole
+        .iter()
+        .zip(&rest)
+        .zip(&sinks)
+        .map(|((w, r), [sk, sv])| {
+            let v = w.view();
+            let prefix = (v.sparse_keys.first_rows(p), v.sparse_values.first_rows(p));
+            WithSink {
+                sink: (&sk[..], &sv[..]),
+                head: PrefixedCodedHybrid { prefix, view: r.view() },
+            }
+        })
+        .collect();
+    let plain: Vec<_> = whole
+        .iter()
+        .zip(&sinks)
+        .map(|(w, [sk, sv])| WithSink { sink: (&sk[..], &sv[..]), head: w.view() })
+        .collect();
+    let q = synth::values(cfg.q_len(), 29);
+    let (mut want, mut want_plain) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
+    Reference.coded_hybrid(&cfg, &q, &prefixed, &mut want).unwrap();
+    Reference.coded_hybrid(&cfg, &q, &plain, &mut want_plain).unwrap();
+    assert_eq!(want, want_plain, "the reference decodes a split history as one");
+    let max = sinks.iter().fold(8.0f32, |m, [_, sv]| m.max(bound(sv)));
+    for (name, mut e) in engines() {
+        let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+        e.coded_hybrid(&cfg, &q, &prefixed, &mut a).unwrap();
+        e.coded_hybrid(&cfg, &q, &plain, &mut b).unwrap();
+        let what = format!("{name} {:?}×{:?} {layout:?} d={d} sink={sink}", X::KIND, Y::KIND);
+        check(&a, &want, false, max, &what);
+        check(&b, &want, false, max, &what);
+    }
+}
+
+#[test]
+fn sink_rows_attend_before_hybrid_heads_under_one_softmax() {
+    for layout in [(2, 2), (8, 1)] {
+        for (d, sink) in [(64, 1), (40, 3), (12, TILE + 1)] {
+            hybrid_sink_case(layout, d, sink, false);
+            hybrid_sink_case(layout, d, sink, true);
+            coded_sink_case::<Bitmask, Int8Values>(layout, d, sink);
+            coded_sink_case::<Bitmask, Elems<Fp8E4M3>>(layout, d, sink);
+            coded_sink_case::<List<u8>, Int4Values>(layout, d, sink);
+        }
+    }
+}
+
+/// A lossless hybrid head (every component, f32 rows) with a sink attends as the dense
+/// kernel over the sink's rows followed by the head's.
+#[test]
+fn a_lossless_hybrid_head_with_a_sink_equals_dense() {
+    let (layout, d, sink, tokens) = ((4, 2), 32, 2, 100);
+    let cfg = cfg(layout, d);
+    let mut all: Vec<[Vec<f32>; 2]> = Vec::new();
+    let mut heads = Vec::new();
+    for h in 0..layout.1 as u64 {
+        let (k, v) = (
+            synth::values((sink + tokens) * d, 50 + h),
+            synth::values((sink + tokens) * d, 60 + h),
+        );
+        let mut c = HybridCache::<u8, f32, f32>::new(HybridConfig::new(d, 8, d)).unwrap();
+        c.extend(&k[sink * d..], &v[sink * d..]).unwrap();
+        heads.push(c);
+        all.push([k, v]);
+    }
+    let with: Vec<_> = heads
+        .iter()
+        .zip(&all)
+        .map(|(c, [k, v])| WithSink { sink: (&k[..sink * d], &v[..sink * d]), head: c.view() })
+        .collect();
+    let dense: Vec<_> = all.iter().map(|[k, v]| attn_kernels::DenseKv::new(d, k, v)).collect();
+    let q = synth::values(cfg.q_len(), 8);
+    let max = all.iter().fold(0.0f32, |m, [_, v]| m.max(bound(v)));
+    for (name, mut e) in engines() {
+        let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+        e.hybrid(&cfg, &q, &with, &mut a).unwrap();
+        e.dense(&cfg, &q, &dense, &mut b).unwrap();
+        check(&a, &b, false, max, &format!("{name} lossless hybrid with a sink"));
+    }
+}
+
+#[test]
+fn malformed_hybrid_sinks_are_typed_errors() {
+    let (d, cfg) = (32, cfg((2, 1), 32));
+    let mut c = HybridCache::<u8, f16, f16>::new(HybridConfig::new(d, 4, d / 2)).unwrap();
+    c.extend(&synth::values(10 * d, 1), &synth::values(10 * d, 2)).unwrap();
+    let hybrid = HybridConfig::new(d, 4, d / 2).for_store::<CodedStore<Bitmask, Int8Values>>();
+    let mut coded = CodedHybridCache::<Bitmask, Int8Values, f16>::new(hybrid).unwrap();
+    coded.extend(&synth::values(10 * d, 1), &synth::values(10 * d, 2)).unwrap();
+    let (three, two, ragged) = (vec![0.5; 3 * d], vec![0.5; 2 * d], vec![0.5; d + 1]);
+    let q = synth::values(cfg.q_len(), 3);
+    let mut out = vec![0.0; cfg.q_len()];
+    for (name, mut e) in engines() {
+        let bad = WithSink { sink: (&three[..], &two[..]), head: c.view() };
+        let err = e.hybrid(&cfg, &q, &[bad], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { part: "sink", .. }), "{name}: {err}");
+        let bad = WithSink { sink: (&ragged[..], &ragged[..]), head: coded.view() };
+        let err = e.coded_hybrid(&cfg, &q, &[bad], &mut out).unwrap_err();
+        assert!(matches!(err, Error::RaggedRows { what: "sink keys", .. }), "{name}: {err}");
+    }
+    let bad = WithSink { sink: (&three[..], &two[..]), head: coded.view() };
+    let err = Reference.coded_hybrid(&cfg, &q, &[bad], &mut out).unwrap_err();
+    assert!(matches!(err, Error::RowCountMismatch { part: "sink", .. }), "reference: {err}");
 }

@@ -270,7 +270,8 @@ impl DecodeAttention for CpuAttention {
         const OP: &str = "CpuAttention::hybrid";
         validate::call(OP, cfg, q, out, kv.len())?;
         for (h, c) in kv.iter().enumerate() {
-            validate::hybrid(OP, cfg.head_dim(), h, &c.hybrid_view(), c.history_prefix().as_ref())?;
+            let (view, prefix) = (c.hybrid_view(), c.history_prefix());
+            validate::hybrid(OP, cfg.head_dim(), h, &view, prefix.as_ref(), c.sink_rows())?;
         }
         let job = Job { cfg, q, capture: false };
         let src = HybridSrc { heads: kv, types: std::marker::PhantomData };
@@ -353,6 +354,7 @@ impl EncodedAttention for CpuAttention {
                 h,
                 &c.coded_view(),
                 c.history_prefix().as_ref(),
+                c.sink_rows(),
             )?;
         }
         let job = Job { cfg, q, capture: false };

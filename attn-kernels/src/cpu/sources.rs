@@ -152,7 +152,9 @@ where
 {
     fn rows(&self, kv: usize) -> usize {
         let head = &self.heads[kv];
-        head.hybrid_view().len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
+        let view = head.hybrid_view();
+        let sink = head.sink_rows().0.len() / view.head_dim.max(1);
+        sink + view.len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
     }
 
     fn run<const W: usize>(
@@ -164,6 +166,9 @@ where
         slot: &mut Slot,
     ) {
         let head = &self.heads[item.kv];
+        let Some(item) = &sink_segment::<W>(k, job, item, head.sink_rows(), sc, slot) else {
+            return;
+        };
         let view: HybridView<'_, I, V, D> = head.hybrid_view();
         match head.history_prefix() {
             None => hybrid_rows::<I, V, D, W>(k, job, item, &view, sc, slot),
@@ -179,6 +184,31 @@ where
             }
         }
     }
+}
+
+/// Streams `item`'s rows among the first `sink` ones (`f32` keys and values, row-major)
+/// through `slot` and returns its other rows renumbered from 0 (`None` when none remain):
+/// the attention sink, kept in full before a cache's own rows under the same softmax.
+fn sink_segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    sink: (&[f32], &[f32]),
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) -> Option<Item> {
+    if sink.0.is_empty() {
+        return Some(item.clone());
+    }
+    let d = job.cfg.head_dim();
+    let (head, tail) = split_item(item, sink.0.len() / d);
+    if let Some(i) = head {
+        let q = scaled_queries(job.queries(i.kv, i.block), job.logit_scale(), &mut sc.q);
+        let (keys, values) = (Ring::new((sink.0, &[]), d), Ring::new((sink.1, &[]), d));
+        let row = |j| (keys.row(j), values.row(j));
+        dense_segment::<f32, W>(k, &row, i.rows, q, d, slot, None);
+    }
+    tail
 }
 
 /// `item`'s rows before `p` and, renumbered from 0, those from `p` (each `None` when empty).
@@ -399,19 +429,9 @@ impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
         let kv = &self.0[item.kv];
         let d = job.cfg.head_dim();
         // The sink's f32 rows come first, then the quantized rows under the same softmax.
-        let sink = kv.sink_rows(d);
-        if item.rows.start < sink {
-            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-            let (keys, values) = (Ring::new((kv.sink.0, &[]), d), Ring::new((kv.sink.1, &[]), d));
-            let row = |j| (keys.row(j), values.row(j));
-            let rows = item.rows.start..item.rows.end.min(sink);
-            dense_segment::<f32, W>(k, &row, rows, q, d, slot, None);
-        }
-        if item.rows.end <= sink {
-            return;
-        }
+        let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
         let row = |j: usize| kv.row(j).expect("validated row");
-        let range = item.rows.start.saturating_sub(sink)..item.rows.end - sink;
+        let range = item.rows.clone();
         // Blocked rows carry their scales inside; the row factor is 1.
         let plain = |j| {
             let (kr, vr) = row(j);
@@ -692,7 +712,9 @@ where
 {
     fn rows(&self, kv: usize) -> usize {
         let head = &self.heads[kv];
-        head.coded_view().len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
+        let view = head.coded_view();
+        let sink = head.sink_rows().0.len() / view.head_dim.max(1);
+        sink + view.len() + head.history_prefix().map_or(0, |(keys, _)| keys.num_rows())
     }
 
     fn run<const W: usize>(
@@ -704,6 +726,9 @@ where
         slot: &mut Slot,
     ) {
         let head = &self.heads[item.kv];
+        let Some(item) = &sink_segment::<W>(k, job, item, head.sink_rows(), sc, slot) else {
+            return;
+        };
         let view: CodedHybridView<'_, X, Y, D> = head.coded_view();
         match head.history_prefix() {
             None => coded_hybrid_rows::<X, Y, D, W>(k, job, item, &view, sc, slot),

@@ -132,6 +132,12 @@ impl DecodeAttention for Gpu {
                 what: "a sparse history split into a prefix and the view's own rows".into(),
             });
         }
+        if kv.iter().any(|h| !h.sink_rows().0.is_empty()) {
+            return Err(Error::GpuUnsupported {
+                op: "Gpu::hybrid",
+                what: "sink rows kept in f32 before the hybrid rows".into(),
+            });
+        }
         let views: Vec<_> = kv.iter().map(HybridSource::hybrid_view).collect();
         let p = PackedHybrid::from_views(&views)?;
         self.decode(cfg, q, p.as_cache(), out, None)

@@ -536,6 +536,12 @@ impl PackedCodedHybrid {
         heads: &[H],
     ) -> Result<Self> {
         const OP: &str = "PackedCodedHybrid::from_sources";
+        if heads.iter().any(|h| !h.sink_rows().0.is_empty()) {
+            return Err(Error::GpuUnsupported {
+                op: OP,
+                what: "sink rows kept in f32 before the coded hybrid rows".into(),
+            });
+        }
         let views: Vec<CodedHybridView<'_, X, Y, D>> =
             heads.iter().map(|h| h.coded_view()).collect();
         let (ks, vs) = views.first().map_or((1.0, 1.0), |v| v.value_scale);
