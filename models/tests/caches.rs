@@ -105,6 +105,8 @@ fn bad_specs_are_typed_errors() {
         "dense:format=f16,sink=1",
         "dense:format=int4,sink=x",
         "dense:format=int8,sink=-1",
+        "swan:sink=x",
+        "swan+tiered:span=0..8,sink=1",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -143,6 +145,33 @@ fn a_sink_keeps_the_first_positions_in_full() {
     let (plain, p0) = run(&wide, "dense:format=int4");
     let (zero, p1) = run(&wide, "dense:format=int4,sink=0");
     assert_eq!((p0, plain.cache().label()), (p1, zero.cache().label()));
+}
+
+/// A SWAN spec's `sink=N` keeps the first `N` positions of every head in f32 beside the
+/// buffer: a sink of 3 holds 3 f32 rows and the hybrid rows of the positions after them
+/// (three sparse rows fewer), the sink changes the scores, the label says so, and the file
+/// format refuses to save or load such a cache; `sink=0` is the plain cache.
+#[test]
+fn a_swan_sink_holds_its_first_positions_in_f32() {
+    use kv_sparse::coded::ValueKind;
+    use models::cache::{SwanConfig, SwanIndex};
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let base = "swan:k=8,index=bitmask,value=int8,b=4,basis=random:2";
+    let (plain, p_plain) = run(&wide, base);
+    let (zero, p_zero) = run(&wide, &format!("{base},sink=0"));
+    assert_eq!((p_plain, plain.cache().label()), (p_zero, zero.cache().label()));
+    let (s, p_sink) = run(&wide, &format!("{base},sink=3"));
+    assert_ne!(p_sink, p_plain, "the sink rows must change the scores");
+    let shape = s.cache().shape();
+    let (d, heads) = (shape.head_dim(), shape.layers * shape.kv_heads());
+    let mut c = SwanConfig::lossless(d, 4);
+    (c.k_key, c.k_value, c.index, c.value) = (8, 8, SwanIndex::Bitmask, ValueKind::Int8);
+    let sparse_row = c.sparse_token_bytes(d);
+    let want = plain.cache().bytes().total() + heads * 3 * (2 * 4 * d - sparse_row);
+    assert_eq!(s.cache().bytes().total(), want, "3 f32 rows for 3 sparse rows per head");
+    assert_eq!(s.cache().len(), plain.cache().len());
+    assert!(s.cache().label().contains(" sink=3"), "{}", s.cache().label());
+    assert!(matches!(s.cache().image(), Err(Error::NotPersistable { .. })));
 }
 
 /// `queries=int8` is for caches with int8 keys: others refuse it with a typed error; with
@@ -201,6 +230,7 @@ fn non_finite_steps_are_rejected_and_change_nothing() {
     for text in [
         "dense:format=f32",
         "swan:k=8,value=fp8,b=2,basis=random:3",
+        "swan:k=8,value=fp8,b=2,basis=random:3,sink=20",
         "tiered:span=2..10,policy=wnw,r_gpu=0.5",
         "swan+tiered:k=8,value=fp8,basis=random:3,span=2..10,policy=wnw,r_gpu=0.5",
     ] {

@@ -66,6 +66,18 @@ fn tiny_models_every_lossless_cache_matches_dense() {
                 compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
             }
         }
+        // SWAN's sink keeps its first positions in f32 beside the buffer: lossless with every
+        // component kept (the sink spans the prefill and the first steps), and lossless
+        // whatever the sparse rows round when every position stays inside the sink.
+        for spec in [
+            format!(
+                "swan:k={d},kv={d},index=bitmask,value=f32,buffer=f32,b=4,basis=random:3,sink=3,threads=1"
+            ),
+            "swan:k=2,kv=2,index=bitmask,value=int4,buffer=f32,b=2,basis=random:3,sink=48,threads=1"
+                .to_string(),
+        ] {
+            compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
+        }
         // A rotated dense cache is the same attention in another orthonormal basis.
         for rotate in ["hadamard", "hadamard-v", "random:4"] {
             let spec = format!("dense:format=f32,rotate={rotate},threads=1");

@@ -4,7 +4,7 @@
 //! of a teacher-forced prefill and of the decode path (short, chat and a 600-token prompt
 //! that outruns the 512-position sliding window) within 1e-3, greedy continuations, and
 //! the sliding-window caches: lossless settings equal dense, per-kind byte accounting, and
-//! a full-history cache refused past the window.
+//! a full-history cache refused past the window; a SWAN sink reaches the quantized rings.
 
 mod common;
 
@@ -254,4 +254,21 @@ fn full_history_cache_is_refused_past_the_window() {
     let _ = s.prefill(&ids(c, "input_ids")).unwrap();
     let e = s.decode(ids(c, "greedy_ids")[0]).unwrap_err();
     assert!(e.to_string().contains("attends to the last 512 positions"), "{e}");
+}
+
+/// A SWAN spec's `sink=N` holds in its global layers and, as a dense spec's does, in its
+/// quantized local rings; a float ring keeps every position already.
+#[test]
+fn a_swan_sink_reaches_the_global_layers_and_the_quantized_rings() {
+    let ckpt = checkpoint();
+    for (spec, in_rings) in [
+        ("swan:k=64,index=bitmask,value=int8,basis=hadamard,ring=int4,sink=1", true),
+        ("swan:k=64,index=bitmask,value=int8,basis=hadamard,ring=f16,sink=1", false),
+    ] {
+        let (_, cache) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+        let label = cache.label();
+        let (global, local) = label.split_once(" (global layers) + ").unwrap();
+        assert!(global.contains(" sink=1"), "{spec}: {label}");
+        assert_eq!(local.contains(" sink=1"), in_rings, "{spec}: {label}");
+    }
 }

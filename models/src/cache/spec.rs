@@ -3,7 +3,7 @@
 //! | spec | cache |
 //! |---|---|
 //! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
-//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
@@ -15,7 +15,8 @@
 //! `N` positions of a quantized dense cache (fp8/int8/int4) in `f32` — the attention sink,
 //! whose rounding error every query of every window shares (lossless for those rows; on a
 //! sliding-window model the quantized rings keep them too while they are inside the window;
-//! default `0`).
+//! default `0`). A SWAN spec's `sink=N` keeps them in `f32` beside its buffer, never
+//! evicted into sparse rows (and in its quantized rings, as a dense spec's).
 //! SWAN's `index=bitmask` names kept components with a `d_h`-bit mask instead of `u8`
 //! indices; `value=int8|int4` stores kept values as symmetric integers with one f16 scale per
 //! row. `select=query` prunes evicted keys by `|k̂_j|·√E[q̂_j²]` (the queries' energy along
@@ -93,6 +94,8 @@ pub struct SwanSpec {
     pub key_select: KeySelect,
     /// Component scaling (`norm=none|eigen`).
     pub norm: ComponentNorm,
+    /// Positions kept in `f32` beside the buffer, never evicted (`sink=N`; `0`: none).
+    pub sink: usize,
 }
 
 impl Default for SwanSpec {
@@ -109,6 +112,7 @@ impl Default for SwanSpec {
             proj: None,
             key_select: KeySelect::Magnitude,
             norm: ComponentNorm::None,
+            sink: 0,
         }
     }
 }
@@ -159,12 +163,7 @@ impl DenseSpec {
                 r.parse::<BasisKind>().map_err(|e| spec_err(p.spec(), format!("rotate: {e}")))?,
             ),
         };
-        let sink = match p.take("sink") {
-            None => 0,
-            Some(n) => n.parse::<usize>().map_err(|_| {
-                spec_err(p.spec(), format!("sink={n}: expected a number of positions"))
-            })?,
-        };
+        let sink = sink_param(p)?;
         if sink > 0 && matches!(format, DenseStorage::Float(_)) {
             return Err(spec_err(
                 p.spec(),
@@ -174,6 +173,16 @@ impl DenseSpec {
             ));
         }
         Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from), sink })
+    }
+}
+
+/// `sink=N`: positions kept in `f32` (`0` when absent).
+fn sink_param(p: &mut Params<'_>) -> Result<usize> {
+    match p.take("sink") {
+        None => Ok(0),
+        Some(n) => n
+            .parse::<usize>()
+            .map_err(|_| spec_err(p.spec(), format!("sink={n}: expected a number of positions"))),
     }
 }
 
@@ -360,6 +369,7 @@ impl SwanSpec {
             proj: p.take("proj").map(PathBuf::from),
             key_select,
             norm,
+            sink: sink_param(p)?,
         })
     }
 
@@ -375,6 +385,7 @@ impl SwanSpec {
             fp8_scale: self.scale,
             key_select: self.key_select,
             norm: self.norm,
+            sink: self.sink,
         }
     }
 
@@ -469,6 +480,13 @@ impl FromStr for CacheSpec {
                         text,
                         "select=query applies to swan caches; swan+tiered prunes audio keys by \
                          magnitude",
+                    ));
+                }
+                if swan.sink > 0 {
+                    return Err(spec_err(
+                        text,
+                        "sink= applies to swan and quantized dense caches; swan+tiered keeps \
+                         its text rows dense already",
                     ));
                 }
                 if swan.norm != ComponentNorm::None {
@@ -598,9 +616,10 @@ impl CacheSpec {
             }
             _ => None,
         };
-        // A dense spec's sink holds for its quantized rings too (a float ring keeps all).
+        // The spec's sink holds for its quantized rings too (a float ring keeps all).
         let sink = match (&self.kind, format) {
             (CacheKind::Dense(d), DenseStorage::Quant(_)) => d.sink,
+            (CacheKind::Swan(s), DenseStorage::Quant(_)) => s.sink,
             _ => 0,
         };
         let wrap = move || -> Result<Box<dyn KvCache>> {

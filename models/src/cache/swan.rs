@@ -22,6 +22,11 @@
 //! (int8/int4 rows) fits small components as well as large ones; queries and outputs are
 //! scaled back exactly.
 //!
+//! With `sink=N` ([`SwanConfig::sink`]) the first `N` positions of every head are kept in
+//! `f32` beside the buffer and never evicted: the attention sink, which every later query
+//! attends and whose sparse rounding every window would share (not a part of the paper's
+//! method; measured by the frontier study).
+//!
 //! Lossless setting: `k_key = k_value = head_dim` with f32 values and buffer — any
 //! orthogonal basis then reproduces dense attention to float rounding, whichever selection
 //! and component scaling.
@@ -30,7 +35,7 @@ use std::sync::Arc;
 
 use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, EncodedAttention, PrefixedCodedHybrid,
-    PrefixedHybrid,
+    PrefixedHybrid, WithSink,
 };
 use kv_sparse::coded::{CodedStore, IndexCode, ValueCode, ValueKind, coded_row_bytes};
 use kv_sparse::csr::CsrStore;
@@ -40,6 +45,7 @@ use kv_sparse::persist::{CacheImage, MappedCache};
 use kv_sparse::{Value, ValueFormat};
 use projection::ProjectionSet;
 
+use super::sink::SinkRows;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, invalid};
 
@@ -144,6 +150,8 @@ pub struct SwanConfig {
     pub key_select: KeySelect,
     /// Whether components are scaled before storage.
     pub norm: ComponentNorm,
+    /// Positions kept in `f32` before everything else, never evicted (`0`: none).
+    pub sink: usize,
 }
 
 impl SwanConfig {
@@ -159,6 +167,7 @@ impl SwanConfig {
             fp8_scale: Fp8Scale::None,
             key_select: KeySelect::Magnitude,
             norm: ComponentNorm::None,
+            sink: 0,
         }
     }
 
@@ -268,14 +277,24 @@ pub trait SwanRows: RowStore {
     ///
     /// # Errors
     /// Kernel errors; kv-sparse's errors reading the file.
+    ///
+    /// `sink` holds each head's `f32` sink rows (keys, values), attended first; empty when
+    /// the cache keeps none.
+    #[allow(clippy::too_many_arguments)]
     fn attend<D: Value>(
         kernel: &mut CpuAttention,
         cfg: &AttnConfig,
         q: &[f32],
         heads: &[Hybrid<Self, D>],
         mapped: Option<(MappedHistory<'_>, usize)>,
+        sink: &[(&[f32], &[f32])],
         out: &mut [f32],
     ) -> attn_kernels::Result<()>;
+}
+
+/// Head `h`'s sink rows in `sink`, empty when there are none.
+fn sink_of<'a>(sink: &[(&'a [f32], &'a [f32])], h: usize) -> (&'a [f32], &'a [f32]) {
+    sink.get(h).copied().unwrap_or((&[], &[]))
 }
 
 /// Bytes of block bases, offsets and row data of a borrowed history.
@@ -340,14 +359,26 @@ impl<V: Value> SwanRows for CsrStore<u8, V> {
         q: &[f32],
         heads: &[Hybrid<Self, D>],
         mapped: Option<(MappedHistory<'_>, usize)>,
+        sink: &[(&[f32], &[f32])],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let Some((m, layer)) = mapped else { return kernel.hybrid(cfg, q, heads, out) };
+        let Some((m, layer)) = mapped else {
+            if sink.is_empty() {
+                return kernel.hybrid(cfg, q, heads, out);
+            }
+            let with: Vec<_> = heads
+                .iter()
+                .enumerate()
+                .map(|(h, c)| WithSink { sink: sink_of(sink, h), head: c.view() })
+                .collect();
+            return kernel.hybrid(cfg, q, &with, out);
+        };
         let mut split = Vec::with_capacity(heads.len());
         for (h, c) in heads.iter().enumerate() {
             let v = m.file.view::<u8, V, D>(layer, h)?;
             let prefix = (v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows));
-            split.push(PrefixedHybrid { prefix, view: c.view() });
+            let head = PrefixedHybrid { prefix, view: c.view() };
+            split.push(WithSink { sink: sink_of(sink, h), head });
         }
         kernel.hybrid(cfg, q, &split, out)
     }
@@ -412,14 +443,26 @@ impl<X: IndexCode, Y: ValueCode> SwanRows for CodedStore<X, Y> {
         q: &[f32],
         heads: &[Hybrid<Self, D>],
         mapped: Option<(MappedHistory<'_>, usize)>,
+        sink: &[(&[f32], &[f32])],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let Some((m, layer)) = mapped else { return kernel.coded_hybrid(cfg, q, heads, out) };
+        let Some((m, layer)) = mapped else {
+            if sink.is_empty() {
+                return kernel.coded_hybrid(cfg, q, heads, out);
+            }
+            let with: Vec<_> = heads
+                .iter()
+                .enumerate()
+                .map(|(h, c)| WithSink { sink: sink_of(sink, h), head: c.view() })
+                .collect();
+            return kernel.coded_hybrid(cfg, q, &with, out);
+        };
         let mut split = Vec::with_capacity(heads.len());
         for (h, c) in heads.iter().enumerate() {
             let v = m.file.coded_view::<X, Y, D>(layer, h)?;
             let prefix = (v.sparse_keys.first_rows(m.rows), v.sparse_values.first_rows(m.rows));
-            split.push(PrefixedCodedHybrid { prefix, view: c.view() });
+            let head = PrefixedCodedHybrid { prefix, view: c.view() };
+            split.push(WithSink { sink: sink_of(sink, h), head });
         }
         kernel.coded_hybrid(cfg, q, &split, out)
     }
@@ -536,6 +579,14 @@ fn divide_rows(rows: &mut [f32], c: &[f32]) {
     }
 }
 
+/// Refuses sink rows (keys, values) holding a NaN or an infinity.
+fn finite_sink(op: &'static str, keys: &[f32], values: &[f32]) -> Result<()> {
+    match keys.iter().chain(values).find(|x| !x.is_finite()) {
+        Some(x) => Err(invalid(op, format!("non-finite sink element {x}"))),
+        None => Ok(()),
+    }
+}
+
 /// Multiplies each `c.len()`-wide row of `rows` by `c` (exact: powers of two).
 fn multiply_rows(rows: &mut [f32], c: &[f32]) {
     for row in rows.chunks_exact_mut(c.len()) {
@@ -561,6 +612,8 @@ pub struct SwanCache<S: SwanRows, D: Value> {
     norm: Option<ComponentScales>,
     /// Scaled values of one step or prefill (`norm=eigen` only).
     v_scaled: Vec<f32>,
+    /// The first positions of every head, in `f32` as stored (rotated, scaled).
+    sink: SinkRows,
 }
 
 impl<S: SwanRows, D: Value> SwanCache<S, D> {
@@ -607,7 +660,9 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             prefill_rot: Vec::new(),
             norm,
             v_scaled: Vec::new(),
+            sink: SinkRows::new(shape.layers * shape.kv_heads()),
         };
+        cache.sink.positions = cfg.sink;
         for layer in 0..shape.layers {
             for h in 0..shape.kv_heads() {
                 cache.select_components(layer, h)?;
@@ -658,6 +713,38 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
             .ok_or_else(|| invalid("swan cache", "head out of range"))?;
         head.set_key_weights(keys.as_deref())?;
         head.set_value_weights(values.as_deref())?;
+        Ok(())
+    }
+
+    /// Stores a prefill of `tokens` positions of `layer` — rotated keys in `prefill_rot`,
+    /// `values` as stored, both `[kv_heads, tokens, d]`: positions still inside the sink to
+    /// it, the others to the hybrid caches. Nothing is stored on error.
+    fn store_prefill(&mut self, layer: usize, tokens: usize, values: &[f32]) -> Result<()> {
+        let (d, kv_heads) = (self.shape.head_dim(), self.shape.kv_heads());
+        let first = layer * kv_heads;
+        let held = self.sink.keys[first].len() / d;
+        let to_sink = self.sink.positions.saturating_sub(held).min(tokens);
+        if to_sink == 0 {
+            return Ok(self.caches.extend_layer(layer, &self.prefill_rot, values)?);
+        }
+        let n = tokens * d;
+        let (split, rest) = (to_sink * d, (tokens - to_sink) * d);
+        let (mut keys, mut vals) = (Vec::with_capacity(kv_heads * rest), Vec::new());
+        vals.reserve(kv_heads * rest);
+        for h in 0..kv_heads {
+            let (k, v) = (&self.prefill_rot[h * n..(h + 1) * n], &values[h * n..(h + 1) * n]);
+            finite_sink("swan prefill", &k[..split], &v[..split])?;
+            keys.extend_from_slice(&k[split..]);
+            vals.extend_from_slice(&v[split..]);
+        }
+        if rest > 0 {
+            self.caches.extend_layer(layer, &keys, &vals)?;
+        }
+        for h in 0..kv_heads {
+            let (k, v) = (&self.prefill_rot[h * n..h * n + split], &values[h * n..h * n + split]);
+            self.sink.keys[first + h].extend_from_slice(k);
+            self.sink.values[first + h].extend_from_slice(v);
+        }
         Ok(())
     }
 
@@ -714,13 +801,14 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         let select = if c.key_select == KeySelect::Query { " select=query" } else { "" };
         let norm = if c.norm == ComponentNorm::Eigen { " norm=eigen" } else { "" };
         format!(
-            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{select}{norm}{}",
+            "swan k={}/{}{index} {}{scale} b={} ({}) basis={}{select}{norm}{}{}",
             c.k_key,
             c.k_value,
             c.value,
             c.buffer,
             D::FORMAT,
             self.set.provenance().kind,
+            self.sink.label(),
             super::queries_label(&self.kernel),
         )
     }
@@ -731,7 +819,9 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
 
     fn len(&self) -> usize {
         let mapped = self.reopened.as_ref().map_or(0, |r| r.rows);
-        self.caches.layer_len(self.shape.layers - 1).unwrap_or(0) + mapped
+        let last = self.shape.layers - 1;
+        let sink = self.sink.keys[last * self.shape.kv_heads()].len() / self.shape.head_dim();
+        self.caches.layer_len(last).unwrap_or(0) + mapped + sink
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
@@ -772,8 +862,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
             false => Ok(()),
         };
         debug_assert_eq!(self.prefill_rot.len() % d, 0);
-        let stored =
-            stored.and_then(|()| Ok(self.caches.extend_layer(layer, &self.prefill_rot, values)?));
+        let stored = stored.and_then(|()| self.store_prefill(layer, kv.tokens, values));
         self.v_scaled = scaled;
         stored
     }
@@ -794,12 +883,27 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
             }
         }
         let values = if self.norm.is_some() { &self.v_scaled[..] } else { step.v };
-        self.caches.append_token(layer, &self.k_rot, values)?;
+        let first = layer * kv_heads;
+        if self.sink.keys[first].len() < self.sink.positions * d {
+            finite_sink("swan decode", &self.k_rot, values)?;
+            for h in 0..kv_heads {
+                self.sink.keys[first + h].extend_from_slice(&self.k_rot[h * d..(h + 1) * d]);
+                self.sink.values[first + h].extend_from_slice(&values[h * d..(h + 1) * d]);
+            }
+        } else {
+            self.caches.append_token(layer, &self.k_rot, values)?;
+        }
         let heads =
             self.caches.layer(layer).ok_or_else(|| invalid("swan decode", "layer out of range"))?;
         let mapped =
             self.reopened.as_ref().map(|r| (MappedHistory { file: &r.file, rows: r.rows }, layer));
-        S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, out)?;
+        let sink: Vec<(&[f32], &[f32])> = match self.sink.positions {
+            0 => Vec::new(),
+            _ => (first..first + kv_heads)
+                .map(|s| (&self.sink.keys[s][..], &self.sink.values[s][..]))
+                .collect(),
+        };
+        S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, &sink, out)?;
         if let Some(c) = &self.norm {
             for h in 0..kv_heads {
                 multiply_rows(&mut out[h * group * d..(h + 1) * group * d], c.values(layer, h));
@@ -812,7 +916,8 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     /// step (from the page cache).
     fn bytes(&self) -> CacheBytes {
         let mapped = self.reopened.as_ref().map_or(0, |r| r.bytes);
-        CacheBytes { resident: self.caches.memory().held_bytes() + mapped, offloaded: 0 }
+        let held = self.caches.memory().held_bytes() + self.sink.held_bytes();
+        CacheBytes { resident: held + mapped, offloaded: 0 }
     }
 
     fn projection(&self) -> Option<&ProjectionSet> {
@@ -820,6 +925,9 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     }
 
     fn image(&self) -> Result<CacheImage<'_>> {
+        if self.sink.positions > 0 {
+            return Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() });
+        }
         let (layers, kv) = (self.shape.layers, self.shape.kv_heads());
         Ok(S::image(layers, kv, self.caches.heads(), self.mapped())?)
     }
@@ -832,6 +940,9 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     /// changes.
     fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         const OP: &str = "swan cache load";
+        if self.sink.positions > 0 {
+            return Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() });
+        }
         let (s, d) = (self.shape, self.shape.head_dim());
         file.check_shape(s.layers, s.kv_heads(), d)?;
         super::persist::common_tokens(OP, file)?;
