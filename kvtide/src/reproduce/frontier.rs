@@ -173,8 +173,9 @@ impl ByteModel {
     pub fn ring_bytes(&self, run: &FrontierRun, tokens: usize) -> usize {
         self.local.map_or(0, |l| {
             let d = self.head_dim;
-            // A dense configuration's sink rows stay in f32 in its quantized rings too.
-            let sink = if run.ring.is_none() && run.k.is_none() { tokens.min(run.sink) } else { 0 };
+            // The sink rows stay in f32 in quantized rings too (a float ring keeps all).
+            let quantized = matches!(run.ring_format(), "fp8" | "int8" | "int4");
+            let sink = if quantized { tokens.min(run.sink) } else { 0 };
             l.layers
                 * self.kv_heads
                 * (tokens.min(l.window) * run.ring_token_bytes(d) + sink * 2 * 4 * d)
@@ -239,8 +240,9 @@ pub struct FrontierRun {
     /// SWAN component scaling when not the paper's unscaled rows: `eigen` (each basis
     /// component divided by a power of two from its calibrated energy before storage, `norm=eigen`).
     pub norm: Option<&'static str>,
-    /// Positions a quantized dense cache keeps in `f32` before its quantized rows (`sink=`;
-    /// `0`: none) — the attention sink, whose rounding every query shares.
+    /// Positions kept in `f32` (`sink=`; `0`: none) — the attention sink, whose rounding
+    /// every query shares: a quantized dense cache's before its quantized rows, a SWAN
+    /// cache's beside its buffer (never evicted), and quantized rings' while in the window.
     pub sink: usize,
 }
 
@@ -266,7 +268,7 @@ impl FrontierRun {
         }
     }
 
-    /// The same dense configuration keeping its first position in `f32` (`sink=1`).
+    /// The same configuration keeping its first position in `f32` (`sink=1`).
     fn with_sink(self) -> Self {
         Self { sink: 1, ..self }
     }
@@ -376,13 +378,17 @@ impl FrontierRun {
                     self.values, self.rotate
                 )
             }
-            Some(k) => format!(
-                "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj},threads={threads}",
-                self.kv.unwrap_or(k),
-                self.buffer,
-                self.index,
-                self.values
-            ),
+            Some(k) => {
+                let sink =
+                    if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
+                format!(
+                    "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj}{sink},threads={threads}",
+                    self.kv.unwrap_or(k),
+                    self.buffer,
+                    self.index,
+                    self.values
+                )
+            }
         };
         spec + &ring + &select + &norm + queries
     }
@@ -405,6 +411,9 @@ impl FrontierRun {
             return 2 * (tokens - sink) * row + 2 * sink * 4 * d;
         };
         let cfg = self.swan_config(d, k, self.kv.unwrap_or(k));
+        // Sink positions are kept in f32 and never reach the buffer or the sparse rows.
+        let sink = tokens.min(self.sink);
+        let tokens = tokens - sink;
         let sparse = tokens.saturating_sub(self.buffer);
         // Blocks of rows keep u16 offsets: a u8-list row of 16- or 8-bit floats lives in a
         // CSR store (at most 65 535 entries a block), every other encoding in a coded store
@@ -417,7 +426,10 @@ impl FrontierRun {
             (u16::MAX as usize / full).min(256)
         };
         let blocks = 2 * sparse.div_ceil(rows_per_block);
-        2 * tokens.min(self.buffer) * 2 * d + sparse * cfg.sparse_token_bytes(d) + 8 * blocks
+        2 * sink * 4 * d
+            + 2 * tokens.min(self.buffer) * 2 * d
+            + sparse * cfg.sparse_token_bytes(d)
+            + 8 * blocks
     }
 
     /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
@@ -523,6 +535,30 @@ pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
     runs.extend(more);
 }
 
+/// Adds to `runs` each SWAN configuration with integer bitmask rows (int8, int4), one
+/// budget for keys and values and the paper's key selection — on a model with
+/// sliding-window layers, those with `int4` rings — once more keeping its first position in
+/// `f32` (`sink=1`; in its quantized rings too): the rows that compete with a dense 4-bit
+/// cache, which keeps the attention sink so. Configurations already there are not added
+/// twice.
+pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
+    let more: Vec<FrontierRun> = runs
+        .iter()
+        .filter(|r| {
+            r.k.is_some()
+                && r.kv.is_none()
+                && r.select.is_none()
+                && r.sink == 0
+                && r.index == "bitmask"
+                && matches!(r.values, "int8" | "int4")
+                && (!windowed || r.ring == Some("int4"))
+        })
+        .map(|r| r.clone().with_sink())
+        .filter(|r| !runs.contains(r))
+        .collect();
+    runs.extend(more);
+}
+
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
 pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) -> Vec<FrontierRun> {
     let mut runs = vec![FrontierRun::dense("f16", "none")];
@@ -622,6 +658,13 @@ pub struct SwanGrid {
         conflicts_with = "frontier_external_only"
     )]
     pub norm: Vec<String>,
+    /// Only these sink sizes (comma-separated positions kept in `f32`: 0, 1).
+    #[arg(
+        long = "frontier-sinks",
+        value_delimiter = ',',
+        conflicts_with = "frontier_external_only"
+    )]
+    pub sinks: Vec<usize>,
 }
 
 impl SwanGrid {
@@ -633,6 +676,7 @@ impl SwanGrid {
             && self.rings.is_empty()
             && self.select.is_empty()
             && self.norm.is_empty()
+            && self.sinks.is_empty()
     }
 
     /// Keeps the dense runs of `runs` and the SWAN runs on every restricted axis.
@@ -642,19 +686,20 @@ impl SwanGrid {
     /// (e.g. a buffer the grid does not have), or nothing of the SWAN grid is left.
     pub fn apply(&self, runs: &mut Vec<FrontierRun>, head_dim: usize) -> Result<()> {
         const OP: &str = "reproduce --frontier-k-eighths/--frontier-buffers/--frontier-values/\
-                          --frontier-rings/--frontier-select/--frontier-norm";
+                          --frontier-rings/--frontier-select/--frontier-norm/--frontier-sinks";
         let eighths =
             |r: &FrontierRun| r.k.filter(|k| k * 8 % head_dim == 0).map(|k| k * 8 / head_dim);
         let strings = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>();
         // Each axis: its name, the listed values, and a SWAN run's value on it.
         type Value<'a> = &'a dyn Fn(&FrontierRun) -> Option<String>;
-        let axes: [(&str, Vec<String>, Value<'_>); 6] = [
+        let axes: [(&str, Vec<String>, Value<'_>); 7] = [
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
             ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
             ("rings", self.rings.clone(), &|r| Some(r.ring_format().to_owned())),
             ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_owned())),
             ("component scalings", self.norm.clone(), &|r| Some(r.norm_rule().to_owned())),
+            ("sinks", strings(&self.sinks), &|r| Some(r.sink.to_string())),
         ];
         for (what, listed, value) in &axes {
             let mut has: Vec<String> =
@@ -691,13 +736,14 @@ impl SwanGrid {
         let list = |v: Vec<String>| if v.is_empty() { "all".to_owned() } else { v.join(", ") };
         format!(
             "SWAN grid restricted to k = {} eighths of d_h, b = {}, values {}, rings {}, key \
-             selection {}, component scaling {}",
+             selection {}, component scaling {}, sink {}",
             list(self.k_eighths.iter().map(usize::to_string).collect()),
             list(self.buffers.iter().map(usize::to_string).collect()),
             list(self.values.clone()),
             list(self.rings.clone()),
             list(self.select.clone()),
             list(self.norm.clone()),
+            list(self.sinks.iter().map(usize::to_string).collect()),
         )
     }
 }
@@ -1904,6 +1950,7 @@ mod tests {
             rings: vec![],
             select: vec![],
             norm: vec![],
+            sinks: vec![],
         };
         let mut runs = full.clone();
         pick.apply(&mut runs, 256).unwrap();
@@ -1923,6 +1970,7 @@ mod tests {
             (SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() }, "rings int8"),
             (SwanGrid { select: vec!["query".into()], ..SwanGrid::default() }, "selections query"),
             (SwanGrid { norm: vec!["eigen".into()], ..SwanGrid::default() }, "scalings eigen"),
+            (SwanGrid { sinks: vec![1], ..SwanGrid::default() }, "sinks 1"),
         ] {
             let mut runs = reduced.clone();
             let e = bad.apply(&mut runs, 64).unwrap_err().to_string();
@@ -2392,6 +2440,64 @@ mod tests {
         for label in LLAMACPP_COUNTERPARTS.iter().map(|(_, l)| *l).filter(|l| l.contains("sink")) {
             assert!(plan.iter().any(|r| r.label() == label), "{label} not in the plan");
         }
+    }
+
+    /// A SWAN sink row: named in label and spec, its first position counted as f32 rows in
+    /// place of a buffer row (later: of a sparse row), in the quantized rings too; the plan
+    /// adds it to the integer bitmask rows (with int4 rings on a windowed model) and a grid
+    /// restricted to `--frontier-sinks 1` keeps those alone.
+    #[test]
+    fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
+        let plain = FrontierRun::swan("bitmask", "int8", 96, 64).with_eigen_norm().with_int4_ring();
+        let sink = plain.clone().with_sink();
+        assert_eq!(
+            sink.label(),
+            "swan bitmask int8 k=96 b=64 sink=1 ring=int4 ring_rotate=hadamard-v norm=eigen"
+        );
+        let spec = sink.spec("/p", 2);
+        assert!(spec.contains(",proj=/p,sink=1,threads=2,ring=int4"), "{spec}");
+        let parsed: models::cache::CacheSpec = spec.parse().unwrap();
+        assert!(matches!(&parsed.kind, models::cache::CacheKind::Swan(s) if s.sink == 1));
+        let d = 256;
+        // While the buffer holds every position, the sink row replaces an f16 buffer row.
+        assert_eq!(sink.head_bytes(d, 10), plain.head_bytes(d, 10) + 2 * (4 * d - 2 * d));
+        // Past it, a sparse row (bitmask + 96 int8 + scale + offset, keys and values).
+        let cfg = plain.swan_config(d, 96, 96);
+        let want = plain.head_bytes(d, 1000) + 2 * 4 * d - cfg.sparse_token_bytes(d);
+        assert_eq!(sink.head_bytes(d, 1000), want);
+        let bm = gemma();
+        assert_eq!(bm.ring_bytes(&sink, 767), bm.ring_bytes(&plain, 767) + 15 * 2 * 1024);
+        // An f16 ring keeps every position already: no extra ring bytes.
+        let f16_ring = FrontierRun::swan("bitmask", "int8", 96, 64).with_sink();
+        let f16_plain = FrontierRun::swan("bitmask", "int8", 96, 64);
+        assert_eq!(bm.ring_bytes(&f16_ring, 767), bm.ring_bytes(&f16_plain, 767));
+        // The plan: windowed, only the int4-ring rows; otherwise every integer bitmask row.
+        let mut runs = grid(256, &[3], &[64], true);
+        add_component_norm(&mut runs);
+        add_int4_rings(&mut runs);
+        let mut windowed = runs.clone();
+        add_sinks(&mut windowed, true);
+        let added: Vec<&FrontierRun> = windowed[runs.len()..].iter().collect();
+        assert_eq!(added.len(), 2, "int8 bitmask with int4 rings, norm none and eigen");
+        assert!(added.iter().all(|r| r.sink == 1 && r.ring == Some("int4")));
+        let mut plain_model = runs.clone();
+        add_sinks(&mut plain_model, false);
+        let added = &plain_model[runs.len()..];
+        // bitmask × int8/int4 × norm none/eigen × (f16 rings, and int4 rings for int8).
+        assert_eq!(
+            added.len(),
+            6,
+            "{:?}",
+            added.iter().map(FrontierRun::label).collect::<Vec<_>>()
+        );
+        assert!(added.iter().all(|r| r.index == "bitmask" && r.kv.is_none() && r.sink == 1));
+        let before = windowed.len();
+        add_sinks(&mut windowed, true);
+        assert_eq!(windowed.len(), before, "nothing added twice");
+        let only = SwanGrid { sinks: vec![1], ..SwanGrid::default() };
+        only.apply(&mut windowed, 256).unwrap();
+        assert!(windowed.iter().filter(|r| r.k.is_some()).all(|r| r.sink == 1));
+        assert_eq!(windowed.iter().filter(|r| r.k.is_some()).count(), 2);
     }
 
     #[test]

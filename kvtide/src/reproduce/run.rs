@@ -222,6 +222,10 @@ fn frontier_leg(
     if ctx.model.config().local_attention.is_some() {
         frontier::add_int4_rings(&mut ctx.plan.frontier);
     }
+    // The attention sink kept in f32 by the SWAN rows that compete with a dense 4-bit cache,
+    // as the dense rows keep it.
+    let windowed = ctx.model.config().local_attention.is_some();
+    frontier::add_sinks(&mut ctx.plan.frontier, windowed);
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
