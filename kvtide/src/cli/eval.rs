@@ -44,14 +44,15 @@ fn default_caches() -> Vec<CacheSpec> {
 }
 
 /// The demo's configurations: dense f16; the best dense quantized formats (int8 and int4
-/// blocks, Hadamard-rotated as llama.cpp rotates them); the best SWAN configurations of the
+/// blocks, Hadamard-rotated as llama.cpp rotates them, int4 with its first position — the
+/// attention sink — in f32); the best SWAN configurations of the
 /// frontier study at two budgets (≤ 0.40 and ≤ 0.30 × f16 for a 4096-token cache: bitmask
 /// rows with int8 values and query-weighted key selection / int4 values); and the paper's own
 /// encoding (u8 index list, fp8 values).
 const DEMO_CACHES: [&str; 6] = [
     "dense:format=f16",
     "dense:format=int8,rotate=hadamard",
-    "dense:format=int4,rotate=hadamard",
+    "dense:format=int4,rotate=hadamard,sink=1",
     "swan:k=32,index=bitmask,value=int8,b=128,select=query",
     "swan:k=24,index=bitmask,value=int4,b=128",
     "swan:k=32,index=list,value=fp8,b=128",
@@ -236,7 +237,7 @@ pub fn demo() -> Result<()> {
     println!(
         "\nKV bytes are measured at the end of this {DEMO_TOKENS}-token text, where SWAN's 128-row f16 buffer\n\
          still weighs a fifth of the cache. Per token of a 4096-token cache (kvtide info, frontier study):\n\
-         int8 0.531 × f16, int4 0.281; SWAN bitmask int8 k=32 0.365, bitmask int4 k=24 0.213, list fp8 k=32 0.531.\n\
+         int8 0.531 × f16, int4 sink=1 0.281; SWAN bitmask int8 k=32 0.365, bitmask int4 k=24 0.213, list fp8 k=32 0.531.\n\
          Full comparison: kvtide reproduce --only frontier (results/README.md)."
     );
     Ok(())
