@@ -340,12 +340,26 @@ fn sink_case<C: DenseCodec>(layout: (usize, usize), d: usize, sink: usize, rows:
     let dense: Vec<_> =
         heads.iter().map(|[sk, sv, _, _]| attn_kernels::DenseKv::new(d, sk, sv)).collect();
     if sink > 0 {
-        for (name, mut e) in engines() {
-            let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
-            e.quantized(&cfg, &q, &only, &mut a).unwrap();
-            e.dense(&cfg, &q, &dense, &mut b).unwrap();
-            check(&a, &b, false, max, &format!("{name} sink only d={d} sink={sink}"));
-        }
+        let what = format!("sink only d={d} sink={sink}");
+        against_dense(&cfg, &q, &dense, max, &what, |e, out| e.quantized(&cfg, &q, &only, out));
+    }
+}
+
+/// Every engine's `attend` against its own dense kernel over `dense`, within the hybrid
+/// tolerance.
+fn against_dense(
+    cfg: &AttnConfig,
+    q: &[f32],
+    dense: &[attn_kernels::DenseKv<'_, f32>],
+    max: f32,
+    what: &str,
+    attend: impl Fn(&mut CpuAttention, &mut [f32]) -> attn_kernels::Result<()>,
+) {
+    for (name, mut e) in engines() {
+        let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+        attend(&mut e, &mut a).unwrap();
+        e.dense(cfg, q, dense, &mut b).unwrap();
+        check(&a, &b, false, max, &format!("{name} {what}"));
     }
 }
 
@@ -517,12 +531,8 @@ fn a_lossless_hybrid_head_with_a_sink_equals_dense() {
     let dense: Vec<_> = all.iter().map(|[k, v]| attn_kernels::DenseKv::new(d, k, v)).collect();
     let q = synth::values(cfg.q_len(), 8);
     let max = all.iter().fold(0.0f32, |m, [_, v]| m.max(bound(v)));
-    for (name, mut e) in engines() {
-        let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
-        e.hybrid(&cfg, &q, &with, &mut a).unwrap();
-        e.dense(&cfg, &q, &dense, &mut b).unwrap();
-        check(&a, &b, false, max, &format!("{name} lossless hybrid with a sink"));
-    }
+    let what = "lossless hybrid with a sink";
+    against_dense(&cfg, &q, &dense, max, what, |e, out| e.hybrid(&cfg, &q, &with, out));
 }
 
 #[test]

@@ -462,18 +462,27 @@ impl FrontierRun {
     }
 }
 
+/// Adds to `runs` the `twin` of each configuration `keep` selects, unless already there.
+fn add_twins(
+    runs: &mut Vec<FrontierRun>,
+    keep: impl Fn(&&FrontierRun) -> bool,
+    twin: impl Fn(FrontierRun) -> FrontierRun,
+) {
+    let more: Vec<FrontierRun> =
+        runs.iter().filter(keep).map(|r| twin(r.clone())).filter(|r| !runs.contains(r)).collect();
+    runs.extend(more);
+}
+
 /// Adds to `runs`, for a model with sliding-window layers, each SWAN configuration with
 /// 8-bit values (fp8, int8) once more with `int8` local rings: the rings are most of a
 /// windowed model's cache at a few thousand tokens, and a dense quantized configuration
 /// quantizes them too. Configurations already there are not added twice.
 pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
-    let more: Vec<FrontierRun> = runs
-        .iter()
-        .filter(|r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"))
-        .map(|r| r.clone().with_int8_ring())
-        .filter(|r| !runs.contains(r))
-        .collect();
-    runs.extend(more);
+    add_twins(
+        runs,
+        |r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"),
+        FrontierRun::with_int8_ring,
+    );
 }
 
 /// Adds to `runs` each bitmask SWAN configuration with int8 values, one budget for keys and
@@ -482,20 +491,18 @@ pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
 /// the rings are most of a windowed model's bytes, and below ~0.38 × f16 only 4-bit rings
 /// leave the global layers any bytes. Configurations already there are not added twice.
 pub fn add_int4_rings(runs: &mut Vec<FrontierRun>) {
-    let more: Vec<FrontierRun> = runs
-        .iter()
-        .filter(|r| {
+    add_twins(
+        runs,
+        |r| {
             r.k.is_some()
                 && r.kv.is_none()
                 && r.ring.is_none()
                 && r.select.is_none()
                 && r.index == "bitmask"
                 && r.values == "int8"
-        })
-        .map(|r| r.clone().with_int4_ring())
-        .filter(|r| !runs.contains(r))
-        .collect();
-    runs.extend(more);
+        },
+        FrontierRun::with_int4_ring,
+    );
 }
 
 /// Adds to `runs` each bitmask SWAN configuration with 8-bit values (fp8, int8) and equal
@@ -504,19 +511,17 @@ pub fn add_int4_rings(runs: &mut Vec<FrontierRun>) {
 /// helps is a property of the model (the study measures it per model); configurations
 /// already there are not added twice.
 pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
-    let more: Vec<FrontierRun> = runs
-        .iter()
-        .filter(|r| {
+    add_twins(
+        runs,
+        |r| {
             r.k.is_some()
                 && r.kv.is_none()
                 && r.select.is_none()
                 && r.index == "bitmask"
                 && matches!(r.values, "fp8" | "int8")
-        })
-        .map(|r| r.clone().with_query_select())
-        .filter(|r| !runs.contains(r))
-        .collect();
-    runs.extend(more);
+        },
+        FrontierRun::with_query_select,
+    );
 }
 
 /// Adds to `runs` each SWAN configuration with integer values (int8, int4: one scale per
@@ -526,13 +531,11 @@ pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
 /// whatever the scale, so they are not repeated. Configurations already there are not added
 /// twice.
 pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
-    let more: Vec<FrontierRun> = runs
-        .iter()
-        .filter(|r| r.k.is_some() && r.norm.is_none() && matches!(r.values, "int8" | "int4"))
-        .map(|r| r.clone().with_eigen_norm())
-        .filter(|r| !runs.contains(r))
-        .collect();
-    runs.extend(more);
+    add_twins(
+        runs,
+        |r| r.k.is_some() && r.norm.is_none() && matches!(r.values, "int8" | "int4"),
+        FrontierRun::with_eigen_norm,
+    );
 }
 
 /// Adds to `runs` each SWAN configuration with integer bitmask rows (int8, int4), one
@@ -542,9 +545,9 @@ pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
 /// cache, which keeps the attention sink so. Configurations already there are not added
 /// twice.
 pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
-    let more: Vec<FrontierRun> = runs
-        .iter()
-        .filter(|r| {
+    add_twins(
+        runs,
+        |r| {
             r.k.is_some()
                 && r.kv.is_none()
                 && r.select.is_none()
@@ -552,11 +555,9 @@ pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
                 && r.index == "bitmask"
                 && matches!(r.values, "int8" | "int4")
                 && (!windowed || r.ring == Some("int4"))
-        })
-        .map(|r| r.clone().with_sink())
-        .filter(|r| !runs.contains(r))
-        .collect();
-    runs.extend(more);
+        },
+        FrontierRun::with_sink,
+    );
 }
 
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
