@@ -237,7 +237,7 @@ pub fn demo() -> Result<()> {
     println!(
         "\nKV bytes are measured at the end of this {DEMO_TOKENS}-token text, where SWAN's 128-row f16 buffer\n\
          still weighs a fifth of the cache. Per token of a 4096-token cache (kvtide info, frontier study):\n\
-         int8 0.531 × f16, int4 sink=1 0.281; SWAN bitmask int8 k=32 0.365, bitmask int4 k=24 0.213, list fp8 k=32 0.531.\n\
+         int8 0.531 × f16, int4 sink=1 0.282; SWAN bitmask int8 k=32 0.365, bitmask int4 k=24 0.213, list fp8 k=32 0.531.\n\
          Full comparison: kvtide reproduce --only frontier (results/README.md)."
     );
     Ok(())
