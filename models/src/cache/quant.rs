@@ -138,21 +138,16 @@ impl<C: DenseCodec> QuantCache<C> {
         let d = self.shape.head_dim();
         let first = self.heads(layer).start;
         // Rows of this block that go to the sink (the same for every head of the layer).
-        let held = self.sink.keys[first].len() / d;
-        let to_sink = self.sink.positions.saturating_sub(held).min(n / d) * d;
+        let to_sink = self.sink.takes(first, n / d, d) * d;
         for slot in self.heads(layer) {
             let i = slot - first;
             self.keys[slot].check(OP, &keys[i * n + to_sink..(i + 1) * n])?;
             self.values[slot].check(OP, &values[i * n + to_sink..(i + 1) * n])?;
-            let sink = (&keys[i * n..i * n + to_sink], &values[i * n..i * n + to_sink]);
-            if let Some(x) = sink.0.iter().chain(sink.1).find(|x| !x.is_finite()) {
-                return Err(invalid(OP, format!("non-finite sink element {x}")));
-            }
+            SinkRows::check(OP, &keys[i * n..i * n + to_sink], &values[i * n..i * n + to_sink])?;
         }
         for slot in self.heads(layer) {
             let i = slot - first;
-            self.sink.keys[slot].extend_from_slice(&keys[i * n..i * n + to_sink]);
-            self.sink.values[slot].extend_from_slice(&values[i * n..i * n + to_sink]);
+            self.sink.push(slot, &keys[i * n..i * n + to_sink], &values[i * n..i * n + to_sink]);
             self.keys[slot].push_checked(&keys[i * n + to_sink..(i + 1) * n]);
             self.values[slot].push_checked(&values[i * n + to_sink..(i + 1) * n]);
         }
@@ -229,8 +224,9 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             self.push(layer, step.k, step.v)?;
             let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
-                let mut kv = QuantKv::new(self.keys[s].view(), self.values[s].view())
-                    .with_sink(&self.sink.keys[s], &self.sink.values[s]);
+                let (sk, sv) = self.sink.all(s);
+                let mut kv =
+                    QuantKv::new(self.keys[s].view(), self.values[s].view()).with_sink(sk, sv);
                 kv.prefix = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), s)?;
                 views.push(kv);
             }

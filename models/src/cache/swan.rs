@@ -579,14 +579,6 @@ fn divide_rows(rows: &mut [f32], c: &[f32]) {
     }
 }
 
-/// Refuses sink rows (keys, values) holding a NaN or an infinity.
-fn finite_sink(op: &'static str, keys: &[f32], values: &[f32]) -> Result<()> {
-    match keys.iter().chain(values).find(|x| !x.is_finite()) {
-        Some(x) => Err(invalid(op, format!("non-finite sink element {x}"))),
-        None => Ok(()),
-    }
-}
-
 /// Multiplies each `c.len()`-wide row of `rows` by `c` (exact: powers of two).
 fn multiply_rows(rows: &mut [f32], c: &[f32]) {
     for row in rows.chunks_exact_mut(c.len()) {
@@ -722,8 +714,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
     fn store_prefill(&mut self, layer: usize, tokens: usize, values: &[f32]) -> Result<()> {
         let (d, kv_heads) = (self.shape.head_dim(), self.shape.kv_heads());
         let first = layer * kv_heads;
-        let held = self.sink.keys[first].len() / d;
-        let to_sink = self.sink.positions.saturating_sub(held).min(tokens);
+        let to_sink = self.sink.takes(first, tokens, d);
         if to_sink == 0 {
             return Ok(self.caches.extend_layer(layer, &self.prefill_rot, values)?);
         }
@@ -733,7 +724,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
         vals.reserve(kv_heads * rest);
         for h in 0..kv_heads {
             let (k, v) = (&self.prefill_rot[h * n..(h + 1) * n], &values[h * n..(h + 1) * n]);
-            finite_sink("swan prefill", &k[..split], &v[..split])?;
+            SinkRows::check("swan prefill", &k[..split], &v[..split])?;
             keys.extend_from_slice(&k[split..]);
             vals.extend_from_slice(&v[split..]);
         }
@@ -742,8 +733,7 @@ impl<S: SwanRows, D: Value> SwanCache<S, D> {
         }
         for h in 0..kv_heads {
             let (k, v) = (&self.prefill_rot[h * n..h * n + split], &values[h * n..h * n + split]);
-            self.sink.keys[first + h].extend_from_slice(k);
-            self.sink.values[first + h].extend_from_slice(v);
+            self.sink.push(first + h, k, v);
         }
         Ok(())
     }
@@ -820,7 +810,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     fn len(&self) -> usize {
         let mapped = self.reopened.as_ref().map_or(0, |r| r.rows);
         let last = self.shape.layers - 1;
-        let sink = self.sink.keys[last * self.shape.kv_heads()].len() / self.shape.head_dim();
+        let sink = self.sink.held(last * self.shape.kv_heads(), self.shape.head_dim());
         self.caches.layer_len(last).unwrap_or(0) + mapped + sink
     }
 
@@ -884,11 +874,11 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         }
         let values = if self.norm.is_some() { &self.v_scaled[..] } else { step.v };
         let first = layer * kv_heads;
-        if self.sink.keys[first].len() < self.sink.positions * d {
-            finite_sink("swan decode", &self.k_rot, values)?;
+        if self.sink.takes(first, 1, d) == 1 {
+            SinkRows::check("swan decode", &self.k_rot, values)?;
             for h in 0..kv_heads {
-                self.sink.keys[first + h].extend_from_slice(&self.k_rot[h * d..(h + 1) * d]);
-                self.sink.values[first + h].extend_from_slice(&values[h * d..(h + 1) * d]);
+                let row = h * d..(h + 1) * d;
+                self.sink.push(first + h, &self.k_rot[row.clone()], &values[row]);
             }
         } else {
             self.caches.append_token(layer, &self.k_rot, values)?;
@@ -899,9 +889,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
             self.reopened.as_ref().map(|r| (MappedHistory { file: &r.file, rows: r.rows }, layer));
         let sink: Vec<(&[f32], &[f32])> = match self.sink.positions {
             0 => Vec::new(),
-            _ => (first..first + kv_heads)
-                .map(|s| (&self.sink.keys[s][..], &self.sink.values[s][..]))
-                .collect(),
+            _ => (first..first + kv_heads).map(|s| self.sink.all(s)).collect(),
         };
         S::attend(&mut self.kernel, &self.shape.attn, &self.q_rot, heads, mapped, &sink, out)?;
         if let Some(c) = &self.norm {
