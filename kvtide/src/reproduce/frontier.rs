@@ -364,6 +364,7 @@ impl FrontierRun {
         };
         let select = self.select.map_or(String::new(), |s| format!(",select={s}"));
         let norm = self.norm.map_or(String::new(), |n| format!(",norm={n}"));
+        let sink = if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
         let spec = match self.k {
             None => {
                 let p = if self.rotate == "calibrated" {
@@ -371,24 +372,18 @@ impl FrontierRun {
                 } else {
                     String::new()
                 };
-                let sink =
-                    if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
                 format!(
                     "dense:format={},rotate={}{p}{sink},threads={threads}",
                     self.values, self.rotate
                 )
             }
-            Some(k) => {
-                let sink =
-                    if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
-                format!(
-                    "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj}{sink},threads={threads}",
-                    self.kv.unwrap_or(k),
-                    self.buffer,
-                    self.index,
-                    self.values
-                )
-            }
+            Some(k) => format!(
+                "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj}{sink},threads={threads}",
+                self.kv.unwrap_or(k),
+                self.buffer,
+                self.index,
+                self.values
+            ),
         };
         spec + &ring + &select + &norm + queries
     }
