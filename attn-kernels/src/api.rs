@@ -116,15 +116,15 @@ pub trait GatheredSparseAttention {
 /// is streamed, the cache itself never is. Same conventions and errors as
 /// [`DecodeAttention`].
 pub trait EncodedAttention {
-    /// Attention over dense quantized K/V rows.
+    /// Attention over dense quantized K/V rows, keys and values each in its own codec.
     ///
     /// # Errors
     /// As [`DecodeAttention::dense`].
-    fn quantized<C: DenseCodec>(
+    fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,
         q: &[f32],
-        kv: &[QuantKv<'_, C>],
+        kv: &[QuantKv<'_, K, V>],
         out: &mut [f32],
     ) -> Result<()>;
 

@@ -184,13 +184,21 @@ impl Decoded {
     }
 
     /// Dense quantized rows, each decoded by its codec (exact given the stored bytes).
-    fn push_quant<C: DenseCodec>(&mut self, keys: &QuantView<'_, C>, values: &QuantView<'_, C>) {
-        let mut row = vec![0.0f32; self.d];
-        for (side, view) in [(&mut self.keys, keys), (&mut self.values, values)] {
-            for r in 0..view.num_rows() {
-                C::decode(view.row(r).expect("row in range"), &mut row);
-                side.extend(row.iter().map(|&x| f64::from(x)));
-            }
+    fn push_quant<K: DenseCodec, V: DenseCodec>(
+        &mut self,
+        keys: &QuantView<'_, K>,
+        values: &QuantView<'_, V>,
+    ) {
+        Self::push_decoded(&mut self.keys, self.d, keys);
+        Self::push_decoded(&mut self.values, self.d, values);
+    }
+
+    /// Every row of `view` onto `side`, decoded by its codec.
+    fn push_decoded<C: DenseCodec>(side: &mut Vec<f64>, d: usize, view: &QuantView<'_, C>) {
+        let mut row = vec![0.0f32; d];
+        for r in 0..view.num_rows() {
+            C::decode(view.row(r).expect("row in range"), &mut row);
+            side.extend(row.iter().map(|&x| f64::from(x)));
         }
     }
 
@@ -417,11 +425,11 @@ impl DecodeDevice for Reference {
 }
 
 impl EncodedAttention for Reference {
-    fn quantized<C: DenseCodec>(
+    fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,
         q: &[f32],
-        kv: &[QuantKv<'_, C>],
+        kv: &[QuantKv<'_, K, V>],
         out: &mut [f32],
     ) -> Result<()> {
         const OP: &str = "Reference::quantized";

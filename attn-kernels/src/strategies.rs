@@ -872,22 +872,23 @@ pub fn lossless_coded_hybrid_case<X: IndexCode>(
         })
 }
 
-/// A decode step over dense quantized rows ([`crate::EncodedAttention::quantized`]).
+/// A decode step over dense quantized rows ([`crate::EncodedAttention::quantized`]), keys
+/// encoded by `K` and values by `V`.
 #[derive(Clone, Debug)]
-pub struct QuantCase<C> {
+pub struct QuantCase<K, V = K> {
     /// Head layout and scale (`head_dim` a multiple of 32 for the blocked codecs).
     pub cfg: AttnConfig,
     /// The query.
     pub q: Vec<f32>,
     /// Per kv-head: key rows and value rows.
-    pub heads: Vec<(QuantRows<C>, QuantRows<C>)>,
+    pub heads: Vec<(QuantRows<K>, QuantRows<V>)>,
     /// The value rows appended, row-major `f32`.
     pub values: Vec<Vec<f32>>,
 }
 
-impl<C: DenseCodec> QuantCase<C> {
+impl<K: DenseCodec, V: DenseCodec> QuantCase<K, V> {
     /// One [`QuantKv`] per kv-head.
-    pub fn views(&self) -> Vec<QuantKv<'_, C>> {
+    pub fn views(&self) -> Vec<QuantKv<'_, K, V>> {
         self.heads.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect()
     }
 
@@ -918,6 +919,14 @@ impl<C: DenseCodec> QuantCase<C> {
 /// }).unwrap();
 /// ```
 pub fn quant_case<C: DenseCodec>(limits: Limits) -> impl Strategy<Value = QuantCase<C>> {
+    mixed_quant_case::<C, C>(limits)
+}
+
+/// As [`quant_case`], keys encoded by `K` and values by `V` (llama.cpp's `-ctk` / `-ctv`
+/// pairs, e.g. `Int8Blocks` keys with `Int4Blocks` values).
+pub fn mixed_quant_case<K: DenseCodec, V: DenseCodec>(
+    limits: Limits,
+) -> impl Strategy<Value = QuantCase<K, V>> {
     let blocks = (limits.head_dim / 32).max(1);
     (shape(Limits { head_dim: 1, ..limits }, 1), 1..=blocks).prop_map(|((cfg, rows, seed), b)| {
         let d = 32 * b;

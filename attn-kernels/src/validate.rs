@@ -166,11 +166,11 @@ pub(crate) fn hybrid<I: SparseIndex, V: Value, D: Value>(
 }
 
 /// A dense quantized kv-head; returns its rows.
-pub(crate) fn quantized<C: DenseCodec>(
+pub(crate) fn quantized<K: DenseCodec, V: DenseCodec>(
     op: &'static str,
     d: usize,
     kv_head: usize,
-    kv: &QuantKv<'_, C>,
+    kv: &QuantKv<'_, K, V>,
 ) -> Result<usize> {
     let own = ("dense", (&kv.keys, &kv.values));
     let older = kv.prefix.as_ref().map(|(k, v)| ("dense prefix", (k, v)));

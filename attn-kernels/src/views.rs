@@ -465,33 +465,35 @@ impl<'a> GatheredSparseKv<'a> {
 }
 
 /// Dense quantized keys and values of one kv-head (`kv-sparse`'s int8 / int4 blocks or
-/// scaled fp8 rows), in token order — the dense baselines of the frontier study. The rows
-/// may lie in two parts: `prefix` (e.g. a reopened file's mapped rows), then `keys` /
-/// `values` (the rows appended since); the kernels read row by row, so the output is bit
-/// for bit that of the rows in one part.
+/// scaled fp8 rows), in token order — the dense baselines of the frontier study. Keys are
+/// encoded by `K` and values by `V` (by default the same codec; `QuantKv<Int8Blocks,
+/// Int4Blocks>` is llama.cpp's `-ctk q8_0 -ctv q4_0`). The rows may lie in two parts:
+/// `prefix` (e.g. a reopened file's mapped rows), then `keys` / `values` (the rows appended
+/// since); the kernels read row by row, so the output is bit for bit that of the rows in
+/// one part.
 #[derive(Debug)]
-pub struct QuantKv<'a, C> {
+pub struct QuantKv<'a, K, V = K> {
     /// Key rows (after the prefix's).
-    pub keys: QuantView<'a, C>,
+    pub keys: QuantView<'a, K>,
     /// Value rows (same number of rows as `keys`).
-    pub values: QuantView<'a, C>,
+    pub values: QuantView<'a, V>,
     /// Older key and value rows before `keys` / `values`, or `None`.
-    pub prefix: Option<(QuantView<'a, C>, QuantView<'a, C>)>,
+    pub prefix: Option<(QuantView<'a, K>, QuantView<'a, V>)>,
     /// Rows kept in `f32` before every quantized row — the first positions of the sequence
     /// (the attention sink), row-major `head_dim`-wide keys and values; empty for none.
     pub sink: (&'a [f32], &'a [f32]),
 }
 
-impl<C> Clone for QuantKv<'_, C> {
+impl<K, V> Clone for QuantKv<'_, K, V> {
     fn clone(&self) -> Self {
         *self
     }
 }
-impl<C> Copy for QuantKv<'_, C> {}
+impl<K, V> Copy for QuantKv<'_, K, V> {}
 
-impl<'a, C: DenseCodec> QuantKv<'a, C> {
+impl<'a, K: DenseCodec, V: DenseCodec> QuantKv<'a, K, V> {
     /// Keys and values of one kv-head.
-    pub fn new(keys: QuantView<'a, C>, values: QuantView<'a, C>) -> Self {
+    pub fn new(keys: QuantView<'a, K>, values: QuantView<'a, V>) -> Self {
         Self { keys, values, prefix: None, sink: (&[], &[]) }
     }
 
@@ -527,9 +529,9 @@ impl<'a, C: DenseCodec> QuantKv<'a, C> {
     /// Keys and values of one kv-head after older rows `prefix` (keys, values) held
     /// elsewhere.
     pub fn continuing(
-        prefix: (QuantView<'a, C>, QuantView<'a, C>),
-        keys: QuantView<'a, C>,
-        values: QuantView<'a, C>,
+        prefix: (QuantView<'a, K>, QuantView<'a, V>),
+        keys: QuantView<'a, K>,
+        values: QuantView<'a, V>,
     ) -> Self {
         Self { keys, values, prefix: Some(prefix), sink: (&[], &[]) }
     }

@@ -24,6 +24,16 @@ fn bound(x: &[f32]) -> f32 {
 }
 
 fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize, seed: u64) {
+    mixed_case::<C, C>(layout, d, rows, seed);
+}
+
+/// Keys encoded by `K`, values by `V`, against the reference on every engine.
+fn mixed_case<K: DenseCodec, V: DenseCodec>(
+    layout: (usize, usize),
+    d: usize,
+    rows: usize,
+    seed: u64,
+) {
     let cfg = cfg(layout, d);
     let mut stores = Vec::new();
     let mut max = 0.0f32;
@@ -31,12 +41,12 @@ fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize, seed
         let (k, v) =
             (synth::values(rows * d, seed + 2 * h), synth::values(rows * d, seed + 2 * h + 1));
         max = max.max(bound(&v));
-        let (mut ks, mut vs) = (QuantRows::<C>::new(d).unwrap(), QuantRows::<C>::new(d).unwrap());
+        let (mut ks, mut vs) = (QuantRows::<K>::new(d).unwrap(), QuantRows::<V>::new(d).unwrap());
         ks.push(&k).unwrap();
         vs.push(&v).unwrap();
         stores.push((ks, vs));
     }
-    let kv: Vec<QuantKv<'_, C>> =
+    let kv: Vec<QuantKv<'_, K, V>> =
         stores.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
     let q = synth::values(cfg.q_len(), seed + 99);
     let mut want = vec![0.0; cfg.q_len()];
@@ -44,7 +54,7 @@ fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize, seed
     for (name, mut e) in engines() {
         let mut got = vec![f32::NAN; cfg.q_len()];
         e.quantized(&cfg, &q, &kv, &mut got).unwrap();
-        let what = format!("{name} {:?} {layout:?} d={d} rows={rows}", C::FORMAT);
+        let what = format!("{name} {}/{} {layout:?} d={d} rows={rows}", K::FORMAT, V::FORMAT);
         assert_close(Kernel::Dense, ValueFormat::F32, &got, &want, max, &what);
     }
 }
@@ -63,6 +73,66 @@ fn quantized_dense_every_codec_and_layout() {
         for (d, rows) in [(40, 33), (20, 5)] {
             quant_case::<Fp8Rows>(layout, d, rows, 7000 + i as u64);
         }
+    }
+}
+
+/// Keys and values in different codecs (llama.cpp's `-ctk` / `-ctv` pairs): the key codec
+/// picks the score kernel, the value codec the accumulation kernel, on every engine.
+#[test]
+fn quantized_dense_keys_and_values_in_different_codecs() {
+    for (i, &layout) in LAYOUTS.iter().enumerate() {
+        for (j, (d, rows)) in [(32, 1), (64, 100), (128, 45)].into_iter().enumerate() {
+            let seed = 5000 + 1000 * i as u64 + 10 * j as u64;
+            mixed_case::<Int8Blocks, Int4Blocks>(layout, d, rows, seed);
+            mixed_case::<Int4Blocks, Int8Blocks>(layout, d, rows, seed + 1);
+            mixed_case::<Int8Blocks, Fp8Rows>(layout, d, rows, seed + 2);
+            mixed_case::<Fp8Rows, Int4Blocks>(layout, d, rows, seed + 3);
+            mixed_case::<Int4Blocks, Fp8Rows>(layout, d, rows, seed + 4);
+            mixed_case::<Fp8Rows, Int8Blocks>(layout, d, rows, seed + 5);
+        }
+    }
+}
+
+/// A mixed head equals the same rows decoded to f32 in the dense kernel: keys and values
+/// are each read by their own codec, not the other's.
+#[test]
+fn mixed_codecs_read_each_side_by_its_own_codec() {
+    let (d, rows) = (64, 70);
+    let cfg = cfg((4, 2), d);
+    let (mut keys, mut values, mut dk, mut dv) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for h in 0..2u64 {
+        let (k, v) = (synth::values(rows * d, 40 + h), synth::values(rows * d, 50 + h));
+        let (mut ks, mut vs) =
+            (QuantRows::<Int8Blocks>::new(d).unwrap(), QuantRows::<Int4Blocks>::new(d).unwrap());
+        ks.push(&k).unwrap();
+        vs.push(&v).unwrap();
+        let (mut kd, mut vd) = (vec![0.0f32; rows * d], vec![0.0f32; rows * d]);
+        for r in 0..rows {
+            Int8Blocks::decode(ks.view().row(r).unwrap(), &mut kd[r * d..(r + 1) * d]);
+            Int4Blocks::decode(vs.view().row(r).unwrap(), &mut vd[r * d..(r + 1) * d]);
+        }
+        keys.push(ks);
+        values.push(vs);
+        dk.push(kd);
+        dv.push(vd);
+    }
+    let kv: Vec<_> =
+        keys.iter().zip(&values).map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
+    let dense: Vec<_> = dk.iter().zip(&dv).map(|(k, v)| DenseKv::new(d, k, v)).collect();
+    let q = synth::values(cfg.q_len(), 77);
+    let max = dv.iter().map(|v| bound(v)).fold(0.0, f32::max);
+    for (name, mut e) in engines() {
+        let (mut got, mut want) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+        e.quantized(&cfg, &q, &kv, &mut got).unwrap();
+        e.dense(&cfg, &q, &dense, &mut want).unwrap();
+        assert_close(
+            Kernel::Dense,
+            ValueFormat::F32,
+            &got,
+            &want,
+            max,
+            &format!("{name} int8/int4"),
+        );
     }
 }
 
@@ -314,4 +384,29 @@ fn bad_encoded_inputs_are_typed_errors() {
         Reference.coded_hybrid(&cfg, &q, &two, &mut out),
         Err(Error::LengthMismatch { .. })
     ));
+}
+
+/// Drawn layouts and rows with keys and values in different codecs: the CPU kernel within
+/// the dense tolerance of the reference.
+#[test]
+fn drawn_mixed_codec_cases_match_the_reference() {
+    use attn_kernels::accuracy::{output_error, tolerance};
+    use attn_kernels::strategies::{Limits, mixed_quant_case};
+    use proptest::test_runner::{Config, TestRunner};
+    let mut runner = TestRunner::new(Config { cases: 48, ..Config::default() });
+    let strategy = mixed_quant_case::<Int8Blocks, Int4Blocks>(Limits::default());
+    runner
+        .run(&strategy, |case| {
+            let n = case.cfg.q_len();
+            let (mut want, mut got) = (vec![0.0; n], vec![0.0; n]);
+            Reference.quantized(&case.cfg, &case.q, &case.views(), &mut want).unwrap();
+            CpuAttention::new(2)
+                .unwrap()
+                .quantized(&case.cfg, &case.q, &case.views(), &mut got)
+                .unwrap();
+            let tol = tolerance(Kernel::Dense, ValueFormat::F32).output;
+            proptest::prop_assert!(output_error(&got, &want, case.value_bound()) <= tol);
+            Ok(())
+        })
+        .unwrap();
 }

@@ -224,17 +224,23 @@ fn malformed_prefixes_are_typed_errors() {
 }
 
 fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize) {
+    mixed_case::<C, C>(layout, d, rows);
+}
+
+/// Keys in `K`, values in `V`, in one part and split into a prefix and the rows after it.
+fn mixed_case<K: DenseCodec, V: DenseCodec>(layout: (usize, usize), d: usize, rows: usize) {
     let cfg = cfg(layout, d);
     let q = synth::values(cfg.q_len(), 31);
     let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..layout.1 as u64)
         .map(|h| (synth::values(rows * d, 40 + h), synth::values(rows * d, 50 + h)))
         .collect();
-    let store = |x: &[f32]| {
+    fn store<C: DenseCodec>(d: usize, x: &[f32]) -> QuantRows<C> {
         let mut s = QuantRows::<C>::new(d).unwrap();
         s.push(x).unwrap();
         s
-    };
-    let whole: Vec<_> = heads.iter().map(|(k, v)| (store(k), store(v))).collect();
+    }
+    let (sk, sv) = (|x: &[f32]| store::<K>(d, x), |x: &[f32]| store::<V>(d, x));
+    let whole: Vec<_> = heads.iter().map(|(k, v)| (sk(k), sv(v))).collect();
     let want_kv: Vec<_> = whole.iter().map(|(k, v)| QuantKv::new(k.view(), v.view())).collect();
     let mut want_ref = vec![0.0; cfg.q_len()];
     Reference.quantized(&cfg, &q, &want_kv, &mut want_ref).unwrap();
@@ -244,7 +250,7 @@ fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize) {
             .map(|(k, v)| {
                 let (k0, k1) = k.split_at(p * d);
                 let (v0, v1) = v.split_at(p * d);
-                ((store(k0), store(v0)), (store(k1), store(v1)))
+                ((sk(k0), sv(v0)), (sk(k1), sv(v1)))
             })
             .collect();
         let split: Vec<_> = parts
@@ -253,7 +259,7 @@ fn quant_case<C: DenseCodec>(layout: (usize, usize), d: usize, rows: usize) {
                 QuantKv::continuing((k0.view(), v0.view()), k1.view(), v1.view())
             })
             .collect();
-        let what = format!("{:?} {layout:?} d={d} L={rows} prefix={p}", C::FORMAT);
+        let what = format!("{}/{} {layout:?} d={d} L={rows} prefix={p}", K::FORMAT, V::FORMAT);
         let mut got_ref = vec![0.0; cfg.q_len()];
         Reference.quantized(&cfg, &q, &split, &mut got_ref).unwrap();
         assert_eq!(got_ref, want_ref, "{what}: reference");
@@ -277,6 +283,8 @@ fn quantized_rows_in_two_parts_attend_as_in_one() {
         for d in [64, 40] {
             quant_case::<Fp8Rows>(layout, d, 150);
         }
+        mixed_case::<Int8Blocks, Int4Blocks>(layout, 64, 150);
+        mixed_case::<Fp8Rows, Int8Blocks>(layout, 32, 150);
     }
     // Keys and values of the prefix disagree: a typed error.
     let (d, cfg) = (32, cfg((2, 1), 32));

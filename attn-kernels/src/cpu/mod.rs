@@ -321,11 +321,11 @@ impl GatheredSparseAttention for CpuAttention {
 }
 
 impl EncodedAttention for CpuAttention {
-    fn quantized<C: DenseCodec>(
+    fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,
         q: &[f32],
-        kv: &[QuantKv<'_, C>],
+        kv: &[QuantKv<'_, K, V>],
         out: &mut [f32],
     ) -> Result<()> {
         const OP: &str = "CpuAttention::quantized";

@@ -206,11 +206,11 @@ pub(crate) fn dense_segment<'r, D: Value, const W: usize>(
     }
 }
 
-/// One tile of coded rows (keys `kr`, values `vr`, at most [`TILE`] of each) through
-/// `slot`, as one tile of [`dense_segment`]: `q` holds the scaled queries of the block's
-/// active heads (`heads × d`).
+/// One tile of coded rows (keys `kr` in codes `K`, values `vr` in codes `V`, at most
+/// [`TILE`] of each) through `slot`, as one tile of [`dense_segment`]: `q` holds the scaled
+/// queries of the block's active heads (`heads × d`).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn code_tile<C: Codes, const W: usize>(
+pub(crate) fn code_tile<K: Codes, V: Codes, const W: usize>(
     k: Kernels,
     kr: &[CodeRow<'_>],
     vr: &[CodeRow<'_>],
@@ -227,15 +227,15 @@ pub(crate) fn code_tile<C: Codes, const W: usize>(
         match qi {
             Some(qi) => {
                 let v = qi.view(lane0..lane0 + qp.len() / d);
-                k.code_scores_i8::<C, W>(v, kr, lane0, &mut s[..n]);
+                k.code_scores_i8::<K, W>(v, kr, lane0, &mut s[..n]);
             }
-            None => k.code_scores::<C, W>(qp, d, kr, lane0, &mut s[..n]),
+            None => k.code_scores::<K, W>(qp, d, kr, lane0, &mut s[..n]),
         }
     }
     let (m, l) = slot.lanes::<W>();
     let factor = k.softmax_update(m, l, &mut s[..n]);
     for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
-        k.code_accumulate::<C, W>(&s[..n], vr, pass * DENSE_PASS, &factor, acc, d);
+        k.code_accumulate::<V, W>(&s[..n], vr, pass * DENSE_PASS, &factor, acc, d);
     }
 }
 

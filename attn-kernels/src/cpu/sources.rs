@@ -9,8 +9,8 @@
 //!   keeping every row's logits for the anchor signal (WnW §2.3, Eq. 2);
 //! * gathered sparse — a kv-head's dense resident rows, then its sparse slab rows (SWAN
 //!   rows recalled by the WnW store), continuing one softmax state, logits optionally kept;
-//! * quantized — dense int8 / int4 / scaled-fp8 rows read in place by the coded-row
-//!   kernels of [`super::codes`] (rows whose width those kernels cannot read are decoded
+//! * quantized — dense int8 / int4 / scaled-fp8 rows (keys and values each in its own
+//!   codec) read in place by the coded-row kernels of [`super::codes`] (rows whose width those kernels cannot read are decoded
 //!   a tile at a time into per-thread scratch and streamed through the f32 dense kernel);
 //! * coded hybrid — coded SWAN rows (bitmask or list indices); with fp8, int8 or int4
 //!   values (int4 widened to the i8 codes it stands for, heads up to 256 wide) each tile's
@@ -410,10 +410,48 @@ fn decoded_segment<const W: usize>(
     }
 }
 
-/// Dense quantized keys/values of every kv-head.
-pub(crate) struct QuantSrc<'s, 'a, C>(pub &'s [QuantKv<'a, C>]);
+/// Dense quantized keys (codec `K`) and values (codec `V`) of every kv-head.
+pub(crate) struct QuantSrc<'s, 'a, K, V>(pub &'s [QuantKv<'a, K, V>]);
 
-impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
+/// A stored dense row as the coded-row kernels read it: blocked rows carry their scales
+/// inside (row factor 1); a scaled-fp8 row is its f16 scale, then `d` codes.
+fn dense_code_row<C: DenseCodec>(bytes: &[u8]) -> CodeRow<'_> {
+    if C::FORMAT == DenseFormat::Fp8 {
+        CodeRow { bytes: &bytes[2..], scale: block_scale(bytes) }
+    } else {
+        CodeRow { bytes, scale: 1.0 }
+    }
+}
+
+/// [`code_segment`] over keys in codes `KC` and values of dense codec `V`, if the
+/// coded-row kernels read `V`'s rows at this width; `false` (nothing streamed) otherwise.
+#[allow(clippy::too_many_arguments)]
+fn quant_codes<'r, KC: Codes, V: DenseCodec, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    range: std::ops::Range<usize>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+    row: impl Fn(usize) -> (CodeRow<'r>, CodeRow<'r>),
+) -> bool {
+    let d = job.cfg.head_dim();
+    match V::FORMAT {
+        DenseFormat::Int8 if Q8Blocks::supports(d) => {
+            code_segment::<KC, Q8Blocks, W>(k, job, item, range, sc, slot, row);
+        }
+        DenseFormat::Int4 if Q4Blocks::supports(d) => {
+            code_segment::<KC, Q4Blocks, W>(k, job, item, range, sc, slot, row);
+        }
+        DenseFormat::Fp8 if Fp8Codes::supports(d) => {
+            code_segment::<KC, Fp8Codes, W>(k, job, item, range, sc, slot, row);
+        }
+        _ => return false,
+    }
+    true
+}
+
+impl<'a, K: DenseCodec, V: DenseCodec> ItemSource for QuantSrc<'_, 'a, K, V> {
     fn rows(&self, kv: usize) -> usize {
         self.0[kv].num_rows()
     }
@@ -432,42 +470,39 @@ impl<'a, C: DenseCodec> ItemSource for QuantSrc<'_, 'a, C> {
         let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
         let row = |j: usize| kv.row(j).expect("validated row");
         let range = item.rows.clone();
-        // Blocked rows carry their scales inside; the row factor is 1.
-        let plain = |j| {
+        let coded = |j| {
             let (kr, vr) = row(j);
-            (CodeRow { bytes: kr, scale: 1.0 }, CodeRow { bytes: vr, scale: 1.0 })
+            (dense_code_row::<K>(kr), dense_code_row::<V>(vr))
         };
-        match C::FORMAT {
+        // Keys and values may be in different codecs (`-ctk` / `-ctv`): the key codes pick
+        // the score kernel, the value codes the accumulation kernel.
+        let (r, s) = (range.clone(), &mut *sc);
+        let streamed = match K::FORMAT {
             DenseFormat::Int8 if Q8Blocks::supports(d) => {
-                code_segment::<Q8Blocks, W>(k, job, item, range, sc, slot, plain);
+                quant_codes::<Q8Blocks, V, W>(k, job, item, r, s, slot, coded)
             }
             DenseFormat::Int4 if Q4Blocks::supports(d) => {
-                code_segment::<Q4Blocks, W>(k, job, item, range, sc, slot, plain);
+                quant_codes::<Q4Blocks, V, W>(k, job, item, r, s, slot, coded)
             }
             DenseFormat::Fp8 if Fp8Codes::supports(d) => {
-                // A scaled-fp8 row: its f16 scale, then `d` codes.
-                let scaled = |r: &'a [u8]| CodeRow { bytes: &r[2..], scale: block_scale(r) };
-                let rows = |j| {
-                    let (kr, vr) = row(j);
-                    (scaled(kr), scaled(vr))
-                };
-                code_segment::<Fp8Codes, W>(k, job, item, range, sc, slot, rows);
+                quant_codes::<Fp8Codes, V, W>(k, job, item, r, s, slot, coded)
             }
-            _ => {
-                let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-                    let (kr, vr) = row(j);
-                    C::decode(kr, ko);
-                    C::decode(vr, vo);
-                };
-                decoded_segment::<W>(k, job, item, range, sc, slot, decode);
-            }
+            _ => false,
+        };
+        if !streamed {
+            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                let (kr, vr) = row(j);
+                K::decode(kr, ko);
+                V::decode(vr, vo);
+            };
+            decoded_segment::<W>(k, job, item, range, sc, slot, decode);
         }
     }
 }
 
-/// Streams rows `range` of coded rows (`row(j)` = key and value row `j`) through `slot`,
-/// [`TILE`] at a time, read in place by the coded-row kernels.
-fn code_segment<'r, C: Codes, const W: usize>(
+/// Streams rows `range` of coded rows (`row(j)` = key row `j` in codes `K`, value row `j`
+/// in codes `V`) through `slot`, [`TILE`] at a time, read in place by the coded-row kernels.
+fn code_segment<'r, K: Codes, V: Codes, const W: usize>(
     k: Kernels,
     job: &Job<'_>,
     item: &Item,
@@ -479,7 +514,7 @@ fn code_segment<'r, C: Codes, const W: usize>(
     let d = job.cfg.head_dim();
     let Scratch { q: qbuf, qi, .. } = sc;
     let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), qbuf);
-    let qi = k.int8_scores::<C>(d).then(|| {
+    let qi = k.int8_scores::<K>(d).then(|| {
         qi.quantize(q, d);
         &*qi
     });
@@ -502,7 +537,7 @@ fn code_segment<'r, C: Codes, const W: usize>(
                 }
             }
         }
-        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
+        code_tile::<K, V, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
         r += n;
     }
 }
@@ -679,7 +714,7 @@ fn placed_segment<X: IndexCode, Y: ValueCode, D: Value, C: Codes, const W: usize
             kr[t] = CodeRow { bytes: &kcode[t * d..(t + 1) * d], scale: ks[t] };
             vr[t] = CodeRow { bytes: &vcode[t * d..(t + 1) * d], scale: vs[t] };
         }
-        code_tile::<C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
+        code_tile::<C, C, W>(k, &kr[..n], &vr[..n], q, qi, d, slot);
         r += n;
     }
 }

@@ -157,13 +157,19 @@ impl DecodeAttention for Gpu {
 }
 
 impl EncodedAttention for Gpu {
-    fn quantized<C: DenseCodec>(
+    fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,
         q: &[f32],
-        kv: &[QuantKv<'_, C>],
+        kv: &[QuantKv<'_, K, V>],
         out: &mut [f32],
     ) -> Result<()> {
+        if K::FORMAT != V::FORMAT {
+            return Err(crate::Error::GpuUnsupported {
+                op: "Gpu::quantized",
+                what: format!("keys in {} with values in {}", K::FORMAT, V::FORMAT),
+            });
+        }
         let (k, v) = PackedQuant::pair(kv)?;
         self.decode(cfg, q, LayerCache::Quant { keys: &k, values: &v }, out, None)
     }

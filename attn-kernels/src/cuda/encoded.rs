@@ -132,8 +132,9 @@ impl PackedQuant {
     /// assert_eq!((k.rows, k.row_bytes(), v.data.len()), (2, 34, 68));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn pair<C: DenseCodec>(kv: &[QuantKv<'_, C>]) -> Result<(Self, Self)> {
-        let mut parts: [Vec<Vec<QuantView<'_, C>>>; 2] = [Vec::new(), Vec::new()];
+    pub fn pair<K: DenseCodec, V: DenseCodec>(kv: &[QuantKv<'_, K, V>]) -> Result<(Self, Self)> {
+        let mut keys: Vec<Vec<QuantView<'_, K>>> = Vec::with_capacity(kv.len());
+        let mut values: Vec<Vec<QuantView<'_, V>>> = Vec::with_capacity(kv.len());
         for h in kv {
             if !h.sink.0.is_empty() {
                 return Err(crate::Error::GpuUnsupported {
@@ -142,14 +143,11 @@ impl PackedQuant {
                 });
             }
             let (pk, pv) = h.prefix.map_or((None, None), |(k, v)| (Some(k), Some(v)));
-            parts[0].push(pk.into_iter().chain([h.keys]).collect());
-            parts[1].push(pv.into_iter().chain([h.values]).collect());
+            keys.push(pk.into_iter().chain([h.keys]).collect());
+            values.push(pv.into_iter().chain([h.values]).collect());
         }
-        let [keys, values] = parts.map(|side| {
-            let refs: Vec<&[QuantView<'_, C>]> = side.iter().map(Vec::as_slice).collect();
-            Self::from_views(&refs)
-        });
-        let (keys, values) = (keys?, values?);
+        let keys = Self::from_views(&keys.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        let values = Self::from_views(&values.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
         Ok((keys, values))
     }
 
