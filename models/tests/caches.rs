@@ -107,6 +107,11 @@ fn bad_specs_are_typed_errors() {
         "dense:format=int8,sink=-1",
         "swan:sink=x",
         "swan+tiered:span=0..8,sink=1",
+        "dense:format=f16,values=int4",
+        "dense:values=int8",
+        "dense:format=int8,values=f16",
+        "dense:format=int8,values=int3",
+        "swan:values=int4",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -145,6 +150,37 @@ fn a_sink_keeps_the_first_positions_in_full() {
     let (plain, p0) = run(&wide, "dense:format=int4");
     let (zero, p1) = run(&wide, "dense:format=int4,sink=0");
     assert_eq!((p0, plain.cache().label()), (p1, zero.cache().label()));
+}
+
+/// `values=` keeps a quantized cache's value rows in another format than its keys
+/// (llama.cpp's `-ctk` / `-ctv`): the bytes are the keys' rows plus the values' rows, the
+/// label names both, equal formats are the plain cache, a mixed cache runs with a sink, and
+/// the file format (one quantized format) refuses to save it.
+#[test]
+fn keys_and_values_may_take_different_formats() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let (f32_cache, _) = run(&wide, "dense:format=f32");
+    let f32_bytes = f32_cache.cache().bytes().total() as f64;
+    let row = |f: &str| match f {
+        "int4" => 18.0,
+        _ => 34.0,
+    };
+    for (keys, values) in [("int8", "int4"), ("int4", "int8"), ("fp8", "int4"), ("int8", "fp8")] {
+        let spec = format!("dense:format={keys},values={values},rotate=hadamard");
+        let (s, _) = run(&wide, &spec);
+        // 63 positions held, a 32-wide row of f32 is 128 bytes: keys' row + values' row.
+        let want = f32_bytes * (row(keys) + row(values)) / 256.0;
+        assert_eq!(s.cache().bytes().total() as f64, want, "{spec}");
+        let label = s.cache().label();
+        assert!(label.starts_with(&format!("dense {keys} values={values} rotate=")), "{label}");
+        assert!(matches!(s.cache().image(), Err(Error::NotPersistable { .. })), "{spec}");
+        let (sunk, _) = run(&wide, &format!("{spec},sink=2"));
+        assert!(sunk.cache().label().ends_with(" sink=2"), "{}", sunk.cache().label());
+    }
+    let (plain, p0) = run(&wide, "dense:format=int4");
+    let (same, p1) = run(&wide, "dense:format=int4,values=q4_0");
+    assert_eq!((p0, plain.cache().label()), (p1, same.cache().label()));
+    assert!(same.cache().image().is_ok(), "one format: persisted as before");
 }
 
 /// A SWAN spec's `sink=N` keeps the first `N` positions of every head in f32 beside the

@@ -2,7 +2,8 @@
 //! attends exactly like a dense cache holding only the last `w` positions (prefills shorter
 //! and longer than the window, then decode steps that wrap the ring several times), and a
 //! The same holds for a [`QuantWindowCache`] against a quantized cache of the last `w`
-//! positions, rotated or not, with or without f32 sink rows; a [`WindowedCache`] sends local layers to the ring and global
+//! positions, rotated or not, with or without f32 sink rows, keys and values in one codec or
+//! two; a [`WindowedCache`] sends local layers to the ring and global
 //! ones to its inner cache, reporting the bytes of each.
 
 use std::sync::Arc;
@@ -83,6 +84,11 @@ fn window_cache_equals_dense_over_the_last_window() {
 /// `window` positions (same codec, same rotation): the rows are encoded identically, so the
 /// outputs differ by the order of summation alone.
 fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: bool, sink: usize) {
+    mixed_ring_equals_mixed_cache::<C, C>(rotate, sink);
+}
+
+/// As above, keys encoded by `K` and values by `V`.
+fn mixed_ring_equals_mixed_cache<K: DenseCodec, V: DenseCodec>(rotate: bool, sink: usize) {
     let (q_heads, kv_heads, d, window) = (4, 2, 64, 5);
     let shape = CacheShape::new(2, attn_kernels::AttnConfig::new(q_heads, kv_heads, d).unwrap());
     let set = rotate.then(|| {
@@ -95,7 +101,7 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
         let keys: Vec<Vec<f32>> = (0..total).map(|t| values(t as u64, kv_heads * d)).collect();
         let vals: Vec<Vec<f32>> =
             (0..total).map(|t| values(1000 + t as u64, kv_heads * d)).collect();
-        let ring = QuantWindowCache::<C>::new(shape, window, set.clone(), 1).unwrap();
+        let ring = QuantWindowCache::<K, V>::new(shape, window, set.clone(), 1).unwrap();
         let mut ring = ring.with_sink(sink).unwrap();
         // A prefill longer than the window skips positions before it, sink ones included.
         let skipped = prompt.saturating_sub(window);
@@ -113,7 +119,7 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
             ring.decode(layer, StepQkv { q: &q, k: &keys[t], v: &vals[t] }, &mut got).unwrap();
             let start = (t + 1).saturating_sub(window);
             // The sink positions still inside the window are the cache's first, in f32.
-            let want_cache = QuantCache::<C>::new(shape, set.clone(), 1).unwrap();
+            let want_cache = QuantCache::<K, V>::new(shape, set.clone(), 1).unwrap();
             let mut want_cache = want_cache.with_sink(sink.saturating_sub(start)).unwrap();
             if start < t {
                 let (k, v) = (
@@ -130,13 +136,16 @@ fn quant_ring_equals_quant_cache_over_the_last_window<C: DenseCodec>(rotate: boo
             let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
             assert!(
                 err < 1e-5,
-                "{} rotate {rotate}, sink {sink}, prompt {prompt}, position {t}: {err}",
-                C::FORMAT
+                "{}/{} rotate {rotate}, sink {sink}, prompt {prompt}, position {t}: {err}",
+                K::FORMAT,
+                V::FORMAT
             );
             let sink_rows = if sink > skipped { sink.min(t + 1) } else { 0 };
             assert_eq!(
                 ring.bytes().total(),
-                2 * kv_heads * (window.min(t + 1) * C::row_bytes(d) + sink_rows * 4 * d)
+                kv_heads
+                    * (window.min(t + 1) * (K::row_bytes(d) + V::row_bytes(d))
+                        + 2 * sink_rows * 4 * d)
             );
         }
     }
@@ -149,6 +158,8 @@ fn quantized_window_caches_equal_quantized_caches_over_the_last_window() {
             quant_ring_equals_quant_cache_over_the_last_window::<Int8Blocks>(rotate, sink);
             quant_ring_equals_quant_cache_over_the_last_window::<Int4Blocks>(rotate, sink);
             quant_ring_equals_quant_cache_over_the_last_window::<Fp8Rows>(rotate, sink);
+            mixed_ring_equals_mixed_cache::<Int8Blocks, Int4Blocks>(rotate, sink);
+            mixed_ring_equals_mixed_cache::<Fp8Rows, Int8Blocks>(rotate, sink);
         }
     }
     // A sink longer than the window, or set on a ring that holds positions, is refused.
@@ -228,6 +239,7 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
     }
     let spec = |s: &str| s.parse::<models::cache::CacheSpec>().unwrap().ring_format().to_string();
     assert_eq!(spec("dense:format=int4,rotate=hadamard"), "int4", "a dense spec's own format");
+    assert_eq!(spec("dense:format=int8,values=int4"), "int8,values=int4", "both its formats");
     assert_eq!(spec("swan:k=16,buffer=bf16,basis=identity"), "bf16", "a SWAN buffer's format");
     assert_eq!(spec("dense:format=int8,ring=f16"), "f16", "ring= wins");
     assert_eq!(spec("tiered:span=0..8,ring=fp8"), "fp8");
@@ -254,5 +266,59 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
         }
         let held = (t as usize + 1).min(window);
         assert_eq!(cache.window_bytes().total(), 2 * held * Int8Blocks::row_bytes(32), "q8_0 ring");
+    }
+    // A mixed ring: q8_0 keys and q4_0 values (`format=int8,values=int4`).
+    use kv_sparse::quant::DenseFormat;
+    let mixed = DenseStorage::Mixed { keys: DenseFormat::Int8, values: DenseFormat::Int4 };
+    let global32 = Box::new(DenseCache::<f32>::new(d32, 1).unwrap());
+    let mut cache = WindowedCache::new(&layers, mixed, None, global32, 1).unwrap();
+    for t in 0..5 {
+        let row = values(t, 32);
+        for layer in 0..2 {
+            cache.decode(layer, StepQkv { q: &row, k: &row, v: &row }, &mut out).unwrap();
+        }
+        let held = (t as usize + 1).min(window);
+        assert_eq!(cache.window_bytes().total(), held * (34 + 18), "q8_0 keys, q4_0 values");
+    }
+    assert!(
+        cache.label().contains(&format!("window {window} int8 values=int4")),
+        "{}",
+        cache.label()
+    );
+}
+
+/// A cache of q8_0 keys and q4_0 values attends as a dense f32 cache given the same rows
+/// rounded through those codecs (keys by the key codec, values by the value codec): each
+/// side is stored by its own codec, not the other's.
+#[test]
+fn a_mixed_cache_rounds_keys_and_values_each_by_its_own_codec() {
+    let (q_heads, kv_heads, d) = (4, 2, 64);
+    let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(q_heads, kv_heads, d).unwrap());
+    let mut mixed = QuantCache::<Int8Blocks, Int4Blocks>::new(shape, None, 1).unwrap();
+    let mut dense = DenseCache::<f32>::new(shape, 1).unwrap();
+    let rounded = |x: &[f32], int4: bool| -> Vec<f32> {
+        let mut out = vec![0.0; x.len()];
+        for (src, dst) in x.chunks(d).zip(out.chunks_mut(d)) {
+            if int4 {
+                let mut r = kv_sparse::quant::QuantRows::<Int4Blocks>::new(d).unwrap();
+                r.push(src).unwrap();
+                r.decode_row(0, dst).unwrap();
+            } else {
+                let mut r = kv_sparse::quant::QuantRows::<Int8Blocks>::new(d).unwrap();
+                r.push(src).unwrap();
+                r.decode_row(0, dst).unwrap();
+            }
+        }
+        out
+    };
+    for t in 0..20u64 {
+        let (k, v, q) =
+            (values(t, kv_heads * d), values(100 + t, kv_heads * d), values(200 + t, q_heads * d));
+        let (mut got, mut want) = (vec![0.0; q_heads * d], vec![0.0; q_heads * d]);
+        mixed.decode(0, StepQkv { q: &q, k: &k, v: &v }, &mut got).unwrap();
+        let (kr, vr) = (rounded(&k, false), rounded(&v, true));
+        dense.decode(0, StepQkv { q: &q, k: &kr, v: &vr }, &mut want).unwrap();
+        let err = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(err < 1e-5, "position {t}: {err}");
     }
 }

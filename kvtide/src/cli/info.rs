@@ -66,6 +66,15 @@ fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
     if d.is_multiple_of(kv_sparse::quant::BLOCK) {
         out.push(("dense int8".into(), vectors * Int8Blocks::row_bytes(d), None));
         out.push(("dense int4".into(), vectors * Int4Blocks::row_bytes(d), None));
+        // Keys and values in different formats (`values=`): half the vectors each.
+        let half = vectors / 2;
+        let mixed = [
+            ("int8 values=int4", Int8Blocks::row_bytes(d) + Int4Blocks::row_bytes(d)),
+            ("int4 values=int8", Int4Blocks::row_bytes(d) + Int8Blocks::row_bytes(d)),
+        ];
+        for (label, pair) in mixed {
+            out.push((format!("dense {label}"), half * pair, None));
+        }
     }
     let values = [
         ValueKind::Elems(ValueFormat::F16),

@@ -1,7 +1,8 @@
 //! The frontier study: perplexity against KV bytes for the formats a runtime already has —
 //! dense f16, fp8 (per-token scale), int8 (`q8_0` blocks) and int4 (`q4_0` blocks), each
 //! unrotated, Walsh–Hadamard-rotated (as llama.cpp rotates a quantized cache; in the full
-//! grid also its value half alone, `hadamard-v`) or in the SWAN calibrated basis — and SWAN
+//! grid also its value half alone, `hadamard-v`) or in the SWAN calibrated basis, and int8
+//! keys with int4 values (and the reverse), as llama.cpp's `-ctk/-ctv` pair them — and SWAN
 //! (`papers/swan.txt`, method section) under every row encoding (`u8` index list or bitmask
 //! × f16 / fp8 / int8 / int4 values) × `k` × buffer `b`.
 //!
@@ -11,7 +12,8 @@
 //! the measured bytes: the [`formula_bytes`] check). The non-dominated points are marked,
 //! a table per budget (0.15 … 0.5 × f16) gives the best dense and the best SWAN
 //! configuration at or under it, and the external check runs llama.cpp's own perplexity
-//! tool with `-ctk/-ctv f16, q8_0, q4_0` on the same text when its path is given.
+//! tool with `-ctk/-ctv f16, q8_0, q4_0` (and the mixed pairs `-ctk q8_0 -ctv q4_0`,
+//! `-ctk q4_0 -ctv q8_0`) on the same text when its path is given.
 //!
 //! The study runs once per model the project has set up ([`legs`]): the run's own model
 //! (SmolLM2 by default) always, and Gemma 3 270M when `scripts/setup.sh gemma` fetched it —
@@ -210,8 +212,13 @@ impl ByteModel {
 pub struct FrontierRun {
     /// `dense` or `swan`.
     pub family: &'static str,
-    /// Dense storage (`f16`, `fp8`, `int8`, `int4`) or SWAN value code.
+    /// Dense storage (`f16`, `fp8`, `int8`, `int4`; a quantized cache's key rows when
+    /// `value_rows` is set) or SWAN value code.
     pub values: &'static str,
+    /// A dense quantized configuration's value rows when their format is not the key rows'
+    /// (`values=`; llama.cpp's `-ctv` beside its `-ctk`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_rows: Option<&'static str>,
     /// Rotation of a dense cache (`none`, `hadamard`, `calibrated`); SWAN: its basis.
     pub rotate: &'static str,
     /// SWAN index code (`list`, `bitmask`); `—` for dense.
@@ -254,6 +261,7 @@ impl FrontierRun {
         Self {
             family,
             values,
+            value_rows: None,
             rotate,
             index,
             k,
@@ -266,6 +274,12 @@ impl FrontierRun {
             norm,
             sink: 0,
         }
+    }
+
+    /// The same dense configuration with its value rows in `values` (keys stay as they
+    /// are: llama.cpp's `-ctk K -ctv V`).
+    fn with_value_rows(self, values: &'static str) -> Self {
+        Self { value_rows: Some(values), ..self }
     }
 
     /// The same configuration keeping its first position in `f32` (`sink=1`).
@@ -344,9 +358,10 @@ impl FrontierRun {
         let norm = self.norm.map_or(String::new(), |n| format!(" norm={n}"));
         let sink = if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() };
         let tail = format!("{sink}{ring}{select}{norm}{queries}");
+        let v = self.value_rows.map_or(String::new(), |v| format!(" values={v}"));
         match self.k {
-            None if self.rotate == "none" => format!("dense {}{tail}", self.values),
-            None => format!("dense {} rotate={}{tail}", self.values, self.rotate),
+            None if self.rotate == "none" => format!("dense {}{v}{tail}", self.values),
+            None => format!("dense {}{v} rotate={}{tail}", self.values, self.rotate),
             Some(k) => {
                 let kv = self.kv.map_or(String::new(), |kv| format!("/{kv}"));
                 format!("swan {} {} k={k}{kv} b={}{tail}", self.index, self.values, self.buffer)
@@ -372,8 +387,9 @@ impl FrontierRun {
                 } else {
                     String::new()
                 };
+                let v = self.value_rows.map_or(String::new(), |v| format!(",values={v}"));
                 format!(
-                    "dense:format={},rotate={}{p}{sink},threads={threads}",
+                    "dense:format={}{v},rotate={}{p}{sink},threads={threads}",
                     self.values, self.rotate
                 )
             }
@@ -394,16 +410,18 @@ impl FrontierRun {
     pub fn head_bytes(&self, d: usize, tokens: usize) -> usize {
         use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks};
         let Some(k) = self.k else {
-            let row = match self.values {
+            let row = |format: &str| match format {
                 "fp8" => Fp8Rows::row_bytes(d),
                 "int8" => Int8Blocks::row_bytes(d),
                 "int4" => Int4Blocks::row_bytes(d),
                 "f32" => 4 * d,
                 _ => 2 * d,
             };
+            // A key row and a value row, each in its own format.
+            let token = row(self.values) + row(self.value_rows.unwrap_or(self.values));
             // Sink positions are kept in f32 in place of their quantized rows.
             let sink = tokens.min(self.sink);
-            return 2 * (tokens - sink) * row + 2 * sink * 4 * d;
+            return (tokens - sink) * token + 2 * sink * 4 * d;
         };
         let cfg = self.swan_config(d, k, self.kv.unwrap_or(k));
         // Sink positions are kept in f32 and never reach the buffer or the sparse rows.
@@ -432,7 +450,12 @@ impl FrontierRun {
     /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows: one dense row
     /// of [`FrontierRun::ring_format`] each.
     pub fn ring_token_bytes(&self, d: usize) -> usize {
-        FrontierRun::dense(self.ring_format(), "none").head_bytes(d, 1)
+        let mut ring = FrontierRun::dense(self.ring_format(), "none");
+        // A dense configuration's rings follow both its formats.
+        if self.k.is_none() && self.ring.is_none() {
+            ring.value_rows = self.value_rows;
+        }
+        ring.head_bytes(d, 1)
     }
 
     fn swan_config(&self, d: usize, k: usize, kv: usize) -> models::cache::SwanConfig {
@@ -578,6 +601,14 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     for (values, rotate) in [("int8", "hadamard"), ("int4", "hadamard"), ("int4", "hadamard-v")] {
         runs.push(FrontierRun::dense(values, rotate).with_sink());
     }
+    // Keys and values in different formats, as llama.cpp's `-ctk/-ctv` pairs them: 8-bit
+    // keys (whose rounding every score sees) with 4-bit values — a common setting — and the
+    // reverse, which mirrors llama.cpp's 4-bit keys with 8-bit values.
+    for &rotate in rotations {
+        runs.push(FrontierRun::dense("int8", rotate).with_value_rows("int4"));
+    }
+    runs.push(FrontierRun::dense("int8", "hadamard").with_value_rows("int4").with_sink());
+    runs.push(FrontierRun::dense("int4", "hadamard").with_value_rows("int8"));
     let values: &[&str] =
         if full { &["f16", "fp8", "int8", "int4"] } else { &["fp8", "int8", "int4"] };
     for index in ["list", "bitmask"] {
@@ -1067,14 +1098,14 @@ fn run_external(
     std::fs::write(&text_file, text).map_err(|e| invalid("frontier text", e.to_string()))?;
     let threads = ctx.plan.threads.to_string();
     let (mut rows, mut per_window) = (Vec::new(), Vec::new());
-    for ty in ["f16", "q8_0", "q4_0"] {
+    for (ty, ctk, ctv) in LLAMACPP_TYPES {
         let out = Command::new(&perplexity)
             .arg("-m")
             .arg(&f32_gguf)
             .arg("-f")
             .arg(&text_file)
             .args(["-c", &len.to_string(), "--chunks", &count.to_string(), "-t", &threads])
-            .args(["-fa", "on", "-ctk", ty, "-ctv", ty])
+            .args(["-fa", "on", "-ctk", ctk, "-ctv", ctv])
             .output()
             .map_err(|e| invalid("llama-perplexity", e.to_string()))?;
         let all = format!(
@@ -1104,6 +1135,16 @@ fn run_external(
     }
     Ok((rows, per_window))
 }
+
+/// llama.cpp's KV types the external check runs: `(row name, -ctk, -ctv)`. Keys and values
+/// share a type in the first three; `q8_0/q4_0` and `q4_0/q8_0` are the mixed pairs.
+const LLAMACPP_TYPES: [(&str, &str, &str); 5] = [
+    ("f16", "f16", "f16"),
+    ("q8_0", "q8_0", "q8_0"),
+    ("q4_0", "q4_0", "q4_0"),
+    ("q8_0/q4_0", "q8_0", "q4_0"),
+    ("q4_0/q8_0", "q4_0", "q8_0"),
+];
 
 /// llama.cpp's perplexity per KV type, and its mean NLL per window where the tool's output
 /// gave one per window.
@@ -1140,8 +1181,9 @@ fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
 /// type is the one its target judges; `q8_0`'s second is the same cache scored with int8
 /// queries, as llama.cpp scores it, where the CPU has the integer products; `q4_0`'s second
 /// rotates the values alone, the full grid's `hadamard-v`; the `sink=1` ones keep the first
-/// position in f32, which llama.cpp does not — reported beside, not judged).
-const LLAMACPP_COUNTERPARTS: [(&str, &str); 7] = [
+/// position in f32, which llama.cpp does not — reported beside, not judged; the mixed pairs
+/// have no target and are reported as measured).
+const LLAMACPP_COUNTERPARTS: [(&str, &str); 10] = [
     ("f16", "dense f16"),
     ("q8_0", "dense int8 rotate=hadamard"),
     ("q4_0", "dense int4 rotate=hadamard"),
@@ -1149,6 +1191,9 @@ const LLAMACPP_COUNTERPARTS: [(&str, &str); 7] = [
     ("q4_0", "dense int4 rotate=hadamard-v"),
     ("q8_0", "dense int8 rotate=hadamard sink=1"),
     ("q4_0", "dense int4 rotate=hadamard sink=1"),
+    ("q8_0/q4_0", "dense int8 values=int4 rotate=hadamard"),
+    ("q8_0/q4_0", "dense int8 values=int4 rotate=hadamard sink=1"),
+    ("q4_0/q8_0", "dense int4 values=int8 rotate=hadamard"),
 ];
 
 /// The counterparts of llama.cpp's KV types under llama.cpp's conditions: the tool runs each
@@ -1882,8 +1927,24 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                     "int4 with the values alone rotated (hadamard-v)",
                 ),
             ];
+            let mixed = [
+                ("dense int8 values=int4 rotate=hadamard", "q8_0/q4_0", "int8 keys, int4 values"),
+                ("dense int4 values=int8 rotate=hadamard", "q4_0/q8_0", "int4 keys, int8 values"),
+            ];
+            let beside = beside
+                .into_iter()
+                .map(|(l, c, w)| (l, Some(c), w))
+                .chain(mixed.into_iter().map(|(l, ty, w)| (l, ext(ty).map(|p| p / f16 - 1.0), w)));
             for (label, peer, what) in beside {
                 let Some(half) = ours(label) else { continue };
+                let Some(peer) = peer else {
+                    let w = s.whole_window_cost(label).map_or_else(
+                        || "whole window not measured".to_owned(),
+                        |w| format!("whole window {}", pct(w, 2)),
+                    );
+                    detail = format!("{detail}; {what}: {w}, half prefilled {}", pct(half, 2));
+                    continue;
+                };
                 let w = s.whole_window_cost(label).map_or_else(
                     || "whole window not measured".to_owned(),
                     |w| format!("whole window {} ({:.2} pp)", pct(w, 2), 100.0 * (w - peer).abs()),
@@ -2435,6 +2496,37 @@ mod tests {
         let plan = grid(64, &[4], &[128], false);
         for label in LLAMACPP_COUNTERPARTS.iter().map(|(_, l)| *l).filter(|l| l.contains("sink")) {
             assert!(plan.iter().any(|r| r.label() == label), "{label} not in the plan");
+        }
+    }
+
+    /// Keys and values in different formats: named in label and spec as the cache labels
+    /// and parses them, a key row and a value row each in its own format counted (in the
+    /// rings too), and the plan holds the counterparts of llama.cpp's mixed pairs.
+    #[test]
+    fn mixed_key_and_value_formats_are_counted_row_by_row() {
+        let mixed = FrontierRun::dense("int8", "hadamard").with_value_rows("int4");
+        assert_eq!(mixed.label(), "dense int8 values=int4 rotate=hadamard");
+        let spec = mixed.spec("", 2);
+        assert!(spec.starts_with("dense:format=int8,values=int4,rotate=hadamard"), "{spec}");
+        let parsed: CacheSpec = spec.parse().unwrap();
+        let want = models::cache::spec::DenseStorage::Mixed {
+            keys: kv_sparse::quant::DenseFormat::Int8,
+            values: kv_sparse::quant::DenseFormat::Int4,
+        };
+        assert!(matches!(&parsed.kind, models::cache::CacheKind::Dense(d) if d.format == want));
+        // 256 wide: a q8_0 key row (8 × 34 bytes) and a q4_0 value row (8 × 18 bytes).
+        assert_eq!(mixed.head_bytes(256, 10), 10 * (8 * 34 + 8 * 18));
+        let (i8, i4) = (FrontierRun::dense("int8", "none"), FrontierRun::dense("int4", "none"));
+        assert_eq!(2 * mixed.head_bytes(256, 7), i8.head_bytes(256, 7) + i4.head_bytes(256, 7));
+        assert_eq!(mixed.ring_token_bytes(256), 8 * 34 + 8 * 18);
+        let sink = mixed.clone().with_sink();
+        assert_eq!(sink.head_bytes(256, 10), 9 * (8 * 34 + 8 * 18) + 2 * 1024);
+        let bm = gemma();
+        assert_eq!(bm.ring_bytes(&mixed, 767), 15 * 512 * (8 * 34 + 8 * 18));
+        let plan = grid(64, &[4], &[128], false);
+        for (ty, label) in LLAMACPP_COUNTERPARTS.iter().filter(|(t, _)| t.contains('/')) {
+            assert!(plan.iter().any(|r| r.label() == *label), "{ty}: {label} not in the plan");
+            assert!(LLAMACPP_TYPES.iter().any(|(t, _, _)| t == ty), "{ty} is not run");
         }
     }
 

@@ -5,6 +5,10 @@
 //! each stored at 8 or 4 bits (`papers/swan.txt` compares against dense f16; a runtime
 //! compares against what its engine already offers).
 //!
+//! Keys and values may be stored in different formats (`QuantCache<Int8Blocks,
+//! Int4Blocks>`, spec `dense:format=int8,values=int4`): llama.cpp's `-ctk q8_0 -ctv q4_0`,
+//! a common setting where keys, whose rounding every score sees, keep more bits than values.
+//!
 //! Optionally the first `sink` positions of every layer and kv-head stay in `f32` (`sink=N`
 //! of a dense spec): the attention sink — the first token, which every later query attends
 //! heavily — is the one row whose rounding error every window and every query shares, and
@@ -22,14 +26,15 @@ use super::sink::SinkRows;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, invalid};
 
-/// Quantized keys and values per (layer, kv-head), encoded by `C`.
-pub struct QuantCache<C: DenseCodec> {
+/// Quantized keys (encoded by `K`) and values (encoded by `V`, by default as the keys) per
+/// (layer, kv-head).
+pub struct QuantCache<K: DenseCodec, V: DenseCodec = K> {
     shape: CacheShape,
     kernel: CpuAttention,
     rotation: Option<QkRotation>,
     /// `keys[layer * kv_heads + h]`: the rows after any reopened file's.
-    keys: Vec<QuantRows<C>>,
-    values: Vec<QuantRows<C>>,
+    keys: Vec<QuantRows<K>>,
+    values: Vec<QuantRows<V>>,
     /// A reopened file whose rows of every head come first, read where they are mapped,
     /// and the rows each head holds there.
     reopened: Option<(Arc<MappedCache>, usize)>,
@@ -37,25 +42,30 @@ pub struct QuantCache<C: DenseCodec> {
     sink: SinkRows,
 }
 
-/// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, if any.
-fn mapped_rows<C: DenseCodec>(
+/// The rows of head `slot` (`layer · kv_heads + h`) a reopened file maps, if any (only a
+/// cache whose keys and values share a format reopens a file).
+fn mapped_rows<K: DenseCodec, V: DenseCodec>(
     reopened: Option<&(Arc<MappedCache>, usize)>,
     kv_heads: usize,
     slot: usize,
-) -> Result<Option<(QuantView<'_, C>, QuantView<'_, C>)>> {
+) -> Result<Option<(QuantView<'_, K>, QuantView<'_, V>)>> {
     match reopened {
-        Some((file, _)) => Ok(Some(file.quant_rows::<C>(slot / kv_heads, slot % kv_heads)?)),
+        Some((file, _)) => {
+            let (layer, h) = (slot / kv_heads, slot % kv_heads);
+            Ok(Some((file.quant_rows::<K>(layer, h)?.0, file.quant_rows::<V>(layer, h)?.1)))
+        }
         None => Ok(None),
     }
 }
 
-impl<C: DenseCodec> QuantCache<C> {
+impl<K: DenseCodec, V: DenseCodec> QuantCache<K, V> {
     /// An empty cache; with `rotation` (a projection set for `shape`), q and k are rotated by
     /// its `P_QK` (values must come from a model with its `P_VO` absorbed).
     ///
     /// # Errors
     /// [`crate::Error::Sparse`] when the codec cannot hold rows of `head_dim` (int8/int4
-    /// need a multiple of 32); [`crate::Error::InvalidInput`] for a set of another shape;
+    /// need a multiple of 32; keys and values both); [`crate::Error::InvalidInput`] for a set
+    /// of another shape;
     /// [`crate::Error::Attention`] for a bad layout or thread count.
     ///
     /// # Examples
@@ -71,21 +81,34 @@ impl<C: DenseCodec> QuantCache<C> {
     /// assert_eq!(cache.bytes().total(), 2 * 34); // one q8_0 block for k, one for v
     /// # Ok::<(), models::Error>(())
     /// ```
+    ///
+    /// Keys in q8_0 blocks, values in q4_0 blocks (llama.cpp's `-ctk q8_0 -ctv q4_0`):
+    /// ```
+    /// use kv_sparse::quant::{Int4Blocks, Int8Blocks};
+    /// use models::cache::{CacheShape, KvCache, QuantCache, StepQkv};
+    /// let shape = CacheShape::new(1, attn_kernels::AttnConfig::new(1, 1, 32)?);
+    /// let mut cache = QuantCache::<Int8Blocks, Int4Blocks>::new(shape, None, 1)?;
+    /// let mut out = [0.0; 32];
+    /// cache.decode(0, StepQkv { q: &[1.0; 32], k: &[0.5; 32], v: &[0.5; 32] }, &mut out)?;
+    /// assert_eq!(cache.bytes().total(), 34 + 18); // one q8_0 key block, one q4_0 value block
+    /// assert_eq!(cache.label(), "dense int8 values=int4");
+    /// # Ok::<(), models::Error>(())
+    /// ```
     pub fn new(
         shape: CacheShape,
         rotation: Option<std::sync::Arc<projection::ProjectionSet>>,
         threads: usize,
     ) -> Result<Self> {
         let heads = shape.layers * shape.kv_heads();
-        let rows = || QuantRows::<C>::new(shape.head_dim());
+        let d = shape.head_dim();
         let rotation =
             rotation.map(|set| QkRotation::new("quantized cache", shape, set)).transpose()?;
         Ok(Self {
             shape,
             kernel: CpuAttention::new(threads)?,
             rotation,
-            keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
-            values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
+            keys: (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?,
+            values: (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?,
             reopened: None,
             sink: SinkRows::new(heads),
         })
@@ -130,6 +153,11 @@ impl<C: DenseCodec> QuantCache<C> {
         layer * self.shape.kv_heads()..(layer + 1) * self.shape.kv_heads()
     }
 
+    /// Whether keys and values share one format (what the file format holds).
+    fn uniform(&self) -> bool {
+        K::FORMAT == V::FORMAT
+    }
+
     /// Checks every head's rows of a block, then appends them (all-or-nothing): the rows
     /// of positions still inside the sink to it, the others quantized.
     fn push(&mut self, layer: usize, keys: &[f32], values: &[f32]) -> Result<()> {
@@ -155,13 +183,13 @@ impl<C: DenseCodec> QuantCache<C> {
     }
 }
 
-impl<C: DenseCodec> KvCache for QuantCache<C> {
+impl<K: DenseCodec, V: DenseCodec> KvCache for QuantCache<K, V> {
     fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
         Some(self.kernel.pool())
     }
 
     fn int8_keys(&self) -> bool {
-        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+        K::FORMAT == kv_sparse::quant::DenseFormat::Int8
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
@@ -177,7 +205,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
         let queries = super::queries_label(&self.kernel);
-        format!("dense {}{rotate}{}{queries}", C::FORMAT, self.sink.label())
+        let values = if self.uniform() { String::new() } else { format!(" values={}", V::FORMAT) };
+        format!("dense {}{values}{rotate}{}{queries}", K::FORMAT, self.sink.label())
     }
 
     fn shape(&self) -> CacheShape {
@@ -191,9 +220,8 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     }
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
-        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            rows.reserve(tokens);
-        }
+        self.keys.iter_mut().for_each(|rows| rows.reserve(tokens));
+        self.values.iter_mut().for_each(|rows| rows.reserve(tokens));
         self.kernel.reserve(&self.shape.attn, self.len() + tokens);
         Ok(())
     }
@@ -222,7 +250,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
                 None => step,
             };
             self.push(layer, step.k, step.v)?;
-            let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
+            let mut views: Vec<QuantKv<'_, K, V>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
                 let (sk, sv) = self.sink.all(s);
                 let mut kv =
@@ -242,12 +270,12 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
 
     /// Mapped rows count as resident: attention reads them every step.
     fn bytes(&self) -> CacheBytes {
-        let mut held: usize =
-            self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        let mut held: usize = self.keys.iter().map(|r| r.memory().held_bytes()).sum::<usize>()
+            + self.values.iter().map(|r| r.memory().held_bytes()).sum::<usize>();
         held += self.sink.held_bytes();
         for slot in 0..self.keys.len() {
             if let Ok(Some((k, v))) =
-                mapped_rows::<C>(self.reopened.as_ref(), self.shape.kv_heads(), slot)
+                mapped_rows::<K, V>(self.reopened.as_ref(), self.shape.kv_heads(), slot)
             {
                 held += k.bytes().len() + v.bytes().len();
             }
@@ -259,14 +287,18 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
         self.rotation.as_ref().map(QkRotation::set)
     }
 
+    /// A cache with a sink, or with keys and values in different formats, is not persisted
+    /// (the file format holds one quantized format and no f32 rows).
     fn image(&self) -> Result<CacheImage<'_>> {
-        if self.sink.positions > 0 {
+        if self.sink.positions > 0 || !self.uniform() {
             return Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() });
         }
         let mut heads = Vec::with_capacity(self.keys.len());
         for (slot, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
-            let older = mapped_rows(self.reopened.as_ref(), self.shape.kv_heads(), slot)?;
-            heads.push((older, k.view(), v.view()));
+            let older = mapped_rows::<K, K>(self.reopened.as_ref(), self.shape.kv_heads(), slot)?;
+            // One format: the value rows are laid out as `K`'s (checked again as such).
+            let v = QuantView::<K>::from_bytes(v.head_dim(), v.view().bytes())?;
+            heads.push((older, k.view(), v));
         }
         Ok(CacheImage::quant_continued(self.shape.layers, self.shape.kv_heads(), &heads)?)
     }
@@ -276,7 +308,7 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
     /// Every head is validated before the cache changes.
     fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
         const OP: &str = "quantized cache load";
-        if self.sink.positions > 0 {
+        if self.sink.positions > 0 || !self.uniform() {
             return Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() });
         }
         let s = self.shape;
@@ -285,15 +317,15 @@ impl<C: DenseCodec> KvCache for QuantCache<C> {
         // Every head on every attention thread at once; the loop below then reads checked heads.
         file.validate_all_on(self.kernel.threads())?;
         for slot in 0..s.layers * s.kv_heads() {
-            let (k, v) = file.quant_rows::<C>(slot / s.kv_heads(), slot % s.kv_heads())?;
+            let (k, v) = file.quant_rows::<K>(slot / s.kv_heads(), slot % s.kv_heads())?;
             if k.num_rows() != tokens || v.num_rows() != tokens {
                 return Err(invalid(OP, format!("head {slot}: ragged rows")));
             }
         }
         let heads = s.layers * s.kv_heads();
-        let rows = || QuantRows::<C>::new(s.head_dim());
-        let keys = (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?;
-        let values = (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?;
+        let d = s.head_dim();
+        let keys = (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?;
+        let values = (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?;
         (self.keys, self.values) = (keys, values);
         self.reopened = (tokens > 0).then(|| (Arc::clone(file), tokens));
         Ok(())

@@ -2,7 +2,7 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
@@ -11,7 +11,10 @@
 //! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
 //! for a quantized KV cache), `hadamard-v` its value half alone (keys stay in their own
 //! basis: better at int4 on Gemma 3, whose keys lose more once spread by any rotation),
-//! `calibrated` the SWAN basis (same file as `basis=calibrated`). `sink=N` keeps the first
+//! `calibrated` the SWAN basis (same file as `basis=calibrated`). `values=fp8|int8|int4`
+//! stores a quantized dense cache's value rows in another quantized format than its keys
+//! (`format=int8,values=int4` is llama.cpp's `-ctk q8_0 -ctv q4_0`; the quantized rings of a
+//! sliding-window model follow it; such a cache is not persisted). `sink=N` keeps the first
 //! `N` positions of a quantized dense cache (fp8/int8/int4) in `f32` — the attention sink,
 //! whose rounding error every query of every window shares (lossless for those rows; on a
 //! sliding-window model the quantized rings keep them too while they are inside the window;
@@ -58,7 +61,7 @@ use kv_sparse::ValueFormat;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, List, ValueKind};
 use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
-use kv_sparse::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
+use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
 use projection::{Basis, BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
@@ -124,13 +127,30 @@ pub enum DenseStorage {
     Float(ValueFormat),
     /// A quantized format (fp8 with a per-token scale, int8 / int4 blocks).
     Quant(DenseFormat),
+    /// Keys in one quantized format, values in another (`format=K,values=V`; llama.cpp's
+    /// `-ctk K -ctv V`). Two equal formats are [`DenseStorage::Quant`].
+    Mixed {
+        /// Key rows.
+        keys: DenseFormat,
+        /// Value rows.
+        values: DenseFormat,
+    },
 }
 
+impl DenseStorage {
+    /// Whether rows are quantized (fp8 / int8 / int4, for keys, values or both).
+    pub fn is_quantized(self) -> bool {
+        !matches!(self, DenseStorage::Float(_))
+    }
+}
+
+/// As a spec writes it: `int4`, or `int8,values=int4` for mixed formats.
 impl std::fmt::Display for DenseStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DenseStorage::Float(v) => write!(f, "{v}"),
             DenseStorage::Quant(q) => write!(f, "{q}"),
+            DenseStorage::Mixed { keys, values } => write!(f, "{keys},values={values}"),
         }
     }
 }
@@ -157,6 +177,23 @@ impl DenseSpec {
 
     fn parse(p: &mut Params<'_>) -> Result<Self> {
         let format = storage_param(p, "format")?.unwrap_or(DenseStorage::Float(ValueFormat::F16));
+        let format = match (format, storage_param(p, "values")?) {
+            (f, None) => f,
+            (DenseStorage::Quant(keys), Some(DenseStorage::Quant(values))) if keys == values => {
+                DenseStorage::Quant(keys)
+            }
+            (DenseStorage::Quant(keys), Some(DenseStorage::Quant(values))) => {
+                DenseStorage::Mixed { keys, values }
+            }
+            (keys, Some(values)) => {
+                return Err(spec_err(
+                    p.spec(),
+                    format!(
+                        "format={keys},values={values}: separate value rows take a quantized format (fp8, int8, int4) beside quantized keys"
+                    ),
+                ));
+            }
+        };
         let rotate = match p.take("rotate") {
             None | Some("none") => None,
             Some(r) => Some(
@@ -164,7 +201,7 @@ impl DenseSpec {
             ),
         };
         let sink = sink_param(p)?;
-        if sink > 0 && matches!(format, DenseStorage::Float(_)) {
+        if sink > 0 && !format.is_quantized() {
             return Err(spec_err(
                 p.spec(),
                 format!(
@@ -610,16 +647,16 @@ impl CacheSpec {
         // A quantized ring stores q/k in the basis the model's set gives its layer — the
         // spec's own, or `ring_rotate`'s — (its values already are: the model absorbed the
         // whole set); a float ring attends the same either way.
-        let rotation = match (format, set) {
-            (DenseStorage::Quant(_), Some(set)) if !locals.is_empty() => {
+        let rotation = match set {
+            Some(set) if format.is_quantized() && !locals.is_empty() => {
                 Some(Arc::new(select_layers(&set, &locals)?))
             }
             _ => None,
         };
         // The spec's sink holds for its quantized rings too (a float ring keeps all).
-        let sink = match (&self.kind, format) {
-            (CacheKind::Dense(d), DenseStorage::Quant(_)) => d.sink,
-            (CacheKind::Swan(s), DenseStorage::Quant(_)) => s.sink,
+        let sink = match &self.kind {
+            CacheKind::Dense(d) if format.is_quantized() => d.sink,
+            CacheKind::Swan(s) if format.is_quantized() => s.sink,
             _ => 0,
         };
         let wrap = move || -> Result<Box<dyn KvCache>> {
@@ -767,21 +804,36 @@ fn dense(
             None => cache,
         }))
     }
-    let sink = spec.sink;
-    Ok(match spec.format {
-        DenseStorage::Float(ValueFormat::F32) => float::<f32>(shape, rotation, threads)?,
-        DenseStorage::Float(ValueFormat::Bf16) => float::<bf16>(shape, rotation, threads)?,
-        DenseStorage::Float(_) => float::<f16>(shape, rotation, threads)?,
-        DenseStorage::Quant(DenseFormat::Fp8) => {
-            Box::new(QuantCache::<Fp8Rows>::new(shape, rotation, threads)?.with_sink(sink)?)
-        }
-        DenseStorage::Quant(DenseFormat::Int8) => {
-            Box::new(QuantCache::<Int8Blocks>::new(shape, rotation, threads)?.with_sink(sink)?)
-        }
-        DenseStorage::Quant(DenseFormat::Int4) => {
-            Box::new(QuantCache::<Int4Blocks>::new(shape, rotation, threads)?.with_sink(sink)?)
-        }
-    })
+    /// A quantized cache of keys `K` and values in `values`.
+    fn quant<K: DenseCodec>(
+        (shape, values): (CacheShape, DenseFormat),
+        rotation: Option<Arc<ProjectionSet>>,
+        (threads, sink): (usize, usize),
+    ) -> Result<Box<dyn KvCache>> {
+        let (s, r, t) = (shape, rotation, threads);
+        Ok(match values {
+            DenseFormat::Fp8 => Box::new(QuantCache::<K, Fp8Rows>::new(s, r, t)?.with_sink(sink)?),
+            DenseFormat::Int8 => {
+                Box::new(QuantCache::<K, Int8Blocks>::new(s, r, t)?.with_sink(sink)?)
+            }
+            DenseFormat::Int4 => {
+                Box::new(QuantCache::<K, Int4Blocks>::new(s, r, t)?.with_sink(sink)?)
+            }
+        })
+    }
+    let (keys, values) = match spec.format {
+        DenseStorage::Float(ValueFormat::F32) => return float::<f32>(shape, rotation, threads),
+        DenseStorage::Float(ValueFormat::Bf16) => return float::<bf16>(shape, rotation, threads),
+        DenseStorage::Float(_) => return float::<f16>(shape, rotation, threads),
+        DenseStorage::Quant(f) => (f, f),
+        DenseStorage::Mixed { keys, values } => (keys, values),
+    };
+    let at = (threads, spec.sink);
+    match keys {
+        DenseFormat::Fp8 => quant::<Fp8Rows>((shape, values), rotation, at),
+        DenseFormat::Int8 => quant::<Int8Blocks>((shape, values), rotation, at),
+        DenseFormat::Int4 => quant::<Int4Blocks>((shape, values), rotation, at),
+    }
 }
 
 fn swan_cache(

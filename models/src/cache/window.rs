@@ -177,30 +177,31 @@ impl<D: Value> KvCache for WindowCache<D> {
     }
 }
 
-/// The last `window` keys and values per (layer, kv-head), each row encoded by `C` (a
-/// [`WindowCache`] of quantized rows). With a rotation, q and k are turned into its basis
-/// before storing (values come from a model with the set's `P_VO` absorbed).
-pub struct QuantWindowCache<C: DenseCodec> {
+/// The last `window` keys and values per (layer, kv-head), key rows encoded by `K` and
+/// value rows by `V` (by default as the keys): a [`WindowCache`] of quantized rows. With a
+/// rotation, q and k are turned into its basis before storing (values come from a model
+/// with the set's `P_VO` absorbed).
+pub struct QuantWindowCache<K: DenseCodec, V: DenseCodec = K> {
     shape: CacheShape,
     window: usize,
     kernel: CpuAttention,
     rotation: Option<QkRotation>,
     /// `keys[layer * kv_heads + h]`, at most `window` rows; position `p` in row `p mod window`.
-    keys: Vec<QuantRows<C>>,
-    values: Vec<QuantRows<C>>,
+    keys: Vec<QuantRows<K>>,
+    values: Vec<QuantRows<V>>,
     /// Positions appended to each layer.
     seen: Vec<usize>,
     /// Positions kept in `f32` while they are inside the window.
     sink: SinkRows,
 }
 
-impl<C: DenseCodec> QuantWindowCache<C> {
+impl<K: DenseCodec, V: DenseCodec> QuantWindowCache<K, V> {
     /// An empty ring of `window` positions per layer; with `rotation` (a projection set for
     /// `shape`), q and k are rotated by its `P_QK`.
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] for a zero window or a set of another shape;
-    /// [`crate::Error::Sparse`] when `C` cannot hold rows of `head_dim`;
+    /// [`crate::Error::Sparse`] when `K` or `V` cannot hold rows of `head_dim`;
     /// [`crate::Error::Attention`] for no threads.
     ///
     /// # Examples
@@ -228,7 +229,7 @@ impl<C: DenseCodec> QuantWindowCache<C> {
             return Err(invalid("quantized window cache", "a window of 0 positions"));
         }
         let heads = shape.layers * shape.kv_heads();
-        let rows = || QuantRows::<C>::new(shape.head_dim());
+        let d = shape.head_dim();
         let rotation = rotation
             .map(|set| QkRotation::new("quantized window cache", shape, set))
             .transpose()?;
@@ -237,8 +238,8 @@ impl<C: DenseCodec> QuantWindowCache<C> {
             window,
             kernel: CpuAttention::new(threads)?,
             rotation,
-            keys: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
-            values: (0..heads).map(|_| rows()).collect::<kv_sparse::Result<_>>()?,
+            keys: (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?,
+            values: (0..heads).map(|_| QuantRows::new(d)).collect::<kv_sparse::Result<_>>()?,
             seen: vec![0; shape.layers],
             sink: SinkRows::new(heads),
         })
@@ -319,19 +320,8 @@ impl<C: DenseCodec> QuantWindowCache<C> {
                         dst.extend_from_slice(&src[at..at + d]);
                     }
                 }
-                for (dst, src) in [(&mut self.keys[slot], keys), (&mut self.values[slot], values)] {
-                    let row = &src[at..at + d];
-                    if dst.len() < ring {
-                        // A prefill longer than the window starts past slot 0; it fills every
-                        // slot before attention reads the ring.
-                        dst.push_checked(&vec![0.0; (ring - dst.len()) * d]);
-                    }
-                    if dst.len() == ring {
-                        dst.push_checked(row);
-                    } else {
-                        dst.replace_checked(ring, row);
-                    }
-                }
+                put(&mut self.keys[slot], ring, &keys[at..at + d]);
+                put(&mut self.values[slot], ring, &values[at..at + d]);
             }
             self.seen[layer] += 1;
         }
@@ -339,13 +329,28 @@ impl<C: DenseCodec> QuantWindowCache<C> {
     }
 }
 
-impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
+/// Writes `row` (checked) into slot `ring` of a ring's rows.
+fn put<C: DenseCodec>(dst: &mut QuantRows<C>, ring: usize, row: &[f32]) {
+    let d = row.len();
+    if dst.len() < ring {
+        // A prefill longer than the window starts past slot 0; it fills every slot before
+        // attention reads the ring.
+        dst.push_checked(&vec![0.0; (ring - dst.len()) * d]);
+    }
+    if dst.len() == ring {
+        dst.push_checked(row);
+    } else {
+        dst.replace_checked(ring, row);
+    }
+}
+
+impl<K: DenseCodec, V: DenseCodec> KvCache for QuantWindowCache<K, V> {
     fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
         Some(self.kernel.pool())
     }
 
     fn int8_keys(&self) -> bool {
-        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+        K::FORMAT == kv_sparse::quant::DenseFormat::Int8
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
@@ -360,10 +365,12 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
+        let values =
+            if K::FORMAT == V::FORMAT { String::new() } else { format!(" values={}", V::FORMAT) };
         format!(
-            "window {} {}{rotate}{}{}",
+            "window {} {}{values}{rotate}{}{}",
             self.window,
-            C::FORMAT,
+            K::FORMAT,
             self.sink.label(),
             super::queries_label(&self.kernel)
         )
@@ -379,9 +386,8 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
 
     fn reserve(&mut self, tokens: usize) -> Result<()> {
         let room = tokens.min(self.window);
-        for rows in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            rows.reserve(room.saturating_sub(rows.len()));
-        }
+        self.keys.iter_mut().for_each(|r| r.reserve(room.saturating_sub(r.len())));
+        self.values.iter_mut().for_each(|r| r.reserve(room.saturating_sub(r.len())));
         self.kernel.reserve(&self.shape.attn, room);
         Ok(())
     }
@@ -423,7 +429,7 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
             // Sink positions still inside the window: slots lo..hi, read from the f32 rows.
             let n = self.seen[layer];
             let (lo, hi) = (n.saturating_sub(self.window), self.sink.positions.min(n));
-            let mut views: Vec<QuantKv<'_, C>> = Vec::with_capacity(self.shape.kv_heads());
+            let mut views: Vec<QuantKv<'_, K, V>> = Vec::with_capacity(self.shape.kv_heads());
             for s in self.heads(layer) {
                 let (k, v) = (self.keys[s].view(), self.values[s].view());
                 views.push(if lo < hi {
@@ -451,8 +457,8 @@ impl<C: DenseCodec> KvCache for QuantWindowCache<C> {
     }
 
     fn bytes(&self) -> CacheBytes {
-        let held: usize =
-            self.keys.iter().chain(&self.values).map(|r| r.memory().held_bytes()).sum();
+        let held = self.keys.iter().map(|r| r.memory().held_bytes()).sum::<usize>()
+            + self.values.iter().map(|r| r.memory().held_bytes()).sum::<usize>();
         CacheBytes { resident: held + self.sink.held_bytes(), offloaded: 0 }
     }
 }
@@ -468,22 +474,41 @@ fn ring_cache(
     (threads, sink): (usize, usize),
 ) -> Result<Box<dyn KvCache>> {
     let (w, t) = (window, threads);
-    Ok(match format {
-        DenseStorage::Float(ValueFormat::F32) => Box::new(WindowCache::<f32>::new(shape, w, t)?),
+    /// A quantized ring of keys `K` and values in `values`.
+    fn quant<K: DenseCodec>(
+        (shape, w, values): (CacheShape, usize, DenseFormat),
+        rotation: Option<Arc<ProjectionSet>>,
+        (t, sink): (usize, usize),
+    ) -> Result<Box<dyn KvCache>> {
+        Ok(match values {
+            DenseFormat::Fp8 => Box::new(
+                QuantWindowCache::<K, Fp8Rows>::new(shape, w, rotation, t)?.with_sink(sink)?,
+            ),
+            DenseFormat::Int8 => Box::new(
+                QuantWindowCache::<K, Int8Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?,
+            ),
+            DenseFormat::Int4 => Box::new(
+                QuantWindowCache::<K, Int4Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?,
+            ),
+        })
+    }
+    let (keys, values) = match format {
+        DenseStorage::Float(ValueFormat::F32) => {
+            return Ok(Box::new(WindowCache::<f32>::new(shape, w, t)?));
+        }
         DenseStorage::Float(ValueFormat::Bf16) => {
-            Box::new(WindowCache::<half::bf16>::new(shape, w, t)?)
+            return Ok(Box::new(WindowCache::<half::bf16>::new(shape, w, t)?));
         }
-        DenseStorage::Float(_) => Box::new(WindowCache::<half::f16>::new(shape, w, t)?),
-        DenseStorage::Quant(DenseFormat::Fp8) => {
-            Box::new(QuantWindowCache::<Fp8Rows>::new(shape, w, rotation, t)?.with_sink(sink)?)
-        }
-        DenseStorage::Quant(DenseFormat::Int8) => {
-            Box::new(QuantWindowCache::<Int8Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?)
-        }
-        DenseStorage::Quant(DenseFormat::Int4) => {
-            Box::new(QuantWindowCache::<Int4Blocks>::new(shape, w, rotation, t)?.with_sink(sink)?)
-        }
-    })
+        DenseStorage::Float(_) => return Ok(Box::new(WindowCache::<half::f16>::new(shape, w, t)?)),
+        DenseStorage::Quant(f) => (f, f),
+        DenseStorage::Mixed { keys, values } => (keys, values),
+    };
+    let at = (shape, w, values);
+    match keys {
+        DenseFormat::Fp8 => quant::<Fp8Rows>(at, rotation, (t, sink)),
+        DenseFormat::Int8 => quant::<Int8Blocks>(at, rotation, (t, sink)),
+        DenseFormat::Int4 => quant::<Int4Blocks>(at, rotation, (t, sink)),
+    }
 }
 
 /// A [`WindowCache`] for the local layers of a model and any cache for its global layers.
