@@ -1,6 +1,7 @@
 //! `kvtide info`: the model's shape and what one token costs in KV memory for every cache
 //! format — dense rows (`2·d_h` bytes per vector at 16 bits; fp8 with a 2-byte per-token
-//! scale; int8 / int4 in 34- / 18-byte blocks of 32) and SWAN sparse rows in every encoding
+//! scale; int8 / int4 in 34- / 18-byte blocks of 32, also int8 keys with int4 values and the
+//! reverse) and SWAN sparse rows in every encoding
 //! (`3k+2` bytes at 16 bits with u8 indices, `2k+2` at fp8; `⌈d_h/8⌉ + k + 4` for a bitmask
 //! with int8 values; `papers/swan.txt`, memory section) — with SWAN's compute break-even
 //! length `b + d_h²/(d_h − k)` for `b = 128`. On a model with sliding-window layers
@@ -154,4 +155,26 @@ pub fn run(a: &InfoArgs) -> Result<()> {
         println!("{label:<30} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dense rows of a 32-wide model: one q8_0 block (34 bytes) or q4_0 block (18) per
+    /// vector, and a mixed pair one of each per key/value pair.
+    #[test]
+    fn dense_rows_count_each_vector_in_its_own_format() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny/llama-mha");
+        let c = ModelConfig::from_hf_file(&dir.join("config.json")).unwrap();
+        let table = rows(&c);
+        let bytes = |label: &str| table.iter().find(|(l, _, _)| l == label).map(|r| r.1);
+        // 2 layers × 4 kv-heads, a key and a value vector each.
+        let pairs = 2 * 4;
+        assert_eq!(bytes("dense int8"), Some(2 * pairs * 34));
+        assert_eq!(bytes("dense int4"), Some(2 * pairs * 18));
+        assert_eq!(bytes("dense int8 values=int4"), Some(pairs * (34 + 18)));
+        assert_eq!(bytes("dense int4 values=int8"), Some(pairs * (18 + 34)));
+    }
 }
