@@ -377,6 +377,13 @@ pub(crate) fn no_int8_keys(label: &str) -> Error {
     invalid("set query precision", format!("int8 queries: the {label} cache stores no int8 keys"))
 }
 
+/// ` values=V` for a quantized cache whose value rows are in codec `V` and key rows in
+/// another codec `K`, else nothing: the part of a cache's label after its key format.
+pub(crate) fn values_label<K: kv_sparse::quant::DenseCodec, V: kv_sparse::quant::DenseCodec>()
+-> String {
+    if K::FORMAT == V::FORMAT { String::new() } else { format!(" values={}", V::FORMAT) }
+}
+
 /// ` queries=int8` for a kernel with int8 queries ([`KvCache::set_query_precision`]), else
 /// nothing: the suffix of a cache's label.
 pub(crate) fn queries_label(kernel: &attn_kernels::CpuAttention) -> &'static str {

@@ -205,7 +205,7 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantCache<K, V> {
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
         let queries = super::queries_label(&self.kernel);
-        let values = if self.uniform() { String::new() } else { format!(" values={}", V::FORMAT) };
+        let values = super::values_label::<K, V>();
         format!("dense {}{values}{rotate}{}{queries}", K::FORMAT, self.sink.label())
     }
 

@@ -138,9 +138,19 @@ pub enum DenseStorage {
 }
 
 impl DenseStorage {
+    /// The quantized formats of the key and the value rows (equal unless
+    /// [`DenseStorage::Mixed`]); `None` for a float format.
+    pub fn quant_formats(self) -> Option<(DenseFormat, DenseFormat)> {
+        match self {
+            DenseStorage::Float(_) => None,
+            DenseStorage::Quant(f) => Some((f, f)),
+            DenseStorage::Mixed { keys, values } => Some((keys, values)),
+        }
+    }
+
     /// Whether rows are quantized (fp8 / int8 / int4, for keys, values or both).
     pub fn is_quantized(self) -> bool {
-        !matches!(self, DenseStorage::Float(_))
+        self.quant_formats().is_some()
     }
 }
 
@@ -821,12 +831,12 @@ fn dense(
             }
         })
     }
-    let (keys, values) = match spec.format {
-        DenseStorage::Float(ValueFormat::F32) => return float::<f32>(shape, rotation, threads),
-        DenseStorage::Float(ValueFormat::Bf16) => return float::<bf16>(shape, rotation, threads),
-        DenseStorage::Float(_) => return float::<f16>(shape, rotation, threads),
-        DenseStorage::Quant(f) => (f, f),
-        DenseStorage::Mixed { keys, values } => (keys, values),
+    let Some((keys, values)) = spec.format.quant_formats() else {
+        return match spec.format {
+            DenseStorage::Float(ValueFormat::F32) => float::<f32>(shape, rotation, threads),
+            DenseStorage::Float(ValueFormat::Bf16) => float::<bf16>(shape, rotation, threads),
+            _ => float::<f16>(shape, rotation, threads),
+        };
     };
     let at = (threads, spec.sink);
     match keys {

@@ -365,12 +365,11 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantWindowCache<K, V> {
             .rotation
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
-        let values =
-            if K::FORMAT == V::FORMAT { String::new() } else { format!(" values={}", V::FORMAT) };
         format!(
-            "window {} {}{values}{rotate}{}{}",
+            "window {} {}{}{rotate}{}{}",
             self.window,
             K::FORMAT,
+            super::values_label::<K, V>(),
             self.sink.label(),
             super::queries_label(&self.kernel)
         )
@@ -492,16 +491,16 @@ fn ring_cache(
             ),
         })
     }
-    let (keys, values) = match format {
-        DenseStorage::Float(ValueFormat::F32) => {
-            return Ok(Box::new(WindowCache::<f32>::new(shape, w, t)?));
-        }
-        DenseStorage::Float(ValueFormat::Bf16) => {
-            return Ok(Box::new(WindowCache::<half::bf16>::new(shape, w, t)?));
-        }
-        DenseStorage::Float(_) => return Ok(Box::new(WindowCache::<half::f16>::new(shape, w, t)?)),
-        DenseStorage::Quant(f) => (f, f),
-        DenseStorage::Mixed { keys, values } => (keys, values),
+    let Some((keys, values)) = format.quant_formats() else {
+        return Ok(match format {
+            DenseStorage::Float(ValueFormat::F32) => {
+                Box::new(WindowCache::<f32>::new(shape, w, t)?)
+            }
+            DenseStorage::Float(ValueFormat::Bf16) => {
+                Box::new(WindowCache::<half::bf16>::new(shape, w, t)?)
+            }
+            _ => Box::new(WindowCache::<half::f16>::new(shape, w, t)?),
+        });
     };
     let at = (shape, w, values);
     match keys {
