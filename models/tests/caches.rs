@@ -112,6 +112,10 @@ fn bad_specs_are_typed_errors() {
         "dense:format=int8,values=f16",
         "dense:format=int8,values=int3",
         "swan:values=int4",
+        "swan:ring_values=int4",
+        "dense:ring=f16,ring_values=int4",
+        "swan:ring=int8,ring_values=bf16",
+        "swan:ring=int8,ring_values=q5_1",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }

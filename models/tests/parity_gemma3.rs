@@ -272,3 +272,30 @@ fn a_swan_sink_reaches_the_global_layers_and_the_quantized_rings() {
         assert_eq!(local.contains(" sink=1"), in_rings, "{spec}: {label}");
     }
 }
+
+/// `ring=int8,ring_values=int4` keeps the local layers' rings as q8_0 keys and q4_0 values
+/// beside a SWAN spec's global layers (llama.cpp's `-ctk q8_0 -ctv q4_0` on the rings alone):
+/// the label names both formats, the rings hold one key row and one value row per position
+/// of the window, and the spec's sink reaches them.
+#[test]
+fn a_swan_spec_keeps_its_rings_in_two_formats() {
+    let f = fixture();
+    let c = case(&f, "long");
+    let ckpt = checkpoint();
+    let n = ids(c, "input_ids").len() + ids(c, "greedy_ids").len();
+    let base = "swan:k=128,index=bitmask,value=int8,basis=hadamard,ring=int8,ring_values=int4,ring_rotate=hadamard-v,threads=2";
+    let (_, stats) = decode_logits(&ckpt, base, c);
+    let stat = |k: &str| stats.iter().find(|(name, _)| *name == k).unwrap().1;
+    // 15 local layers, one kv-head of 256: a q8_0 key row (8 blocks of 34 bytes) and a q4_0
+    // value row (8 blocks of 18 bytes) per position of the 512-position window.
+    assert_eq!(stat("window_bytes"), (15 * n.min(512) * (8 * 34 + 8 * 18)) as f64);
+    let (_, same) = decode_logits(&ckpt, &base.replace("ring_values=int4", "ring_values=int8"), c);
+    let same = same.iter().find(|(name, _)| *name == "window_bytes").unwrap().1;
+    assert_eq!(same, (15 * n.min(512) * 2 * 8 * 34) as f64, "equal formats: a plain int8 ring");
+    let sink = format!("{base},sink=1");
+    let (_, cache) = sink.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+    let label = cache.label();
+    let (global, local) = label.split_once(" (global layers) + ").unwrap();
+    assert!(global.contains(" sink=1") && local.contains(" sink=1"), "{label}");
+    assert!(local.contains("int8 values=int4"), "{label}");
+}

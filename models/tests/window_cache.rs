@@ -243,6 +243,9 @@ fn windowed_cache_routes_layers_and_counts_bytes_per_kind() {
     assert_eq!(spec("swan:k=16,buffer=bf16,basis=identity"), "bf16", "a SWAN buffer's format");
     assert_eq!(spec("dense:format=int8,ring=f16"), "f16", "ring= wins");
     assert_eq!(spec("tiered:span=0..8,ring=fp8"), "fp8");
+    let rings = "swan:k=16,basis=identity,ring=int8,ring_values=int4";
+    assert_eq!(spec(rings), "int8,values=int4", "ring_values= beside ring=");
+    assert_eq!(spec("dense:format=int4,ring=q8_0,ring_values=q8_0"), "int8", "equal: one format");
     assert!(
         cache
             .decode(2, StepQkv { q: &out.clone(), k: &out.clone(), v: &out.clone() }, &mut out)

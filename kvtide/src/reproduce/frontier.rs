@@ -23,7 +23,7 @@
 //! every layer, as llama.cpp's `-ctk/-ctv` does), f16 for SWAN — and each SWAN
 //! configuration with 8-bit values runs once more with `int8` rings ([`add_int8_rings`]),
 //! and each int8 bitmask one with `int4` rings in Walsh–Hadamard coordinates
-//! ([`add_int4_rings`]);
+//! ([`add_int4_rings`]) and with `int8` key / `int4` value rings ([`add_mixed_rings`]);
 //! the budgets count both (ring bytes included, dense f16 of the same windowed model as the
 //! reference), and a third measure counts the global layers alone, the part a cache format
 //! changes. Bitmask 8-bit SWAN configurations also run with query-weighted key selection
@@ -237,6 +237,11 @@ pub struct FrontierRun {
     /// spec's default (a dense configuration's own format, a SWAN configuration's f16
     /// buffer format): `int8` (`q8_0` blocks) for a SWAN configuration.
     pub ring: Option<&'static str>,
+    /// The rings' value rows when their format is not the key rows' [`FrontierRun::ring`]
+    /// (`ring_values=`): `int4` beside `int8` rings — llama.cpp's `-ctk q8_0 -ctv q4_0` on the
+    /// local layers, as the dense mixed rows keep them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ring_values: Option<&'static str>,
     /// The rings' own basis when it is not the spec's (`ring_rotate=`): `hadamard-v` for
     /// `int4` rings — values in Walsh–Hadamard blocks, keys unrotated — as 4-bit codes
     /// collapse in the calibrated basis.
@@ -269,6 +274,7 @@ impl FrontierRun {
             buffer,
             queries,
             ring,
+            ring_values: None,
             ring_rotate,
             select,
             norm,
@@ -310,6 +316,14 @@ impl FrontierRun {
         Self { ring: Some("int4"), ring_rotate: Some("hadamard-v"), ..self }
     }
 
+    /// The same SWAN configuration with the local layers' rings as `int8` keys and `int4`
+    /// values (`q8_0` / `q4_0` blocks), the values in Walsh–Hadamard blocks and the keys
+    /// unrotated (`ring_rotate=hadamard-v`): the rings of the dense int8/int4 rows.
+    fn with_mixed_ring(self) -> Self {
+        let ring_rotate = Some("hadamard-v");
+        Self { ring: Some("int8"), ring_values: Some("int4"), ring_rotate, ..self }
+    }
+
     /// The same SWAN configuration selecting keys by query-weighted magnitude.
     fn with_query_select(self) -> Self {
         Self { select: Some("query"), ..self }
@@ -330,9 +344,24 @@ impl FrontierRun {
         self.select.unwrap_or("magnitude")
     }
 
-    /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`).
+    /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`; the key
+    /// rows' when the value rows differ).
     pub fn ring_format(&self) -> &'static str {
         self.ring.unwrap_or(if self.k.is_some() { "f16" } else { self.values })
+    }
+
+    /// The rings' formats as `--frontier-rings` names them: [`FrontierRun::ring_format`],
+    /// with `/` and the value rows' format when theirs differs (`int8/int4`).
+    pub fn ring_formats(&self) -> String {
+        let values = match self.ring {
+            Some(_) => self.ring_values,
+            None if self.k.is_none() => self.value_rows,
+            None => None,
+        };
+        match values {
+            Some(v) => format!("{}/{v}", self.ring_format()),
+            None => self.ring_format().to_owned(),
+        }
     }
 
     /// The same configuration with int8 queries.
@@ -350,6 +379,10 @@ impl FrontierRun {
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
+        let ring = match self.ring_values {
+            Some(v) => format!("{ring} ring_values={v}"),
+            None => ring,
+        };
         let ring = match self.ring_rotate {
             Some(b) => format!("{ring} ring_rotate={b}"),
             None => ring,
@@ -373,6 +406,10 @@ impl FrontierRun {
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
+        let ring = match self.ring_values {
+            Some(v) => format!("{ring},ring_values={v}"),
+            None => ring,
+        };
         let ring = match self.ring_rotate {
             Some(b) => format!("{ring},ring_rotate={b}"),
             None => ring,
@@ -448,13 +485,16 @@ impl FrontierRun {
     /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
     /// configuration's own rows (the spec's ring follows its format), a SWAN
     /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows: one dense row
-    /// of [`FrontierRun::ring_format`] each.
+    /// of [`FrontierRun::ring_format`] each (the value row in `ring_values` when set).
     pub fn ring_token_bytes(&self, d: usize) -> usize {
         let mut ring = FrontierRun::dense(self.ring_format(), "none");
-        // A dense configuration's rings follow both its formats.
-        if self.k.is_none() && self.ring.is_none() {
-            ring.value_rows = self.value_rows;
-        }
+        // A ring of its own takes its own value rows; a dense configuration's rings follow
+        // both its formats.
+        ring.value_rows = match self.ring {
+            Some(_) => self.ring_values,
+            None if self.k.is_none() => self.value_rows,
+            None => None,
+        };
         ring.head_bytes(d, 1)
     }
 
@@ -523,6 +563,26 @@ pub fn add_int4_rings(runs: &mut Vec<FrontierRun>) {
     );
 }
 
+/// Adds to `runs` each bitmask SWAN configuration with int8 values, one budget for keys and
+/// values and `int8` rings once more with the rings' value rows in `int4` (in
+/// Walsh–Hadamard blocks, keys unrotated: [`FrontierRun::ring_values`]) — the rings the dense
+/// int8/int4 rows keep: at the end of a short window the rings are most of a windowed
+/// model's bytes. Configurations already there are not added twice.
+pub fn add_mixed_rings(runs: &mut Vec<FrontierRun>) {
+    add_twins(
+        runs,
+        |r| {
+            r.k.is_some()
+                && r.kv.is_none()
+                && r.ring == Some("int8")
+                && r.ring_values.is_none()
+                && r.index == "bitmask"
+                && r.values == "int8"
+        },
+        FrontierRun::with_mixed_ring,
+    );
+}
+
 /// Adds to `runs` each bitmask SWAN configuration with 8-bit values (fp8, int8) and equal
 /// key and value budgets once more with `select=query`: keys pruned by magnitude weighted
 /// with the queries' RMS along each basis vector instead of magnitude alone. Whether that
@@ -557,22 +617,27 @@ pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
 }
 
 /// Adds to `runs` each SWAN configuration with integer bitmask rows (int8, int4), one
-/// budget for keys and values and the paper's key selection — on a model with
-/// sliding-window layers, those with `int4` rings — once more keeping its first position in
-/// `f32` (`sink=1`; in its quantized rings too): the rows that compete with a dense 4-bit
-/// cache, which keeps the attention sink so. Configurations already there are not added
-/// twice.
+/// budget for keys and values and the paper's key selection once more keeping its first
+/// position in `f32` (`sink=1`; in its quantized rings too): the rows that compete with a
+/// dense quantized cache, which keeps the attention sink so. On a model with
+/// sliding-window layers, those with quantized rings: `int4` rings, and `int8` rings
+/// (mixed or not) under either key selection — the rows that compete with the dense rows at
+/// 0.4–0.5 × f16. Configurations already there are not added twice.
 pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
     add_twins(
         runs,
         |r| {
             r.k.is_some()
                 && r.kv.is_none()
-                && r.select.is_none()
                 && r.sink == 0
                 && r.index == "bitmask"
                 && matches!(r.values, "int8" | "int4")
-                && (!windowed || r.ring == Some("int4"))
+                && match (windowed, r.ring) {
+                    (false, _) => r.select.is_none(),
+                    (true, Some("int4")) => r.select.is_none(),
+                    (true, Some("int8")) => true,
+                    (true, _) => false,
+                }
         },
         FrontierRun::with_sink,
     );
@@ -664,7 +729,7 @@ pub struct SwanGrid {
     )]
     pub values: Vec<String>,
     /// Only these formats of a sliding-window model's local rings (comma-separated: f16,
-    /// int8).
+    /// int8, int4, or keys/values such as int8/int4).
     #[arg(
         long = "frontier-rings",
         value_delimiter = ',',
@@ -723,7 +788,7 @@ impl SwanGrid {
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
             ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
-            ("rings", self.rings.clone(), &|r| Some(r.ring_format().to_owned())),
+            ("rings", self.rings.clone(), &|r| Some(r.ring_formats())),
             ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_owned())),
             ("component scalings", self.norm.clone(), &|r| Some(r.norm_rule().to_owned())),
             ("sinks", strings(&self.sinks), &|r| Some(r.sink.to_string())),
@@ -1520,7 +1585,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     reuse_text(s, out);
     if let Some(l) = s.local {
         out.text(format!(
-            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis) or `ring=int4 ring_rotate=hadamard-v` (`q4_0` rows, values in 64-wide Walsh–Hadamard blocks, keys unrotated). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
+            "Sliding-window model: the cache named serves the {} global layers; each of the {} local layers keeps a dense ring of its last {} positions — in a dense configuration's own format (a quantized format quantizes every layer, rotated like the global ones, as llama.cpp's `-ctk/-ctv` does), f16 for a SWAN configuration (its buffer format) unless its label says `ring=int8` (`q8_0` rows, keys in the SWAN basis) or `ring=int4 ring_rotate=hadamard-v` (`q4_0` rows, values in 64-wide Walsh–Hadamard blocks, keys unrotated) or `ring=int8 ring_values=int4 ring_rotate=hadamard-v` (`q8_0` key rows unrotated, `q4_0` value rows in Walsh–Hadamard blocks). The budgets `window` and `4096` count both (ring bytes included), over dense f16 of the same windowed model (every layer dense f16); `4096 global` counts the global layers alone. With f16 rings a {LONG_CACHE}-token cache is at least {} × f16 whatever the global layers hold.",
             l.global_layers,
             l.layers,
             l.window,
@@ -1667,7 +1732,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     );
     let mut rotations: Vec<&str> = Vec::new();
     // One line per SWAN encoding, key/value split or not, and ring format.
-    let mut encodings: Vec<(&str, &str, bool, &str, &str, &str)> = Vec::new();
+    let mut encodings: Vec<(&str, &str, bool, String, &str, &str)> = Vec::new();
     for p in &s.points {
         match p.run.k {
             None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
@@ -1679,7 +1744,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
                     r.index,
                     r.values,
                     r.kv.is_some(),
-                    r.ring_format(),
+                    r.ring_formats(),
                     r.select_rule(),
                     r.norm_rule(),
                 );
@@ -1700,7 +1765,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
                 && run.index == index
                 && run.values == values
                 && run.kv.is_some() == split
-                && run.ring_format() == ring
+                && run.ring_formats() == ring
                 && run.select_rule() == select
                 && run.norm_rule() == norm
         });
@@ -2586,6 +2651,65 @@ mod tests {
         only.apply(&mut windowed, 256).unwrap();
         assert!(windowed.iter().filter(|r| r.k.is_some()).all(|r| r.sink == 1));
         assert_eq!(windowed.iter().filter(|r| r.k.is_some()).count(), 2);
+    }
+
+    #[test]
+    fn mixed_rings_keep_q8_0_keys_and_q4_0_values() {
+        let int8_ring = FrontierRun::swan("bitmask", "int8", 128, 128).with_int8_ring();
+        let mixed = int8_ring.clone().with_mixed_ring();
+        assert_eq!(
+            mixed.label(),
+            "swan bitmask int8 k=128 b=128 ring=int8 ring_values=int4 ring_rotate=hadamard-v"
+        );
+        let spec = mixed.spec("/p", 2);
+        assert!(spec.contains(",ring=int8,ring_values=int4,ring_rotate=hadamard-v"), "{spec}");
+        let parsed: models::cache::CacheSpec = spec.parse().unwrap();
+        let want = models::cache::DenseStorage::Mixed {
+            keys: kv_sparse::quant::DenseFormat::Int8,
+            values: kv_sparse::quant::DenseFormat::Int4,
+        };
+        assert_eq!(parsed.ring, Some(want));
+        assert_eq!((mixed.ring_format(), mixed.ring_formats()), ("int8", "int8/int4".to_owned()));
+        assert_eq!(int8_ring.ring_formats(), "int8");
+        // A q8_0 key row and a q4_0 value row of 256 per position, as the dense int8/int4 row.
+        assert_eq!(mixed.ring_token_bytes(256), 8 * 34 + 8 * 18);
+        let dense = FrontierRun::dense("int8", "hadamard").with_value_rows("int4");
+        assert_eq!(mixed.ring_token_bytes(256), dense.ring_token_bytes(256));
+        assert_eq!(dense.ring_formats(), "int8/int4");
+        // The global layers are the SWAN rows': only the rings' bytes change.
+        let bm = gemma();
+        assert_eq!(mixed.head_bytes(256, 1024), int8_ring.head_bytes(256, 1024));
+        let fewer = bm.ring_bytes(&int8_ring, 1024) - bm.ring_bytes(&mixed, 1024);
+        assert_eq!(fewer, 15 * 512 * 8 * (34 - 18));
+        // The plan: every int8-ring int8 bitmask row (select × norm) once more, then each of
+        // them and the int4-ring rows with `sink=1`.
+        let mut runs = grid(256, &[4], &[128], true);
+        add_int8_rings(&mut runs);
+        add_query_selection(&mut runs);
+        add_component_norm(&mut runs);
+        add_int4_rings(&mut runs);
+        let before = runs.len();
+        add_mixed_rings(&mut runs);
+        let added = &runs[before..];
+        assert_eq!(
+            added.len(),
+            4,
+            "{:?}",
+            added.iter().map(FrontierRun::label).collect::<Vec<_>>()
+        );
+        assert!(added.iter().all(|r| r.ring_formats() == "int8/int4" && r.values == "int8"));
+        let n = runs.len();
+        add_mixed_rings(&mut runs);
+        assert_eq!(runs.len(), n, "nothing added twice");
+        add_sinks(&mut runs, true);
+        let sinks = &runs[n..];
+        // int4 rings (norm none/eigen) + int8 and int8/int4 rings (select × norm).
+        assert_eq!(sinks.len(), 2 + 4 + 4);
+        let only = SwanGrid { rings: vec!["int8/int4".into()], ..SwanGrid::default() };
+        only.apply(&mut runs, 256).unwrap();
+        let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
+        assert_eq!(swan.len(), 8, "4 mixed-ring rows, each with and without the sink");
+        assert!(swan.iter().all(|r| r.ring_values == Some("int4")));
     }
 
     #[test]

@@ -221,6 +221,8 @@ fn frontier_leg(
     // layers any bytes: the int8 bitmask runs once more with int4 rings in a basis of their own.
     if ctx.model.config().local_attention.is_some() {
         frontier::add_int4_rings(&mut ctx.plan.frontier);
+        // The int8-ring rows once more with the dense int8/int4 rows' rings: q4_0 values.
+        frontier::add_mixed_rings(&mut ctx.plan.frontier);
     }
     // The attention sink kept in f32 by the SWAN rows that compete with a dense 4-bit cache,
     // as the dense rows keep it.

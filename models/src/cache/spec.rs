@@ -39,7 +39,10 @@
 //! cache named serves the global layers and every local layer keeps a dense ring of its
 //! window ([`crate::cache::WindowedCache`]) in this format (default: the format of a `dense`
 //! spec — so `dense:format=int4` quantizes every layer, as llama.cpp's `-ctk/-ctv q4_0`
-//! does — the buffer format of a SWAN spec, f16 otherwise). A quantized ring stores q/k in
+//! does — the buffer format of a SWAN spec, f16 otherwise); `ring_values=fp8|int8|int4`
+//! beside a quantized `ring=` stores the rings' value rows in a format of their own (as
+//! `values=` does a dense cache's: `ring=int8,ring_values=int4` is llama.cpp's
+//! `-ctk q8_0 -ctv q4_0` on the local layers). A quantized ring stores q/k in
 //! the basis the spec rotates into (`rotate=` of a dense spec, `basis=` of a SWAN spec), or
 //! in `ring_rotate=none|hadamard|hadamard-v|random[:seed]` when given: the model then absorbs
 //! that basis's v/o rotation on the local layers (the spec's own on the others) and a
@@ -187,23 +190,8 @@ impl DenseSpec {
 
     fn parse(p: &mut Params<'_>) -> Result<Self> {
         let format = storage_param(p, "format")?.unwrap_or(DenseStorage::Float(ValueFormat::F16));
-        let format = match (format, storage_param(p, "values")?) {
-            (f, None) => f,
-            (DenseStorage::Quant(keys), Some(DenseStorage::Quant(values))) if keys == values => {
-                DenseStorage::Quant(keys)
-            }
-            (DenseStorage::Quant(keys), Some(DenseStorage::Quant(values))) => {
-                DenseStorage::Mixed { keys, values }
-            }
-            (keys, Some(values)) => {
-                return Err(spec_err(
-                    p.spec(),
-                    format!(
-                        "format={keys},values={values}: separate value rows take a quantized format (fp8, int8, int4) beside quantized keys"
-                    ),
-                ));
-            }
-        };
+        let values = storage_param(p, "values")?;
+        let format = with_value_rows(p.spec(), ("format", format), ("values", values))?;
         let rotate = match p.take("rotate") {
             None | Some("none") => None,
             Some(r) => Some(
@@ -221,6 +209,31 @@ impl DenseSpec {
         }
         Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from), sink })
     }
+}
+
+/// `keys` with its value rows in `values` when given (`format=K,values=V`,
+/// `ring=K,ring_values=V`): two quantized formats make a [`DenseStorage::Mixed`] storage (two
+/// equal ones the plain [`DenseStorage::Quant`]); a float format on either side is an error.
+fn with_value_rows(
+    spec: &str,
+    (key_name, keys): (&str, DenseStorage),
+    (value_name, values): (&str, Option<DenseStorage>),
+) -> Result<DenseStorage> {
+    Ok(match (keys, values) {
+        (f, None) => f,
+        (DenseStorage::Quant(k), Some(DenseStorage::Quant(v))) if k == v => DenseStorage::Quant(k),
+        (DenseStorage::Quant(keys), Some(DenseStorage::Quant(values))) => {
+            DenseStorage::Mixed { keys, values }
+        }
+        (keys, Some(values)) => {
+            return Err(spec_err(
+                spec,
+                format!(
+                    "{key_name}={keys},{value_name}={values}: separate value rows take a quantized format (fp8, int8, int4) beside quantized keys"
+                ),
+            ));
+        }
+    })
 }
 
 /// `sink=N`: positions kept in `f32` (`0` when absent).
@@ -253,8 +266,8 @@ pub struct CacheSpec {
     pub kind: CacheKind,
     /// Attention threads (`None`: all cores).
     pub threads: Option<usize>,
-    /// Row format of the local layers' window rings (`ring=`; `None`: follow the spec, see
-    /// the module docs).
+    /// Row format of the local layers' window rings (`ring=`, with `ring_values=` its value
+    /// rows' when they differ; `None`: follow the spec, see the module docs).
     pub ring: Option<DenseStorage>,
     /// The basis the local layers' rings store K/V in when it is not the spec's own
     /// (`ring_rotate=`; `None`: the spec's, see the module docs).
@@ -488,7 +501,18 @@ impl FromStr for CacheSpec {
         if threads == Some(0) {
             return Err(spec_err(text, "threads must be ≥ 1"));
         }
-        let ring = storage_param(&mut p, "ring")?;
+        let ring = match (storage_param(&mut p, "ring")?, storage_param(&mut p, "ring_values")?) {
+            (None, Some(values)) => {
+                return Err(spec_err(
+                    text,
+                    format!("ring_values={values} needs a quantized ring=K beside it"),
+                ));
+            }
+            (None, None) => None,
+            (Some(keys), values) => {
+                Some(with_value_rows(text, ("ring", keys), ("ring_values", values))?)
+            }
+        };
         let ring_rotate = match p.take("ring_rotate") {
             None => None,
             Some("none") => Some(BasisKind::Identity),
