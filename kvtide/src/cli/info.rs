@@ -6,7 +6,9 @@
 //! with int8 values; `papers/swan.txt`, memory section) — with SWAN's compute break-even
 //! length `b + d_h²/(d_h − k)` for `b = 128`. On a model with sliding-window layers
 //! (Gemma 3) the per-token figures are those of the global layers, and the local layers'
-//! windows are a fixed cost of their own (a dense ring of `window` positions each).
+//! windows are a fixed cost of their own (a dense ring of `window` positions each), listed
+//! for every ring format a spec takes (`ring=`, with `ring_values=` for value rows of their
+//! own).
 
 use crate::Result;
 use clap::Args;
@@ -53,6 +55,30 @@ fn windows(c: &ModelConfig) -> Option<(usize, usize, usize, usize)> {
     let local = c.num_layers - global_layers(c);
     let full = |f| 2 * local * c.kv_heads * window * dense_row_bytes(c.head_dim, f);
     Some((local, window, full(ValueFormat::F32), full(ValueFormat::F16)))
+}
+
+/// `(ring spec, bytes of every local layer's full window)` for each format a spec's `ring=`
+/// (and `ring_values=`) takes: a key row and a value row per position, each in its format
+/// (empty without local layers; the quantized block formats only where `d_h` is a whole
+/// number of blocks). A spec's `sink=N` adds `N` f32 key/value rows per layer and kv-head to
+/// a quantized ring while the window holds them; not counted here.
+fn ring_rows(c: &ModelConfig) -> Vec<(String, usize)> {
+    let Some(local) = &c.local_attention else { return Vec::new() };
+    let rings = (c.num_layers - global_layers(c)) * c.kv_heads * local.window;
+    let d = c.head_dim;
+    let mut out: Vec<(String, usize)> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
+        .into_iter()
+        .map(|f| (format!("ring={f}"), rings * 2 * dense_row_bytes(d, f)))
+        .collect();
+    out.push(("ring=fp8".into(), rings * 2 * Fp8Rows::row_bytes(d)));
+    if d.is_multiple_of(kv_sparse::quant::BLOCK) {
+        let (q8, q4) = (Int8Blocks::row_bytes(d), Int4Blocks::row_bytes(d));
+        out.push(("ring=int8".into(), rings * 2 * q8));
+        out.push(("ring=int4".into(), rings * 2 * q4));
+        out.push(("ring=int8,ring_values=int4".into(), rings * (q8 + q4)));
+        out.push(("ring=int4,ring_values=int8".into(), rings * (q4 + q8)));
+    }
+    out
 }
 
 /// `(label, bytes per token, break-even L)` rows: dense formats, then SWAN settings.
@@ -108,6 +134,8 @@ pub fn run(a: &InfoArgs) -> Result<()> {
         (2 * global_layers(c) * c.kv_heads * dense_row_bytes(c.head_dim, ValueFormat::F16)) as f64;
     let windows = windows(c);
     let table = rows(c);
+    let rings = ring_rows(c);
+    let ring16 = windows.map_or(0, |w| w.3) as f64;
     if a.json {
         let formats: Vec<_> = table
             .iter()
@@ -120,6 +148,7 @@ pub fn run(a: &InfoArgs) -> Result<()> {
             "parameters": parameters(c), "kv_bytes_per_token": formats, "swan_buffer": BUFFER,
             "global_layers": global_layers(c),
             "local_layers": windows.map(|w| json!({"layers": w.0, "window": w.1, "full_window_bytes_f32": w.2, "full_window_bytes_f16": w.3})),
+            "ring_formats": rings.iter().map(|(r, b)| json!({"ring": r, "full_window_bytes": b, "ratio_to_f16": *b as f64 / ring16})).collect::<Vec<_>>(),
         }));
         return Ok(());
     }
@@ -149,10 +178,20 @@ pub fn run(a: &InfoArgs) -> Result<()> {
     println!(
         "\nKV bytes per token ({scope}, keys + values; SWAN = sparse history rows, b = {BUFFER}):"
     );
-    println!("{:<30} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
+    let w = table.iter().map(|r| r.0.chars().count()).max().unwrap_or(0).max(30);
+    println!("{:<w$} {:>10} {:>10} {:>14}", "format", "bytes", "vs f16", "break-even L");
     for (label, bytes, be) in table {
         let be = be.map_or("—".to_string(), |l| format!("{l:.0}"));
-        println!("{label:<30} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
+        println!("{label:<w$} {bytes:>10} {:>10.3} {be:>14}", bytes as f64 / dense16);
+    }
+    if let Some((local, window, _, _)) = windows {
+        println!(
+            "\nLocal rings: the {local} local layers' full windows of {window} positions, keys + values (a spec's `sink=N` adds N f32 rows each):"
+        );
+        println!("{:<w$} {:>10} {:>10}", "ring", "bytes", "vs f16");
+        for (ring, bytes) in rings {
+            println!("{ring:<w$} {bytes:>10} {:>10.3}", bytes as f64 / ring16);
+        }
     }
     Ok(())
 }
@@ -176,5 +215,39 @@ mod tests {
         assert_eq!(bytes("dense int4"), Some(2 * pairs * 18));
         assert_eq!(bytes("dense int8 values=int4"), Some(pairs * (34 + 18)));
         assert_eq!(bytes("dense int4 values=int8"), Some(pairs * (18 + 34)));
+        assert!(ring_rows(&c).is_empty(), "no local layers, no rings");
+    }
+
+    /// A windowed model's rings: a key row and a value row per position of every local
+    /// layer's window and kv-head, each in its own format.
+    #[test]
+    fn ring_rows_count_every_local_window_in_each_format() {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny/llama-mha");
+        let mut c = ModelConfig::from_hf_file(&dir.join("config.json")).unwrap();
+        let rope = c.rope.clone();
+        // Layer 0 local with a window of 8, layer 1 global; 4 kv-heads of 32.
+        c.local_attention = Some(models::load::config::LocalAttention {
+            window: 8,
+            rope,
+            local: vec![true, false],
+        });
+        let rings = ring_rows(&c);
+        let bytes = |ring: &str| rings.iter().find(|(r, _)| r == ring).map(|r| r.1);
+        let positions = 4 * 8;
+        assert_eq!(bytes("ring=f16"), Some(positions * 2 * 32 * 2));
+        assert_eq!(bytes("ring=f32"), Some(positions * 2 * 32 * 4));
+        assert_eq!(bytes("ring=fp8"), Some(positions * 2 * (32 + 2)));
+        assert_eq!(bytes("ring=int8"), Some(positions * 2 * 34));
+        assert_eq!(bytes("ring=int4"), Some(positions * 2 * 18));
+        assert_eq!(bytes("ring=int8,ring_values=int4"), Some(positions * (34 + 18)));
+        assert_eq!(windows(&c).map(|w| w.3), bytes("ring=f16"), "the headline's f16 window");
+        // Every listed ring parses as a spec option.
+        for (ring, _) in &rings {
+            let spec = format!("dense:{ring}");
+            assert!(spec.parse::<models::cache::CacheSpec>().is_ok(), "{spec}");
+        }
+        // And takes the table's layer count: the global layer is not a ring.
+        assert_eq!(global_layers(&c), 1);
     }
 }
