@@ -2597,7 +2597,7 @@ mod tests {
 
     /// A SWAN sink row: named in label and spec, its first position counted as f32 rows in
     /// place of a buffer row (later: of a sparse row), in the quantized rings too; the plan
-    /// adds it to the integer bitmask rows (with int4 rings on a windowed model) and a grid
+    /// adds it to the integer bitmask rows (with quantized rings on a windowed model) and a grid
     /// restricted to `--frontier-sinks 1` keeps those alone.
     #[test]
     fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
