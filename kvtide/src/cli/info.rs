@@ -57,52 +57,54 @@ fn windows(c: &ModelConfig) -> Option<(usize, usize, usize, usize)> {
     Some((local, window, full(ValueFormat::F32), full(ValueFormat::F16)))
 }
 
-/// `(ring spec, bytes of every local layer's full window)` for each format a spec's `ring=`
-/// (and `ring_values=`) takes: a key row and a value row per position, each in its format
-/// (empty without local layers; the quantized block formats only where `d_h` is a whole
-/// number of blocks). A spec's `sink=N` adds `N` f32 key/value rows per layer and kv-head to
-/// a quantized ring while the window holds them; not counted here.
-fn ring_rows(c: &ModelConfig) -> Vec<(String, usize)> {
-    let Some(local) = &c.local_attention else { return Vec::new() };
-    let rings = (c.num_layers - global_layers(c)) * c.kv_heads * local.window;
-    let d = c.head_dim;
-    let mut out: Vec<(String, usize)> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
+/// `(key format, value format when it differs, bytes of one key row + one value row)` for
+/// every dense format a spec takes for a cache (`format=`, `values=`) or a ring (`ring=`,
+/// `ring_values=`) of heads of width `d`: the quantized block formats only where `d` is a
+/// whole number of blocks.
+fn pair_formats(d: usize) -> Vec<(String, Option<&'static str>, usize)> {
+    let mut out: Vec<_> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
         .into_iter()
-        .map(|f| (format!("ring={f}"), rings * 2 * dense_row_bytes(d, f)))
+        .map(|f| (f.to_string(), None, 2 * dense_row_bytes(d, f)))
         .collect();
-    out.push(("ring=fp8".into(), rings * 2 * Fp8Rows::row_bytes(d)));
+    out.push(("fp8".into(), None, 2 * Fp8Rows::row_bytes(d)));
     if d.is_multiple_of(kv_sparse::quant::BLOCK) {
         let (q8, q4) = (Int8Blocks::row_bytes(d), Int4Blocks::row_bytes(d));
-        out.push(("ring=int8".into(), rings * 2 * q8));
-        out.push(("ring=int4".into(), rings * 2 * q4));
-        out.push(("ring=int8,ring_values=int4".into(), rings * (q8 + q4)));
-        out.push(("ring=int4,ring_values=int8".into(), rings * (q4 + q8)));
+        out.push(("int8".into(), None, 2 * q8));
+        out.push(("int4".into(), None, 2 * q4));
+        out.push(("int8".into(), Some("int4"), q8 + q4));
+        out.push(("int4".into(), Some("int8"), q4 + q8));
     }
     out
+}
+
+/// `(ring spec, bytes of every local layer's full window)` for each format a spec's `ring=`
+/// (and `ring_values=`) takes: a key row and a value row per position, each in its format
+/// (empty without local layers). A spec's `sink=N` adds `N` f32 key/value rows per layer and
+/// kv-head to a quantized ring while the window holds them; not counted here.
+fn ring_rows(c: &ModelConfig) -> Vec<(String, usize)> {
+    let Some(local) = &c.local_attention else { return Vec::new() };
+    let positions = (c.num_layers - global_layers(c)) * c.kv_heads * local.window;
+    pair_formats(c.head_dim)
+        .into_iter()
+        .map(|(keys, values, pair)| {
+            let values = values.map_or(String::new(), |v| format!(",ring_values={v}"));
+            (format!("ring={keys}{values}"), positions * pair)
+        })
+        .collect()
 }
 
 /// `(label, bytes per token, break-even L)` rows: dense formats, then SWAN settings.
 fn rows(c: &ModelConfig) -> Vec<(String, usize, Option<f64>)> {
     let vectors = 2 * global_layers(c) * c.kv_heads;
     let d = c.head_dim;
-    let mut out: Vec<_> = [ValueFormat::F32, ValueFormat::F16, ValueFormat::Bf16]
+    // A key and a value vector per (global layer, kv-head), each in its format.
+    let mut out: Vec<_> = pair_formats(d)
         .into_iter()
-        .map(|f| (format!("dense {f}"), vectors * dense_row_bytes(d, f), None))
+        .map(|(keys, values, pair)| {
+            let values = values.map_or(String::new(), |v| format!(" values={v}"));
+            (format!("dense {keys}{values}"), vectors / 2 * pair, None)
+        })
         .collect();
-    out.push(("dense fp8".into(), vectors * Fp8Rows::row_bytes(d), None));
-    if d.is_multiple_of(kv_sparse::quant::BLOCK) {
-        out.push(("dense int8".into(), vectors * Int8Blocks::row_bytes(d), None));
-        out.push(("dense int4".into(), vectors * Int4Blocks::row_bytes(d), None));
-        // Keys and values in different formats (`values=`): half the vectors each.
-        let half = vectors / 2;
-        let mixed = [
-            ("int8 values=int4", Int8Blocks::row_bytes(d) + Int4Blocks::row_bytes(d)),
-            ("int4 values=int8", Int4Blocks::row_bytes(d) + Int8Blocks::row_bytes(d)),
-        ];
-        for (label, pair) in mixed {
-            out.push((format!("dense {label}"), half * pair, None));
-        }
-    }
     let values = [
         ValueKind::Elems(ValueFormat::F16),
         ValueKind::Elems(ValueFormat::Fp8E4M3),

@@ -353,14 +353,19 @@ impl FrontierRun {
     /// The rings' formats as `--frontier-rings` names them: [`FrontierRun::ring_format`],
     /// with `/` and the value rows' format when theirs differs (`int8/int4`).
     pub fn ring_formats(&self) -> String {
-        let values = match self.ring {
+        match self.ring_value_rows() {
+            Some(v) => format!("{}/{v}", self.ring_format()),
+            None => self.ring_format().to_owned(),
+        }
+    }
+
+    /// The rings' value rows when their format is not [`FrontierRun::ring_format`]: a ring
+    /// of its own takes `ring_values`; a dense configuration's rings follow both its formats.
+    fn ring_value_rows(&self) -> Option<&'static str> {
+        match self.ring {
             Some(_) => self.ring_values,
             None if self.k.is_none() => self.value_rows,
             None => None,
-        };
-        match values {
-            Some(v) => format!("{}/{v}", self.ring_format()),
-            None => self.ring_format().to_owned(),
         }
     }
 
@@ -488,13 +493,7 @@ impl FrontierRun {
     /// of [`FrontierRun::ring_format`] each (the value row in `ring_values` when set).
     pub fn ring_token_bytes(&self, d: usize) -> usize {
         let mut ring = FrontierRun::dense(self.ring_format(), "none");
-        // A ring of its own takes its own value rows; a dense configuration's rings follow
-        // both its formats.
-        ring.value_rows = match self.ring {
-            Some(_) => self.ring_values,
-            None if self.k.is_none() => self.value_rows,
-            None => None,
-        };
+        ring.value_rows = self.ring_value_rows();
         ring.head_bytes(d, 1)
     }
 
@@ -633,10 +632,8 @@ pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
                 && r.index == "bitmask"
                 && matches!(r.values, "int8" | "int4")
                 && match (windowed, r.ring) {
-                    (false, _) => r.select.is_none(),
-                    (true, Some("int4")) => r.select.is_none(),
-                    (true, Some("int8")) => true,
-                    (true, _) => false,
+                    (false, _) | (true, Some("int4")) => r.select.is_none(),
+                    (true, ring) => ring == Some("int8"),
                 }
         },
         FrontierRun::with_sink,
