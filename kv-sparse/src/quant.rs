@@ -7,6 +7,10 @@
 //! * [`Int4Blocks`] — blocks of 32 elements, an f16 scale `d` and 16 bytes of nibbles
 //!   (`x ≈ d·(q − 8)`, element `j` in the low nibble of byte `j`, element `j + 16` in its
 //!   high nibble): llama.cpp's `q4_0` layout, 18 bytes per 32 elements;
+//!
+//!   both encode as ggml's reference quantizers do, byte for byte (codes from the unrounded
+//!   f32 scale; tested against PyPI `gguf`'s bit-exact quantizer in `tests/ggml_blocks.rs`),
+//!   so a row holds what llama.cpp's `-ctk/-ctv q8_0|q4_0` cache would hold for it;
 //! * [`Fp8Rows`] — one f16 scale per row (per token) then `d_h` OCP E4M3FN codes
 //!   (`x ≈ s·e4m3`), as vLLM's fp8 KV cache scales it.
 //!
@@ -21,7 +25,8 @@
 //! a row is exact given its bytes (`f32(d)·q`), so kernels and references agree.
 //!
 //! Lossless setting: none of these codecs is lossless; their error bound is tested
-//! (`|x − x̂| ≤ d/2` per block for int8, `≤ |d|/2` inside the representable range for int4).
+//! (`|x − x̂| ≤ d/2` per block for int8 and `≤ |d|/2` inside the representable range for
+//! int4, each plus the stored f16 scale's rounding carried by the largest code).
 
 use half::f16;
 
@@ -161,6 +166,24 @@ pub(crate) fn scale_up(amax: f32, levels: f32) -> f16 {
     h
 }
 
+/// A ggml block's scale `d` (f32, as computed) → the f16 it stores and the reciprocal its
+/// codes are computed with: ggml's `1/d` of the unrounded `d`, so the codes match its
+/// reference quantizer's. Where the f16 would be zero — an all-zero block (`d = 0`: scale 1,
+/// codes of zero either way) or `|d|` below f16's smallest subnormal — the smallest nonzero
+/// scale is stored instead and the codes follow it, so every stored scale passes the
+/// zero-scale check.
+fn ggml_scale(d: f32) -> (f16, f32) {
+    if d == 0.0 {
+        return (f16::ONE, 1.0);
+    }
+    let h = f16::from_f32(d);
+    if h.to_f32() == 0.0 {
+        let h = f16::from_bits(if d < 0.0 { 0x8001 } else { 0x0001 });
+        return (h, 1.0 / h.to_f32());
+    }
+    (h, 1.0 / d)
+}
+
 fn read_scale(bytes: &[u8]) -> f32 {
     f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
 }
@@ -265,9 +288,16 @@ impl DenseCodec for Int8Blocks {
         check_blocked(op, head_dim)
     }
 
+    /// `q8_0`, byte for byte as ggml's reference quantizer writes it: `d = amax / 127`,
+    /// `q = round(x/d)` (halves away from zero) with the f32 `d`, and `d` stored as f16 (see
+    /// [`ggml_scale`] for the blocks whose f16 scale would be zero).
     fn encode(x: &[f32], out: &mut [u8]) {
         for (b, o) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(INT8_BLOCK_BYTES)) {
-            encode_int8(b, o);
+            let (d, inv) = ggml_scale(amax(b) / 127.0);
+            o[..2].copy_from_slice(&d.to_le_bytes());
+            for (c, &v) in o[2..].iter_mut().zip(b) {
+                *c = ((v * inv).round().clamp(-127.0, 127.0) as i8) as u8;
+            }
         }
     }
 
@@ -298,17 +328,15 @@ impl DenseCodec for Int4Blocks {
         check_blocked(op, head_dim)
     }
 
-    /// `q4_0`: `d = m / −8` where `m` is the block's element of largest magnitude (with its
-    /// sign), `q = min(15, ⌊x/d + 8.5⌋)`.
+    /// `q4_0`, byte for byte as ggml's reference quantizer writes it: `d = m / −8` where `m`
+    /// is the block's element of largest magnitude (with its sign, the first of equal
+    /// magnitudes), `q = min(15, ⌊x/d + 8.5⌋)` with the f32 `d`, and `d` stored as f16 (see
+    /// [`ggml_scale`] for the blocks whose f16 scale would be zero).
     fn encode(x: &[f32], out: &mut [u8]) {
         for (b, o) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(INT4_BLOCK_BYTES)) {
             let m = b.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-            let mut d = if m == 0.0 { f16::ONE } else { f16::from_f32(m / -8.0) };
-            if d.to_f32() == 0.0 {
-                d = f16::from_bits(if m > 0.0 { 0x8001 } else { 0x0001 });
-            }
+            let (d, inv) = ggml_scale(m / -8.0);
             o[..2].copy_from_slice(&d.to_le_bytes());
-            let inv = 1.0 / d.to_f32();
             let code = |v: f32| ((v * inv + 8.5).clamp(0.0, 15.0)) as u8;
             for j in 0..BLOCK / 2 {
                 o[2 + j] = code(b[j]) | (code(b[j + BLOCK / 2]) << 4);
@@ -707,9 +735,12 @@ mod tests {
         let x = data(128, 3);
         let y = round_trip::<Int8Blocks>(&x);
         for (b, (xb, yb)) in x.chunks(BLOCK).zip(y.chunks(BLOCK)).enumerate() {
-            let step = scale_up(amax(xb), 127.0).to_f32();
+            // codes round x/d with the f32 d; the stored f16 d differs from it by at most
+            // 2⁻¹¹ relative, which the largest code (127) carries into the decoded value.
+            let d = amax(xb) / 127.0;
+            let bound = d / 2.0 + 127.0 * d * 2f32.powi(-11);
             for (a, c) in xb.iter().zip(yb) {
-                assert!((a - c).abs() <= step / 2.0 * 1.0001, "block {b}: {a} vs {c}");
+                assert!((a - c).abs() <= bound * 1.0001, "block {b}: {a} vs {c}");
             }
         }
     }
