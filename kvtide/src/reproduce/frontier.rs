@@ -13,7 +13,9 @@
 //! a table per budget (0.15 … 0.5 × f16) gives the best dense and the best SWAN
 //! configuration at or under it, and the external check runs llama.cpp's own perplexity
 //! tool with `-ctk/-ctv f16, q8_0, q4_0` (and the mixed pairs `-ctk q8_0 -ctv q4_0`,
-//! `-ctk q4_0 -ctv q8_0`) on the same text when its path is given.
+//! `-ctk q4_0 -ctv q8_0`) on the same text when its path is given; beside it, dense int4 in
+//! seeded random orthogonal bases ([`add_rotation_draws`]) measures how far one rounding
+//! draw moves a 4-bit cost, the resolution of a peer gap between two single draws.
 //!
 //! The study runs once per model the project has set up ([`legs`]): the run's own model
 //! (SmolLM2 by default) always, and Gemma 3 270M when `scripts/setup.sh gemma` fetched it —
@@ -380,6 +382,16 @@ impl FrontierRun {
         LLAMACPP_COUNTERPARTS.iter().any(|(_, l)| *l == self.label())
     }
 
+    /// Whether this is one of [`add_rotation_draws`]' rows: dense int4 (keys and values) in a
+    /// seeded random orthogonal basis.
+    pub fn is_rotation_draw(&self) -> bool {
+        self.family == "dense"
+            && self.values == "int4"
+            && self.value_rows.is_none()
+            && self.sink == 0
+            && ROTATION_DRAWS.contains(&self.rotate)
+    }
+
     /// A short label.
     pub fn label(&self) -> String {
         let queries = if self.queries == "int8" { " queries=int8" } else { "" };
@@ -638,6 +650,26 @@ pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
         },
         FrontierRun::with_sink,
     );
+}
+
+/// The seeded random orthogonal bases of [`add_rotation_draws`] (`rotate=random:SEED`).
+pub const ROTATION_DRAWS: [&str; 8] = [
+    "random:1", "random:2", "random:3", "random:4", "random:5", "random:6", "random:7", "random:8",
+];
+
+/// Adds dense int4 (`q4_0` keys and values) in the first `n` of [`ROTATION_DRAWS`]' random
+/// orthogonal bases (at most 8). Each basis spreads a head's outliers as the Walsh–Hadamard
+/// matrix does, so no draw is better than another in expectation; what their costs spread
+/// over is the resolution at which two single draws — kvtide's Hadamard int4 and llama.cpp's
+/// `q4_0`, each one fixed rounding of the positions every window shares — can be told
+/// apart. Measured under llama.cpp's condition beside the counterparts.
+pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, n: usize) {
+    for &rotate in ROTATION_DRAWS.iter().take(n) {
+        let run = FrontierRun::dense("int4", rotate);
+        if !runs.contains(&run) {
+            runs.push(run);
+        }
+    }
 }
 
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
@@ -983,10 +1015,17 @@ impl FrontierStudy {
 /// counterpart, with the gap's jackknife standard error over the windows, and the costs of
 /// every window alone (absent when either tool gave no per-window figures).
 fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
-    let gaps: Vec<(&str, &str, PeerGap)> = LLAMACPP_COUNTERPARTS
+    let draws =
+        s.points.iter().filter(|p| p.run.is_rotation_draw()).map(|p| ("q4_0", p.run.label()));
+    let gaps: Vec<(&str, String, PeerGap)> = LLAMACPP_COUNTERPARTS
         .iter()
         .filter(|(ty, _)| *ty != "f16")
-        .filter_map(|&(ty, label)| Some((ty, label, s.peer_gap(ty, label)?)))
+        .map(|&(ty, label)| (ty, label.to_owned()))
+        .chain(draws)
+        .filter_map(|(ty, label)| {
+            let gap = s.peer_gap(ty, &label)?;
+            Some((ty, label, gap))
+        })
         .collect();
     if gaps.is_empty() {
         return;
@@ -1011,7 +1050,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let (lo, hi) = p.window_gaps().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
         g.row(vec![
             (*ty).to_owned(),
-            (*label).to_owned(),
+            label.clone(),
             pct(p.kvtide, 2),
             pct(p.llamacpp, 2),
             pp(p.gap),
@@ -1020,7 +1059,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             format!("{} of {n}", p.window_gaps().filter(|x| *x > 0.0).count()),
         ]);
     }
-    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows.");
+    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see.");
     out.table(g);
     let mut w = Table::new(
         &leg.name("frontier_peer_windows"),
@@ -1040,7 +1079,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             w.row(vec![
                 (i + 1).to_string(),
                 (*ty).to_owned(),
-                (*label).to_owned(),
+                label.clone(),
                 pct(k, 2),
                 pct(l, 2),
                 pp(k - l),
@@ -1048,6 +1087,31 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         }
     }
     out.table(w);
+}
+
+/// The spread of the int4 rotation draws' costs under llama.cpp's condition.
+struct DrawSpread {
+    n: usize,
+    lo: f64,
+    hi: f64,
+    median: f64,
+}
+
+/// [`DrawSpread`] of the study's rotation draws measured whole-window (`None` without any).
+fn rotation_draw_spread(s: &FrontierStudy) -> Option<DrawSpread> {
+    let mut costs: Vec<f64> = s
+        .points
+        .iter()
+        .filter(|p| p.run.is_rotation_draw())
+        .filter_map(|p| s.whole_window_cost(&p.run.label()))
+        .collect();
+    if costs.is_empty() {
+        return None;
+    }
+    costs.sort_by(f64::total_cmp);
+    let n = costs.len();
+    let median = if n % 2 == 1 { costs[n / 2] } else { (costs[n / 2 - 1] + costs[n / 2]) / 2.0 };
+    Some(DrawSpread { n, lo: costs[0], hi: costs[n - 1], median })
 }
 
 /// The grid label of llama.cpp KV type `ty`'s counterpart.
@@ -1272,6 +1336,7 @@ fn whole_window(
     let chosen: Vec<&FrontierRun> = LLAMACPP_COUNTERPARTS
         .iter()
         .filter_map(|(_, label)| runs.iter().find(|r| r.label() == *label))
+        .chain(runs.iter().filter(|r| r.is_rotation_draw()))
         .collect();
     let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::new();
     let groups = group_by_weights(chosen.iter().map(|run| {
@@ -2013,6 +2078,26 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                 );
                 detail = format!("{detail}; {what}: {w}, half prefilled {}", pct(half, 2));
             }
+            if let Some(d) = rotation_draw_spread(s) {
+                let side = |x: f64| match (x < d.lo, x > d.hi) {
+                    (true, _) => "below",
+                    (_, true) => "above",
+                    _ => "inside",
+                };
+                detail = format!(
+                    "{detail}; int4 in {} random orthogonal bases (whole window): {} … {} (median {}) — llama.cpp's q4_0 {} is {} that spread, kvtide's Hadamard int4 {}",
+                    d.n,
+                    pct(d.lo, 2),
+                    pct(d.hi, 2),
+                    pct(d.median, 2),
+                    pct(c4, 2),
+                    side(c4),
+                    whole.map_or_else(
+                        || "not measured whole-window".to_owned(),
+                        |(_, w4)| { format!("{} {}", pct(w4, 2), side(w4)) }
+                    ),
+                );
+            }
             out.push(Finding::new(
                 "frontier-llamacpp",
                 "kvtide int8 / int4 (Hadamard) cost within 0.1 / 1.5 percentage points of llama.cpp's q8_0 / q4_0",
@@ -2267,6 +2352,68 @@ mod tests {
         let line = primary_only[1].skip_line().expect("a skip line");
         assert!(line.ends_with("--primary-model-only was given"), "{line}");
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The rotation draws are dense int4 rows in seeded random bases, added once, outside
+    /// llama.cpp's counterparts; their whole-window spread is reported beside the judged
+    /// int4 gap, with where llama.cpp's q4_0 and kvtide's Hadamard int4 fall in it.
+    #[test]
+    fn rotation_draws_report_where_both_tools_fall_in_their_spread() {
+        let mut runs = vec![FrontierRun::dense("int4", "hadamard")];
+        add_rotation_draws(&mut runs, 3);
+        add_rotation_draws(&mut runs, 3);
+        assert_eq!(runs.len(), 4);
+        let draw = &runs[2];
+        assert!(draw.is_rotation_draw() && !draw.is_llamacpp_counterpart());
+        assert_eq!(draw.label(), "dense int4 rotate=random:2");
+        let spec: models::cache::spec::CacheSpec = draw.spec("", 1).parse().expect("spec");
+        let models::cache::spec::CacheKind::Dense(dense) = spec.kind else { panic!("dense") };
+        assert_eq!(dense.rotate, Some(projection::BasisKind::Random { seed: 2 }));
+        assert!(!runs[0].is_rotation_draw());
+        assert!(!FrontierRun::dense("int4", "random:1").with_sink().is_rotation_draw());
+        add_rotation_draws(&mut runs, 99);
+        assert_eq!(runs.len(), 1 + ROTATION_DRAWS.len());
+
+        let dense =
+            [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 110.0)];
+        let mut points: Vec<_> =
+            dense.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+        points.extend(runs[1..4].iter().map(|r| point(r.clone(), 108.0)));
+        let mut s = FrontierStudy {
+            external: External {
+                status: "ran".into(),
+                rows: vec![("f16".into(), 80.0), ("q8_0".into(), 80.08), ("q4_0".into(), 88.8)],
+                ..External::default()
+            },
+            dense_f16_llamacpp_positions: Some(80.0),
+            ..study(64, points)
+        };
+        let peer = |s: &FrontierStudy| {
+            leg_findings(s).into_iter().find(|f| f.id == "frontier-llamacpp").expect("finding")
+        };
+        // Not measured whole-window: nothing to say about a spread.
+        assert!(rotation_draw_spread(&s).is_none());
+        assert!(!peer(&s).evidence.contains("random orthogonal"));
+        // Whole window: Hadamard int4 +16 %, llama.cpp's q4_0 +11 %, the draws +9 … +17 %.
+        s.whole_window = vec![
+            ("dense f16".into(), 100.0),
+            ("dense int8 rotate=hadamard".into(), 100.05),
+            ("dense int4 rotate=hadamard".into(), 116.0),
+            ("dense int4 rotate=random:1".into(), 117.0),
+            ("dense int4 rotate=random:2".into(), 109.0),
+            ("dense int4 rotate=random:3".into(), 112.0),
+        ];
+        let d = rotation_draw_spread(&s).expect("spread");
+        assert_eq!(d.n, 3);
+        assert!((d.lo - 0.09).abs() < 1e-12 && (d.hi - 0.17).abs() < 1e-12);
+        assert!((d.median - 0.12).abs() < 1e-12);
+        let f = peer(&s);
+        // The judged gap stays Hadamard's (5 pp): the draws explain it, they do not pass it.
+        assert!(!f.holds, "{}", f.evidence);
+        let want = "int4 in 3 random orthogonal bases (whole window): 9.00 % … 17.00 % (median 12.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % inside";
+        assert!(f.evidence.contains(want), "{}", f.evidence);
+        s.external.rows[2].1 = 80.0 * 1.08;
+        assert!(peer(&s).evidence.contains("q4_0 8.00 % is below that spread"));
     }
 
     /// A measured point of `run` with only its perplexity set.

@@ -50,6 +50,12 @@ pub struct ReproduceArgs {
     /// without the SWAN grid.
     #[arg(long)]
     pub frontier_external_only: bool,
+    /// With `--frontier-external-only`: dense int4 also in this many seeded random orthogonal
+    /// bases (1–8), under llama.cpp's condition beside the counterparts — the spread of a
+    /// 4-bit cost over equally good rotations, against which a peer gap between two single
+    /// draws is read.
+    #[arg(long, requires = "frontier_external_only", value_parser = clap::value_parser!(u8).range(1..=8))]
+    pub frontier_rotation_draws: Option<u8>,
     /// The play the frontier study scores (a play of the text set-up, not one the SWAN
     /// projections are calibrated on): the same windows for kvtide and llama.cpp, to see
     /// how a figure moves with the text.
@@ -231,6 +237,10 @@ fn frontier_leg(
     if args.frontier_external_only {
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
+        if let Some(n) = args.frontier_rotation_draws {
+            frontier::add_rotation_draws(&mut ctx.plan.frontier, usize::from(n));
+            ctx.log(&format!("frontier: int4 in {n} random orthogonal bases beside them"));
+        }
     }
     let restricted = if args.frontier_grid.is_whole() {
         None
@@ -551,5 +561,25 @@ mod tests {
         assert!(e.contains("--frontier-play") && e.contains("calibrates"), "{e}");
         let e = check_frontier_play("no-such-play").unwrap_err().to_string();
         assert!(e.contains("no-such-play"), "{e}");
+    }
+
+    /// Rotation draws join the external-only run alone, 1 to 8 of them.
+    #[test]
+    fn rotation_draws_need_the_external_only_run_and_count_one_to_eight() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: ReproduceArgs,
+        }
+        let parse = |extra: &[&str]| {
+            <Cli as clap::Parser>::try_parse_from(["kvtide"].iter().chain(extra)).map(|c| c.args)
+        };
+        let a = parse(&["--frontier-external-only", "--frontier-rotation-draws", "8"]).unwrap();
+        assert_eq!(a.frontier_rotation_draws, Some(8));
+        assert_eq!(parse(&["--frontier-external-only"]).unwrap().frontier_rotation_draws, None);
+        assert!(parse(&["--frontier-rotation-draws", "2"]).is_err());
+        for n in ["0", "9"] {
+            assert!(parse(&["--frontier-external-only", "--frontier-rotation-draws", n]).is_err());
+        }
     }
 }
