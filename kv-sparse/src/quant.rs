@@ -289,8 +289,8 @@ impl DenseCodec for Int8Blocks {
     }
 
     /// `q8_0`, byte for byte as ggml's reference quantizer writes it: `d = amax / 127`,
-    /// `q = round(x/d)` (halves away from zero) with the f32 `d`, and `d` stored as f16 (see
-    /// [`ggml_scale`] for the blocks whose f16 scale would be zero).
+    /// `q = round(x/d)` (halves away from zero) with the f32 `d`, and `d` stored as f16 (a
+    /// block whose f16 scale would be zero stores a nonzero one instead, as the module notes say).
     fn encode(x: &[f32], out: &mut [u8]) {
         for (b, o) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(INT8_BLOCK_BYTES)) {
             let (d, inv) = ggml_scale(amax(b) / 127.0);
@@ -330,8 +330,8 @@ impl DenseCodec for Int4Blocks {
 
     /// `q4_0`, byte for byte as ggml's reference quantizer writes it: `d = m / −8` where `m`
     /// is the block's element of largest magnitude (with its sign, the first of equal
-    /// magnitudes), `q = min(15, ⌊x/d + 8.5⌋)` with the f32 `d`, and `d` stored as f16 (see
-    /// [`ggml_scale`] for the blocks whose f16 scale would be zero).
+    /// magnitudes), `q = min(15, ⌊x/d + 8.5⌋)` with the f32 `d`, and `d` stored as f16 (a
+    /// block whose f16 scale would be zero stores a nonzero one instead, as the module notes say).
     fn encode(x: &[f32], out: &mut [u8]) {
         for (b, o) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(INT4_BLOCK_BYTES)) {
             let m = b.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
