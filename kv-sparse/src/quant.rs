@@ -206,8 +206,14 @@ pub fn encode_int8(x: &[f32], out: &mut [u8]) {
         return;
     }
     let s = scale_up(amax(x), 127.0);
-    out[..2].copy_from_slice(&s.to_le_bytes());
-    let inv = 1.0 / s.to_f32();
+    write_int8(x, s, 1.0 / s.to_f32(), out);
+}
+
+/// Writes `scale`'s two bytes then `x.len()` symmetric `i8` codes `round(x · inv)` (halves
+/// away from zero, clamped to ±127) into `out`: the layout of [`encode_int8`]'s rows and of
+/// a `q8_0` block, whichever rule chose the scale and the reciprocal.
+fn write_int8(x: &[f32], scale: f16, inv: f32, out: &mut [u8]) {
+    out[..2].copy_from_slice(&scale.to_le_bytes());
     for (o, &v) in out[2..2 + x.len()].iter_mut().zip(x) {
         *o = ((v * inv).round().clamp(-127.0, 127.0) as i8) as u8;
     }
@@ -294,10 +300,7 @@ impl DenseCodec for Int8Blocks {
     fn encode(x: &[f32], out: &mut [u8]) {
         for (b, o) in x.chunks_exact(BLOCK).zip(out.chunks_exact_mut(INT8_BLOCK_BYTES)) {
             let (d, inv) = ggml_scale(amax(b) / 127.0);
-            o[..2].copy_from_slice(&d.to_le_bytes());
-            for (c, &v) in o[2..].iter_mut().zip(b) {
-                *c = ((v * inv).round().clamp(-127.0, 127.0) as i8) as u8;
-            }
+            write_int8(b, d, inv, o);
         }
     }
 
