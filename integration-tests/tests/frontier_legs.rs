@@ -30,6 +30,7 @@ fn a_missing_gemma_model_is_a_reported_skip() {
         primary_model_only: false,
         frontier_external_only: false,
         frontier_rotation_draws: None,
+        frontier_draw_bases: Vec::new(),
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),
         frontier_windows: None,
         frontier_grid: Default::default(),

@@ -1,6 +1,8 @@
 //! Ablation bases (SWAN Appendix, projection ablations / Table 3): random orthogonal,
-//! identity (no rotation), layer-shuffle, head-shuffle and KV-shuffle — all returned as a
-//! [`ProjectionSet`] so every evaluation tool runs on them unchanged.
+//! identity (no rotation), layer-shuffle, head-shuffle and KV-shuffle — plus the data-free
+//! rotations of quantized KV caches (Walsh–Hadamard, its value half, its sign-randomized
+//! draws) — all returned as a [`ProjectionSet`] so every evaluation tool runs on them
+//! unchanged.
 //!
 //! Every ablation is still orthogonal, hence still lossless before pruning (Appendix A.1);
 //! only the energy compaction that makes magnitude pruning work is lost. Randomness comes
@@ -208,6 +210,43 @@ impl ProjectionSet {
         walsh_hadamard_set(dims, model, false)
     }
 
+    /// The randomized form of [`ProjectionSet::hadamard`] ([`BasisKind::SignedHadamard`]):
+    /// every (layer, kv-head, stream) gets the same Walsh–Hadamard matrix as there (full size
+    /// on q/k, [`HADAMARD_V_BLOCK`]-blocks on v/o) with its rows multiplied by independent
+    /// random signs (`P = D·H`), drawn in layer-major order (QK then VO per head) from one
+    /// `ChaCha8Rng` seeded with `seed`. Each draw is as orthogonal as `H` and spreads every
+    /// coordinate over the whole block as `H` does; only the sign pattern differs.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{BasisKind, ModelDims, ProjectionSet};
+    /// let dims = ModelDims::new(2, 4, 2, 8)?;
+    /// let a = ProjectionSet::signed_hadamard(dims, "toy", 3)?;
+    /// assert_eq!(a.kind(), BasisKind::SignedHadamard { seed: 3 });
+    /// assert_eq!(a, ProjectionSet::signed_hadamard(dims, "toy", 3)?);
+    /// assert!(a.max_orthogonality_error() < 1e-6);
+    /// assert!(ProjectionSet::signed_hadamard(ModelDims::new(1, 2, 1, 12)?, "toy", 3).is_err());
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn signed_hadamard(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
+        let d = dims.head_dim();
+        let full = hadamard(d)?;
+        let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        synthetic(dims, model, BasisKind::SignedHadamard { seed }, |s| {
+            let h = match s {
+                Stream::Qk => &full,
+                Stream::Vo => &vo,
+            };
+            let signs: Vec<f32> =
+                (0..d).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
+            Mat::from_fn(d, d, |i, j| signs[i] * h.row(i)[j])
+        })
+    }
+
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
     /// layer-major order (QK then VO per head) from one `ChaCha8Rng` seeded with `seed`.
     ///
@@ -332,6 +371,7 @@ impl ProjectionSet {
             BasisKind::Identity => Self::identity(self.dims(), model),
             BasisKind::Hadamard => Self::hadamard(self.dims(), model),
             BasisKind::HadamardValues => Self::hadamard_values(self.dims(), model),
+            BasisKind::SignedHadamard { seed } => Self::signed_hadamard(self.dims(), model, seed),
             BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
             BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
             BasisKind::KvShuffle => self.kv_shuffle(),
@@ -410,5 +450,52 @@ mod tests {
         assert_eq!(hadamard_blocks(64, 64).unwrap(), hadamard(64).unwrap());
         assert!(hadamard_blocks(64, 0).is_err());
         assert!(hadamard_blocks(64, 24).is_err());
+    }
+
+    /// A sign-randomized draw is `D·H` with `H` llama.cpp's matrix of each stream: every
+    /// row of `P` is `H`'s row or its negation, signs differ between sites, streams and
+    /// seeds, and the rotation of a vector is `H` applied to the sign-flipped vector.
+    #[test]
+    fn signed_hadamard_sets_flip_the_rows_of_each_streams_matrix() {
+        let dims = ModelDims::new(2, 4, 2, 256).unwrap();
+        let (h, hv) = (hadamard(256).unwrap(), hadamard_blocks(256, 64).unwrap());
+        let a = ProjectionSet::signed_hadamard(dims, "m", 1).unwrap();
+        let b = ProjectionSet::signed_hadamard(dims, "m", 2).unwrap();
+        let signs = |p: &Mat, h: &Mat| -> Vec<f32> {
+            (0..256)
+                .map(|i| {
+                    let (r, hr) = (p.row(i), h.row(i));
+                    let s = if r == hr { 1.0 } else { -1.0 };
+                    assert!(r.iter().zip(hr).all(|(x, y)| *x == s * y), "row {i} is ±H's");
+                    s
+                })
+                .collect()
+        };
+        let mut seen = Vec::new();
+        for set in [&a, &b] {
+            for (layer, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                let qk = signs(set.qk(layer, head).unwrap(), &h);
+                let vo = signs(set.vo(layer, head).unwrap(), &hv);
+                for s in [qk, vo] {
+                    let flipped = s.iter().filter(|&&x| x < 0.0).count();
+                    assert!((64..192).contains(&flipped), "about half the signs: {flipped}");
+                    assert!(!seen.contains(&s), "a sign pattern repeats");
+                    seen.push(s);
+                }
+            }
+        }
+        assert!(a.max_orthogonality_error() < 1e-6);
+        // x·P = (x·D)·H: the Hadamard transform of the sign-flipped vector.
+        let p = a.qk(1, 0).unwrap();
+        let s = signs(p, &h);
+        let x: Vec<f32> = (0..256).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        for j in [0, 7, 255] {
+            let via_p: f32 = (0..256).map(|i| x[i] * p.row(i)[j]).sum();
+            let via_h: f32 = (0..256).map(|i| x[i] * s[i] * h.row(i)[j]).sum();
+            assert!((via_p - via_h).abs() < 1e-5);
+        }
+        assert_eq!(a.ablation(BasisKind::SignedHadamard { seed: 1 }).unwrap(), a);
+        assert_eq!("hadamard-signs:2".parse::<BasisKind>().unwrap(), b.kind());
+        assert_eq!(b.kind().to_string(), "hadamard-signs:2");
     }
 }

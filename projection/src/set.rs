@@ -40,6 +40,16 @@ pub enum BasisKind {
     /// by 64 × 64 Walsh–Hadamard blocks. For models whose keys quantize better in their own
     /// basis (Gemma 3's QK-normed keys lose more at int4 once spread by a rotation).
     HadamardValues,
+    /// A randomized Walsh–Hadamard rotation: each basis is [`BasisKind::Hadamard`]'s matrix
+    /// with its rows multiplied by seeded random signs (`P = D·H`, `D = diag(±1)`, so
+    /// `x̂ = (x·D)·H`: flip each coordinate's sign, then mix), drawn anew for every layer,
+    /// kv-head and stream. Its draws share the Hadamard structure (every entry `±1/√d`,
+    /// 64-blocks on v/o) and differ only in the sign pattern, so their spread tells the
+    /// structure's cost from one pattern's.
+    SignedHadamard {
+        /// ChaCha8 seed of the signs.
+        seed: u64,
+    },
     /// Calibrated bases moved to other layers (cyclic permutation of layers).
     LayerShuffle {
         /// ChaCha8 seed of the permutation.
@@ -63,6 +73,7 @@ impl BasisKind {
             BasisKind::Identity => "identity",
             BasisKind::Hadamard => "hadamard",
             BasisKind::HadamardValues => "hadamard-v",
+            BasisKind::SignedHadamard { .. } => "hadamard-signs",
             BasisKind::LayerShuffle { .. } => "layer-shuffle",
             BasisKind::HeadShuffle { .. } => "head-shuffle",
             BasisKind::KvShuffle => "kv-shuffle",
@@ -73,10 +84,31 @@ impl BasisKind {
     pub const fn seed(&self) -> Option<u64> {
         match self {
             BasisKind::Random { seed }
+            | BasisKind::SignedHadamard { seed }
             | BasisKind::LayerShuffle { seed }
             | BasisKind::HeadShuffle { seed } => Some(*seed),
             _ => None,
         }
+    }
+
+    /// Whether the kind is made from a calibrated set (the calibrated bases or a shuffle of
+    /// them), rather than built from the model's dimensions alone (identity, random, the
+    /// Walsh–Hadamard kinds).
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::BasisKind;
+    /// assert!(BasisKind::KvShuffle.needs_calibration());
+    /// assert!(!BasisKind::SignedHadamard { seed: 1 }.needs_calibration());
+    /// ```
+    pub const fn needs_calibration(&self) -> bool {
+        matches!(
+            self,
+            BasisKind::Calibrated
+                | BasisKind::LayerShuffle { .. }
+                | BasisKind::HeadShuffle { .. }
+                | BasisKind::KvShuffle
+        )
     }
 
     /// Rebuilds a kind from [`BasisKind::name`] and [`BasisKind::seed`].
@@ -104,6 +136,7 @@ impl BasisKind {
             "hadamard-v" => Ok(BasisKind::HadamardValues),
             "kv-shuffle" => Ok(BasisKind::KvShuffle),
             "random" => need(|seed| BasisKind::Random { seed }),
+            "hadamard-signs" => need(|seed| BasisKind::SignedHadamard { seed }),
             "layer-shuffle" => need(|seed| BasisKind::LayerShuffle { seed }),
             "head-shuffle" => need(|seed| BasisKind::HeadShuffle { seed }),
             _ => Err(Error::Format { reason: format!("unknown basis kind {name:?}") }),
@@ -120,7 +153,8 @@ impl fmt::Display for BasisKind {
     }
 }
 
-/// Parses `name` or `name:seed` (seed defaults to 0), e.g. `random:42`, `kv-shuffle`.
+/// Parses `name` or `name:seed` (seed defaults to 0), e.g. `random:42`, `hadamard-signs:3`,
+/// `kv-shuffle`.
 impl FromStr for BasisKind {
     type Err = Error;
 
@@ -134,7 +168,7 @@ impl FromStr for BasisKind {
             }
             None => (s, None),
         };
-        let seeded = matches!(name, "random" | "layer-shuffle" | "head-shuffle");
+        let seeded = matches!(name, "random" | "hadamard-signs" | "layer-shuffle" | "head-shuffle");
         Self::from_name(name, if seeded { seed.or(Some(0)) } else { seed })
     }
 }

@@ -137,6 +137,17 @@ fn bad_weights_and_inapplicable_ablations() {
     assert!("random:x".parse::<BasisKind>().is_err());
     assert!("nope".parse::<BasisKind>().is_err());
     assert_eq!("random".parse::<BasisKind>().unwrap(), BasisKind::Random { seed: 0 });
+    assert_eq!(
+        "hadamard-signs".parse::<BasisKind>().unwrap(),
+        BasisKind::SignedHadamard { seed: 0 }
+    );
+    assert!("hadamard-signs:-1".parse::<BasisKind>().is_err());
+    assert!(BasisKind::from_name("hadamard-signs", None).is_err());
+    let odd = ModelDims::new(1, 2, 1, 12).unwrap();
+    assert!(matches!(
+        ProjectionSet::identity(odd, "m").unwrap().ablation(BasisKind::SignedHadamard { seed: 1 }),
+        Err(Error::InvalidDims { .. })
+    ));
 }
 
 #[test]

@@ -175,7 +175,7 @@ pub fn run(a: &EvalArgs) -> Result<()> {
 
 /// Whether a basis kind is loaded from (or derived from) a calibrated projection file.
 fn needs_file(basis: projection::BasisKind) -> bool {
-    !matches!(basis.name(), "identity" | "random" | "hadamard")
+    basis.needs_calibration()
 }
 
 /// Calibrates the default projection file if a cache needs it and it is missing, or if a

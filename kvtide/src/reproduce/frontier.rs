@@ -14,8 +14,10 @@
 //! configuration at or under it, and the external check runs llama.cpp's own perplexity
 //! tool with `-ctk/-ctv f16, q8_0, q4_0` (and the mixed pairs `-ctk q8_0 -ctv q4_0`,
 //! `-ctk q4_0 -ctv q8_0`) on the same text when its path is given; beside it, dense int4 in
-//! seeded random orthogonal bases ([`add_rotation_draws`]) measures how far one rounding
-//! draw moves a 4-bit cost, the resolution of a peer gap between two single draws.
+//! seeded random orthogonal bases or sign-randomized Walsh–Hadamard bases
+//! ([`add_rotation_draws`]) measures how far one rounding draw moves a 4-bit cost, the
+//! resolution of a peer gap between two single draws, and whether the Hadamard matrix's
+//! own sign pattern is a typical draw.
 //!
 //! The study runs once per model the project has set up ([`legs`]): the run's own model
 //! (SmolLM2 by default) always, and Gemma 3 270M when `scripts/setup.sh gemma` fetched it —
@@ -382,14 +384,19 @@ impl FrontierRun {
         LLAMACPP_COUNTERPARTS.iter().any(|(_, l)| *l == self.label())
     }
 
-    /// Whether this is one of [`add_rotation_draws`]' rows: dense int4 (keys and values) in a
-    /// seeded random orthogonal basis.
-    pub fn is_rotation_draw(&self) -> bool {
-        self.family == "dense"
+    /// The family of [`add_rotation_draws`]' row this is — dense int4 (keys and values) in
+    /// one of the family's seeded bases — or `None` for any other row.
+    pub fn rotation_draw(&self) -> Option<DrawFamily> {
+        let plain = self.family == "dense"
             && self.values == "int4"
             && self.value_rows.is_none()
-            && self.sink == 0
-            && ROTATION_DRAWS.contains(&self.rotate)
+            && self.sink == 0;
+        DrawFamily::ALL.into_iter().find(|f| plain && f.bases().contains(&self.rotate))
+    }
+
+    /// Whether this is one of [`add_rotation_draws`]' rows, of either family.
+    pub fn is_rotation_draw(&self) -> bool {
+        self.rotation_draw().is_some()
     }
 
     /// A short label.
@@ -657,14 +664,61 @@ pub const ROTATION_DRAWS: [&str; 8] = [
     "random:1", "random:2", "random:3", "random:4", "random:5", "random:6", "random:7", "random:8",
 ];
 
-/// Adds dense int4 (`q4_0` keys and values) in the first `n` of [`ROTATION_DRAWS`]' random
-/// orthogonal bases (at most 8). Each basis spreads a head's outliers as the Walsh–Hadamard
+/// The sign-randomized Walsh–Hadamard bases of [`add_rotation_draws`]
+/// (`rotate=hadamard-signs:SEED`).
+pub const SIGNED_HADAMARD_DRAWS: [&str; 8] = [
+    "hadamard-signs:1",
+    "hadamard-signs:2",
+    "hadamard-signs:3",
+    "hadamard-signs:4",
+    "hadamard-signs:5",
+    "hadamard-signs:6",
+    "hadamard-signs:7",
+    "hadamard-signs:8",
+];
+
+/// Which seeded bases the int4 rotation draws are taken from (`--frontier-draw-bases`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum DrawFamily {
+    /// Haar-random orthogonal bases ([`ROTATION_DRAWS`]).
+    Random,
+    /// The Walsh–Hadamard matrices llama.cpp rotates by, with seeded random row signs
+    /// ([`SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamard`).
+    HadamardSigns,
+}
+
+impl DrawFamily {
+    /// Both families, in report order.
+    pub const ALL: [DrawFamily; 2] = [DrawFamily::Random, DrawFamily::HadamardSigns];
+
+    /// The family's `rotate=` values, seeds 1 to 8.
+    pub const fn bases(self) -> &'static [&'static str; 8] {
+        match self {
+            DrawFamily::Random => &ROTATION_DRAWS,
+            DrawFamily::HadamardSigns => &SIGNED_HADAMARD_DRAWS,
+        }
+    }
+
+    /// What a report calls the family's bases.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            DrawFamily::Random => "random orthogonal bases",
+            DrawFamily::HadamardSigns => "sign-randomized Hadamard bases",
+        }
+    }
+}
+
+/// Adds dense int4 (`q4_0` keys and values) in the first `n` (at most 8) of `family`'s
+/// seeded bases. A random orthogonal basis spreads a head's outliers as the Walsh–Hadamard
 /// matrix does, so no draw is better than another in expectation; what their costs spread
 /// over is the resolution at which two single draws — kvtide's Hadamard int4 and llama.cpp's
 /// `q4_0`, each one fixed rounding of the positions every window shares — can be told
-/// apart. Measured under llama.cpp's condition beside the counterparts.
-pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, n: usize) {
-    for &rotate in ROTATION_DRAWS.iter().take(n) {
+/// apart. The sign-randomized Hadamard draws keep the matrix's structure and redraw only its
+/// sign pattern: where the plain matrix falls among them says whether its cost is the
+/// structure's or one pattern's. Measured under llama.cpp's condition beside the
+/// counterparts.
+pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, family: DrawFamily, n: usize) {
+    for &rotate in family.bases().iter().take(n) {
         let run = FrontierRun::dense("int4", rotate);
         if !runs.contains(&run) {
             runs.push(run);
@@ -1059,7 +1113,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             format!("{} of {n}", p.window_gaps().filter(|x| *x > 0.0).count()),
         ]);
     }
-    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see.");
+    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see. Rows `rotate=hadamard-signs:SEED` are int4 in the Walsh–Hadamard matrices with seeded random row signs: the plain matrix's structure, another sign pattern.");
     out.table(g);
     let mut w = Table::new(
         &leg.name("frontier_peer_windows"),
@@ -1097,12 +1151,13 @@ struct DrawSpread {
     median: f64,
 }
 
-/// [`DrawSpread`] of the study's rotation draws measured whole-window (`None` without any).
-fn rotation_draw_spread(s: &FrontierStudy) -> Option<DrawSpread> {
+/// [`DrawSpread`] of the study's rotation draws of `family` measured whole-window (`None`
+/// without any).
+fn rotation_draw_spread(s: &FrontierStudy, family: DrawFamily) -> Option<DrawSpread> {
     let mut costs: Vec<f64> = s
         .points
         .iter()
-        .filter(|p| p.run.is_rotation_draw())
+        .filter(|p| p.run.rotation_draw() == Some(family))
         .filter_map(|p| s.whole_window_cost(&p.run.label()))
         .collect();
     if costs.is_empty() {
@@ -2078,15 +2133,17 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                 );
                 detail = format!("{detail}; {what}: {w}, half prefilled {}", pct(half, 2));
             }
-            if let Some(d) = rotation_draw_spread(s) {
+            for family in DrawFamily::ALL {
+                let Some(d) = rotation_draw_spread(s, family) else { continue };
                 let side = |x: f64| match (x < d.lo, x > d.hi) {
                     (true, _) => "below",
                     (_, true) => "above",
                     _ => "inside",
                 };
                 detail = format!(
-                    "{detail}; int4 in {} random orthogonal bases (whole window): {} … {} (median {}) — llama.cpp's q4_0 {} is {} that spread, kvtide's Hadamard int4 {}",
+                    "{detail}; int4 in {} {} (whole window): {} … {} (median {}) — llama.cpp's q4_0 {} is {} that spread, kvtide's Hadamard int4 {}",
                     d.n,
+                    family.describe(),
                     pct(d.lo, 2),
                     pct(d.hi, 2),
                     pct(d.median, 2),
@@ -2360,8 +2417,8 @@ mod tests {
     #[test]
     fn rotation_draws_report_where_both_tools_fall_in_their_spread() {
         let mut runs = vec![FrontierRun::dense("int4", "hadamard")];
-        add_rotation_draws(&mut runs, 3);
-        add_rotation_draws(&mut runs, 3);
+        add_rotation_draws(&mut runs, DrawFamily::Random, 3);
+        add_rotation_draws(&mut runs, DrawFamily::Random, 3);
         assert_eq!(runs.len(), 4);
         let draw = &runs[2];
         assert!(draw.is_rotation_draw() && !draw.is_llamacpp_counterpart());
@@ -2371,8 +2428,9 @@ mod tests {
         assert_eq!(dense.rotate, Some(projection::BasisKind::Random { seed: 2 }));
         assert!(!runs[0].is_rotation_draw());
         assert!(!FrontierRun::dense("int4", "random:1").with_sink().is_rotation_draw());
-        add_rotation_draws(&mut runs, 99);
+        add_rotation_draws(&mut runs, DrawFamily::Random, 99);
         assert_eq!(runs.len(), 1 + ROTATION_DRAWS.len());
+        runs.truncate(4);
 
         let dense =
             [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 110.0)];
@@ -2392,7 +2450,7 @@ mod tests {
             leg_findings(s).into_iter().find(|f| f.id == "frontier-llamacpp").expect("finding")
         };
         // Not measured whole-window: nothing to say about a spread.
-        assert!(rotation_draw_spread(&s).is_none());
+        assert!(rotation_draw_spread(&s, DrawFamily::Random).is_none());
         assert!(!peer(&s).evidence.contains("random orthogonal"));
         // Whole window: Hadamard int4 +16 %, llama.cpp's q4_0 +11 %, the draws +9 … +17 %.
         s.whole_window = vec![
@@ -2403,7 +2461,8 @@ mod tests {
             ("dense int4 rotate=random:2".into(), 109.0),
             ("dense int4 rotate=random:3".into(), 112.0),
         ];
-        let d = rotation_draw_spread(&s).expect("spread");
+        let d = rotation_draw_spread(&s, DrawFamily::Random).expect("spread");
+        assert!(rotation_draw_spread(&s, DrawFamily::HadamardSigns).is_none());
         assert_eq!(d.n, 3);
         assert!((d.lo - 0.09).abs() < 1e-12 && (d.hi - 0.17).abs() < 1e-12);
         assert!((d.median - 0.12).abs() < 1e-12);
@@ -2412,8 +2471,35 @@ mod tests {
         assert!(!f.holds, "{}", f.evidence);
         let want = "int4 in 3 random orthogonal bases (whole window): 9.00 % … 17.00 % (median 12.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % inside";
         assert!(f.evidence.contains(want), "{}", f.evidence);
+        assert!(!f.evidence.contains("sign-randomized"), "{}", f.evidence);
         s.external.rows[2].1 = 80.0 * 1.08;
         assert!(peer(&s).evidence.contains("q4_0 8.00 % is below that spread"));
+
+        // The sign-randomized Hadamard draws: their own rows, their own spread.
+        s.external.rows[2].1 = 88.8;
+        let mut signed = Vec::new();
+        add_rotation_draws(&mut signed, DrawFamily::HadamardSigns, 2);
+        assert_eq!(signed[1].label(), "dense int4 rotate=hadamard-signs:2");
+        assert_eq!(signed[1].rotation_draw(), Some(DrawFamily::HadamardSigns));
+        assert_eq!(runs[1].rotation_draw(), Some(DrawFamily::Random));
+        let spec: models::cache::spec::CacheSpec = signed[0].spec("", 1).parse().expect("spec");
+        let models::cache::spec::CacheKind::Dense(dense) = spec.kind else { panic!("dense") };
+        assert_eq!(dense.rotate, Some(projection::BasisKind::SignedHadamard { seed: 1 }));
+        s.points.extend(signed.iter().map(|r| point(r.clone(), 108.0)));
+        s.whole_window.push(("dense int4 rotate=hadamard-signs:1".into(), 110.0));
+        s.whole_window.push(("dense int4 rotate=hadamard-signs:2".into(), 114.0));
+        let d = rotation_draw_spread(&s, DrawFamily::HadamardSigns).expect("spread");
+        assert_eq!(d.n, 2);
+        assert!((d.median - 0.12).abs() < 1e-12);
+        let f = peer(&s);
+        assert!(!f.holds, "{}", f.evidence);
+        let both = [
+            "int4 in 3 random orthogonal bases (whole window): 9.00 % … 17.00 %",
+            "int4 in 2 sign-randomized Hadamard bases (whole window): 10.00 % … 14.00 % (median 12.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % above",
+        ];
+        for want in both {
+            assert!(f.evidence.contains(want), "{}", f.evidence);
+        }
     }
 
     /// A measured point of `run` with only its perplexity set.

@@ -56,6 +56,18 @@ pub struct ReproduceArgs {
     /// draws is read.
     #[arg(long, requires = "frontier_external_only", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub frontier_rotation_draws: Option<u8>,
+    /// With `--frontier-rotation-draws`: which seeded bases the draws come from, one family
+    /// or both (comma-separated): `random` (Haar-random orthogonal) or `hadamard-signs`
+    /// (llama.cpp's Walsh–Hadamard matrices with random row signs — the plain matrix's
+    /// structure, another sign pattern per draw).
+    #[arg(
+        long,
+        requires = "frontier_rotation_draws",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "random"
+    )]
+    pub frontier_draw_bases: Vec<frontier::DrawFamily>,
     /// The play the frontier study scores (a play of the text set-up, not one the SWAN
     /// projections are calibrated on): the same windows for kvtide and llama.cpp, to see
     /// how a figure moves with the text.
@@ -238,8 +250,16 @@ fn frontier_leg(
         ctx.plan.frontier.retain(frontier::FrontierRun::is_llamacpp_counterpart);
         ctx.log("frontier: llama.cpp's counterparts only (--frontier-external-only)");
         if let Some(n) = args.frontier_rotation_draws {
-            frontier::add_rotation_draws(&mut ctx.plan.frontier, usize::from(n));
-            ctx.log(&format!("frontier: int4 in {n} random orthogonal bases beside them"));
+            let mut families: Vec<frontier::DrawFamily> = Vec::new();
+            for &f in &args.frontier_draw_bases {
+                if !families.contains(&f) {
+                    families.push(f);
+                }
+            }
+            for family in families {
+                frontier::add_rotation_draws(&mut ctx.plan.frontier, family, usize::from(n));
+                ctx.log(&format!("frontier: int4 in {n} {} beside them", family.describe()));
+            }
         }
     }
     let restricted = if args.frontier_grid.is_whole() {
@@ -578,6 +598,15 @@ mod tests {
         assert_eq!(a.frontier_rotation_draws, Some(8));
         assert_eq!(parse(&["--frontier-external-only"]).unwrap().frontier_rotation_draws, None);
         assert!(parse(&["--frontier-rotation-draws", "2"]).is_err());
+        assert_eq!(a.frontier_draw_bases, [frontier::DrawFamily::Random]);
+        let both = ["--frontier-external-only", "--frontier-rotation-draws", "4"];
+        let b = parse(&[&both[..], &["--frontier-draw-bases", "hadamard-signs,random"]].concat());
+        assert_eq!(
+            b.unwrap().frontier_draw_bases,
+            [frontier::DrawFamily::HadamardSigns, frontier::DrawFamily::Random]
+        );
+        assert!(parse(&[&both[..], &["--frontier-draw-bases", "hadamard"]].concat()).is_err());
+        assert!(parse(&["--frontier-external-only", "--frontier-draw-bases", "random"]).is_err());
         for n in ["0", "9"] {
             assert!(parse(&["--frontier-external-only", "--frontier-rotation-draws", n]).is_err());
         }
