@@ -1,7 +1,7 @@
 //! Ablation bases (SWAN Appendix, projection ablations / Table 3): random orthogonal,
 //! identity (no rotation), layer-shuffle, head-shuffle and KV-shuffle — plus the data-free
 //! rotations of quantized KV caches (Walsh–Hadamard, its value half, its sign-randomized
-//! draws) — all returned as a [`ProjectionSet`] so every evaluation tool runs on them
+//! draws, and its rounding-sized perturbations as a probe) — all returned as a [`ProjectionSet`] so every evaluation tool runs on them
 //! unchanged.
 //!
 //! Every ablation is still orthogonal, hence still lossless before pruning (Appendix A.1);
@@ -10,6 +10,7 @@
 //! the seed is recorded in the set's [`BasisKind`].
 
 use nalgebra::DMatrix;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
@@ -68,6 +69,11 @@ pub fn hadamard(d: usize) -> Result<Mat> {
     let s = 1.0 / (d as f32).sqrt();
     Ok(Mat::from_fn(d, d, |i, j| if (i & j).count_ones() % 2 == 0 { s } else { -s }))
 }
+
+/// The angle (radians) of each plane rotation [`ProjectionSet::jittered_hadamard`] turns
+/// the Walsh–Hadamard bases by: `10⁻⁵`, so a stored coordinate moves by at most `10⁻⁵` of
+/// its vector's norm — float-rounding-sized, far below any quantizer's step.
+pub const JITTER_ANGLE: f64 = 1e-5;
 
 /// Block size of the Walsh–Hadamard blocks [`ProjectionSet::hadamard`] rotates values with.
 pub const HADAMARD_V_BLOCK: usize = 64;
@@ -247,6 +253,57 @@ impl ProjectionSet {
         })
     }
 
+    /// [`ProjectionSet::hadamard`] with every basis turned by a rounding-sized rotation
+    /// ([`BasisKind::HadamardJitter`]): `P = H·G`, where `G` rotates `d/2` disjoint random
+    /// coordinate pairs by ±[`JITTER_ANGLE`] each (pairs and signs drawn in layer-major
+    /// order, QK then VO per head, from one `ChaCha8Rng` seeded with `seed`; built in `f64`,
+    /// stored in `f32`). A stored coordinate moves by at most `JITTER_ANGLE` times the
+    /// vector's norm: the size of the differences two implementations' float rounding leaves
+    /// in the same keys, so a quantized cache's cost over these draws shows how far such
+    /// differences alone move it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let dims = ModelDims::new(1, 2, 1, 64)?;
+    /// let h = ProjectionSet::hadamard(dims, "toy")?;
+    /// let j = ProjectionSet::jittered_hadamard(dims, "toy", 1)?;
+    /// let (a, b) = (h.qk(0, 0)?.as_slice(), j.qk(0, 0)?.as_slice());
+    /// let moved = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    /// assert!(moved > 0.0 && moved < 1e-5);
+    /// assert!(j.max_orthogonality_error() < 1e-6);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn jittered_hadamard(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
+        let d = dims.head_dim();
+        let full = hadamard(d)?;
+        let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let (c, s) = (JITTER_ANGLE.cos(), JITTER_ANGLE.sin());
+        synthetic(dims, model, BasisKind::HadamardJitter { seed }, |stream| {
+            let h = match stream {
+                Stream::Qk => &full,
+                Stream::Vo => &vo,
+            };
+            let mut p: Vec<f64> = h.as_slice().iter().map(|&x| f64::from(x)).collect();
+            let mut order: Vec<usize> = (0..d).collect();
+            order.shuffle(&mut rng);
+            for pair in order.chunks_exact(2) {
+                let (a, b) = (pair[0], pair[1]);
+                let s = if rng.random::<bool>() { s } else { -s };
+                for row in p.chunks_exact_mut(d) {
+                    let (x, y) = (row[a], row[b]);
+                    row[a] = c * x + s * y;
+                    row[b] = c * y - s * x;
+                }
+            }
+            Mat::from_fn(d, d, |i, j| p[i * d + j] as f32)
+        })
+    }
+
     /// Independent Haar-random orthogonal bases for every (layer, kv-head, stream), drawn in
     /// layer-major order (QK then VO per head) from one `ChaCha8Rng` seeded with `seed`.
     ///
@@ -372,6 +429,7 @@ impl ProjectionSet {
             BasisKind::Hadamard => Self::hadamard(self.dims(), model),
             BasisKind::HadamardValues => Self::hadamard_values(self.dims(), model),
             BasisKind::SignedHadamard { seed } => Self::signed_hadamard(self.dims(), model, seed),
+            BasisKind::HadamardJitter { seed } => Self::jittered_hadamard(self.dims(), model, seed),
             BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
             BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
             BasisKind::KvShuffle => self.kv_shuffle(),
@@ -497,5 +555,58 @@ mod tests {
         assert_eq!(a.ablation(BasisKind::SignedHadamard { seed: 1 }).unwrap(), a);
         assert_eq!("hadamard-signs:2".parse::<BasisKind>().unwrap(), b.kind());
         assert_eq!(b.kind().to_string(), "hadamard-signs:2");
+    }
+
+    /// A jittered draw is `H·G`: every column pair `(a, b)` of `G`'s planes is `H`'s pair
+    /// turned by ±1e-5 rad, each column in exactly one plane, and the rotation moves a
+    /// vector's coordinates by at most 1e-5 of its norm.
+    #[test]
+    fn jittered_hadamard_sets_turn_each_column_pair_by_the_jitter_angle() {
+        let dims = ModelDims::new(2, 4, 2, 256).unwrap();
+        let (h, hv) = (hadamard(256).unwrap(), hadamard_blocks(256, 64).unwrap());
+        let a = ProjectionSet::jittered_hadamard(dims, "m", 1).unwrap();
+        assert_eq!(a, ProjectionSet::jittered_hadamard(dims, "m", 1).unwrap());
+        assert!(a.max_orthogonality_error() < 1e-6);
+        let b = ProjectionSet::jittered_hadamard(dims, "m", 2).unwrap();
+        assert_ne!(a.qk(0, 0).unwrap(), b.qk(0, 0).unwrap());
+        assert_ne!(a.qk(0, 0).unwrap(), a.qk(1, 0).unwrap());
+        for (p, h) in [(a.qk(1, 1).unwrap(), &h), (a.vo(0, 1).unwrap(), &hv)] {
+            // Column j of P is cos·H_j ± sin·H_partner(j): find each column's partner.
+            let (ph, hh) = (p.transpose(), h.transpose());
+            let mut partners = vec![usize::MAX; 256];
+            for (j, partner) in partners.iter_mut().enumerate() {
+                let diff: Vec<f64> =
+                    ph.row(j).iter().zip(hh.row(j)).map(|(x, y)| f64::from(x - y)).collect();
+                let k = (0..256)
+                    .filter(|&k| k != j)
+                    .min_by(|&k, &l| {
+                        let fit = |k: usize| {
+                            let s: f64 =
+                                diff.iter().zip(hh.row(k)).map(|(d, y)| d * f64::from(*y)).sum();
+                            diff.iter()
+                                .zip(hh.row(k))
+                                .map(|(d, y)| (d - s * f64::from(*y)).powi(2))
+                                .sum::<f64>()
+                        };
+                        fit(k).total_cmp(&fit(l))
+                    })
+                    .unwrap();
+                let turn: f64 = diff.iter().zip(hh.row(k)).map(|(d, y)| d * f64::from(*y)).sum();
+                assert!((turn.abs() - JITTER_ANGLE).abs() < 1e-7, "column {j}: {turn}");
+                *partner = k;
+            }
+            assert!((0..256).all(|j| partners[partners[j]] == j), "planes are disjoint pairs");
+        }
+        let x: Vec<f32> = (0..256).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+        let norm = x.iter().map(|v| v * v).sum::<f32>().sqrt();
+        let (p, hq) = (a.qk(0, 1).unwrap(), &h);
+        for j in 0..256 {
+            let via_p: f32 = (0..256).map(|i| x[i] * p.row(i)[j]).sum();
+            let via_h: f32 = (0..256).map(|i| x[i] * hq.row(i)[j]).sum();
+            assert!((via_p - via_h).abs() <= 1.1e-5 * norm, "coordinate {j}");
+        }
+        assert_eq!(a.ablation(BasisKind::HadamardJitter { seed: 1 }).unwrap(), a);
+        assert_eq!(b.kind().to_string(), "hadamard-jitter:2");
+        assert!(!b.kind().needs_calibration());
     }
 }

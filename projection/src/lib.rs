@@ -54,7 +54,7 @@ pub mod set;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 
-pub use ablation::{HADAMARD_V_BLOCK, hadamard, hadamard_blocks, random_orthogonal};
+pub use ablation::{HADAMARD_V_BLOCK, JITTER_ANGLE, hadamard, hadamard_blocks, random_orthogonal};
 pub use absorb::{absorb_output_weights, absorb_value_weights};
 pub use basis::Basis;
 pub use calibrate::{

@@ -50,6 +50,16 @@ pub enum BasisKind {
         /// ChaCha8 seed of the signs.
         seed: u64,
     },
+    /// [`BasisKind::Hadamard`]'s bases turned by a rounding-sized rotation: every basis is
+    /// `H·G` with `G` seeded Givens rotations by ±[`crate::JITTER_ANGLE`] in `d/2` random
+    /// coordinate planes, so each stored coordinate moves by about `10⁻⁵` of the vector's
+    /// size — the order of what another implementation's summation order changes. Not a
+    /// rotation to use but a probe: the spread of a quantized cache's cost over its draws is
+    /// how far float-rounding-level differences alone move it.
+    HadamardJitter {
+        /// ChaCha8 seed of the planes and their signs.
+        seed: u64,
+    },
     /// Calibrated bases moved to other layers (cyclic permutation of layers).
     LayerShuffle {
         /// ChaCha8 seed of the permutation.
@@ -74,6 +84,7 @@ impl BasisKind {
             BasisKind::Hadamard => "hadamard",
             BasisKind::HadamardValues => "hadamard-v",
             BasisKind::SignedHadamard { .. } => "hadamard-signs",
+            BasisKind::HadamardJitter { .. } => "hadamard-jitter",
             BasisKind::LayerShuffle { .. } => "layer-shuffle",
             BasisKind::HeadShuffle { .. } => "head-shuffle",
             BasisKind::KvShuffle => "kv-shuffle",
@@ -85,6 +96,7 @@ impl BasisKind {
         match self {
             BasisKind::Random { seed }
             | BasisKind::SignedHadamard { seed }
+            | BasisKind::HadamardJitter { seed }
             | BasisKind::LayerShuffle { seed }
             | BasisKind::HeadShuffle { seed } => Some(*seed),
             _ => None,
@@ -137,6 +149,7 @@ impl BasisKind {
             "kv-shuffle" => Ok(BasisKind::KvShuffle),
             "random" => need(|seed| BasisKind::Random { seed }),
             "hadamard-signs" => need(|seed| BasisKind::SignedHadamard { seed }),
+            "hadamard-jitter" => need(|seed| BasisKind::HadamardJitter { seed }),
             "layer-shuffle" => need(|seed| BasisKind::LayerShuffle { seed }),
             "head-shuffle" => need(|seed| BasisKind::HeadShuffle { seed }),
             _ => Err(Error::Format { reason: format!("unknown basis kind {name:?}") }),
@@ -168,7 +181,10 @@ impl FromStr for BasisKind {
             }
             None => (s, None),
         };
-        let seeded = matches!(name, "random" | "hadamard-signs" | "layer-shuffle" | "head-shuffle");
+        let seeded = matches!(
+            name,
+            "random" | "hadamard-signs" | "hadamard-jitter" | "layer-shuffle" | "head-shuffle"
+        );
         Self::from_name(name, if seeded { seed.or(Some(0)) } else { seed })
     }
 }

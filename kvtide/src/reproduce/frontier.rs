@@ -677,6 +677,19 @@ pub const SIGNED_HADAMARD_DRAWS: [&str; 8] = [
     "hadamard-signs:8",
 ];
 
+/// The Walsh–Hadamard bases turned by rounding-sized rotations of [`add_rotation_draws`]
+/// (`rotate=hadamard-jitter:SEED`).
+pub const JITTERED_HADAMARD_DRAWS: [&str; 8] = [
+    "hadamard-jitter:1",
+    "hadamard-jitter:2",
+    "hadamard-jitter:3",
+    "hadamard-jitter:4",
+    "hadamard-jitter:5",
+    "hadamard-jitter:6",
+    "hadamard-jitter:7",
+    "hadamard-jitter:8",
+];
+
 /// Which seeded bases the int4 rotation draws are taken from (`--frontier-draw-bases`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum DrawFamily {
@@ -685,17 +698,24 @@ pub enum DrawFamily {
     /// The Walsh–Hadamard matrices llama.cpp rotates by, with seeded random row signs
     /// ([`SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamard`).
     HadamardSigns,
+    /// llama.cpp's Walsh–Hadamard matrices turned by `10⁻⁵` rad in random planes
+    /// ([`JITTERED_HADAMARD_DRAWS`], `projection::BasisKind::HadamardJitter`): the same
+    /// rotation up to float-rounding-sized differences, so their spread is how far such
+    /// differences alone (another tool's summation order) move the 4-bit cost.
+    HadamardJitter,
 }
 
 impl DrawFamily {
     /// Both families, in report order.
-    pub const ALL: [DrawFamily; 2] = [DrawFamily::Random, DrawFamily::HadamardSigns];
+    pub const ALL: [DrawFamily; 3] =
+        [DrawFamily::Random, DrawFamily::HadamardSigns, DrawFamily::HadamardJitter];
 
     /// The family's `rotate=` values, seeds 1 to 8.
     pub const fn bases(self) -> &'static [&'static str; 8] {
         match self {
             DrawFamily::Random => &ROTATION_DRAWS,
             DrawFamily::HadamardSigns => &SIGNED_HADAMARD_DRAWS,
+            DrawFamily::HadamardJitter => &JITTERED_HADAMARD_DRAWS,
         }
     }
 
@@ -704,6 +724,7 @@ impl DrawFamily {
         match self {
             DrawFamily::Random => "random orthogonal bases",
             DrawFamily::HadamardSigns => "sign-randomized Hadamard bases",
+            DrawFamily::HadamardJitter => "Hadamard bases turned by 1e-5 rad",
         }
     }
 }
@@ -715,8 +736,10 @@ impl DrawFamily {
 /// `q4_0`, each one fixed rounding of the positions every window shares — can be told
 /// apart. The sign-randomized Hadamard draws keep the matrix's structure and redraw only its
 /// sign pattern: where the plain matrix falls among them says whether its cost is the
-/// structure's or one pattern's. Measured under llama.cpp's condition beside the
-/// counterparts.
+/// structure's or one pattern's. The jittered draws are the plain matrices up to
+/// rounding-sized turns: their spread is the cost's numerical resolution — how far two
+/// correct implementations of the same cache may land apart. Measured under llama.cpp's
+/// condition beside the counterparts.
 pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, family: DrawFamily, n: usize) {
     for &rotate in family.bases().iter().take(n) {
         let run = FrontierRun::dense("int4", rotate);
@@ -1113,7 +1136,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             format!("{} of {n}", p.window_gaps().filter(|x| *x > 0.0).count()),
         ]);
     }
-    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see. Rows `rotate=hadamard-signs:SEED` are int4 in the Walsh–Hadamard matrices with seeded random row signs: the plain matrix's structure, another sign pattern.");
+    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see. Rows `rotate=hadamard-signs:SEED` are int4 in the Walsh–Hadamard matrices with seeded random row signs: the plain matrix's structure, another sign pattern. Rows `rotate=hadamard-jitter:SEED` are the plain matrices turned by 1e-5 rad in random planes: every stored coordinate moved by rounding-sized amounts, so their spread is how far float-rounding differences alone move the cost.");
     out.table(g);
     let mut w = Table::new(
         &leg.name("frontier_peer_windows"),
@@ -2493,7 +2516,19 @@ mod tests {
         assert!((d.median - 0.12).abs() < 1e-12);
         let f = peer(&s);
         assert!(!f.holds, "{}", f.evidence);
+        // And the jittered ones.
+        let mut jittered = Vec::new();
+        add_rotation_draws(&mut jittered, DrawFamily::HadamardJitter, 1);
+        assert_eq!(jittered[0].label(), "dense int4 rotate=hadamard-jitter:1");
+        assert_eq!(jittered[0].rotation_draw(), Some(DrawFamily::HadamardJitter));
+        let spec: models::cache::spec::CacheSpec = jittered[0].spec("", 1).parse().expect("spec");
+        let models::cache::spec::CacheKind::Dense(dense) = spec.kind else { panic!("dense") };
+        assert_eq!(dense.rotate, Some(projection::BasisKind::HadamardJitter { seed: 1 }));
+        s.points.extend(jittered.iter().map(|r| point(r.clone(), 108.0)));
+        s.whole_window.push(("dense int4 rotate=hadamard-jitter:1".into(), 112.5));
+        let f = peer(&s);
         let both = [
+            "Hadamard bases turned by 1e-5 rad (whole window): 12.50 % … 12.50 % (median 12.50 %) — llama.cpp's q4_0 11.00 % is below that spread, kvtide's Hadamard int4 16.00 % above",
             "int4 in 3 random orthogonal bases (whole window): 9.00 % … 17.00 %",
             "int4 in 2 sign-randomized Hadamard bases (whole window): 10.00 % … 14.00 % (median 12.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % above",
         ];

@@ -57,9 +57,10 @@ pub struct ReproduceArgs {
     #[arg(long, requires = "frontier_external_only", value_parser = clap::value_parser!(u8).range(1..=8))]
     pub frontier_rotation_draws: Option<u8>,
     /// With `--frontier-rotation-draws`: which seeded bases the draws come from, one family
-    /// or both (comma-separated): `random` (Haar-random orthogonal) or `hadamard-signs`
+    /// or several (comma-separated): `random` (Haar-random orthogonal), `hadamard-signs`
     /// (llama.cpp's Walsh–Hadamard matrices with random row signs — the plain matrix's
-    /// structure, another sign pattern per draw).
+    /// structure, another sign pattern per draw) or `hadamard-jitter` (the plain matrices
+    /// turned by 1e-5 rad: how far rounding-sized differences alone move the cost).
     #[arg(
         long,
         requires = "frontier_rotation_draws",
@@ -606,6 +607,8 @@ mod tests {
             [frontier::DrawFamily::HadamardSigns, frontier::DrawFamily::Random]
         );
         assert!(parse(&[&both[..], &["--frontier-draw-bases", "hadamard"]].concat()).is_err());
+        let j = parse(&[&both[..], &["--frontier-draw-bases", "hadamard-jitter"]].concat());
+        assert_eq!(j.unwrap().frontier_draw_bases, [frontier::DrawFamily::HadamardJitter]);
         assert!(parse(&["--frontier-external-only", "--frontier-draw-bases", "random"]).is_err());
         for n in ["0", "9"] {
             assert!(parse(&["--frontier-external-only", "--frontier-rotation-draws", n]).is_err());
