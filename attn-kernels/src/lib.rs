@@ -19,7 +19,9 @@
 //!   AVX2/FMA/F16C with run-time detection ([`Isa`]) and a portable fallback, a persistent
 //!   [`ThreadPool`] splitting heads and long caches, no allocation in the steady state.
 //!   Outputs do not depend on the thread count. [`QueryPrecision::Int8`] (opt-in, lossy)
-//!   scores int8 keys by integer products with the queries rounded to int8.
+//!   scores int8 keys by integer products with the queries rounded to int8;
+//!   [`QueryPrecision::Q8Blocks`] (opt-in, lossy) rounds the queries to ggml's `q8_0`
+//!   blocks against keys of any format, as llama.cpp's CPU flash attention does.
 //! * [`accuracy`] — the tolerance of every optimized kernel against the reference, per
 //!   value format, in one table.
 //! * [`synth`] — synthetic caches for tests and benchmarks.

@@ -336,6 +336,99 @@ fn int8_queries_attend_as_the_rounded_queries_do() {
     }
 }
 
+/// `q` rounded as ggml's `q8_0` rounds it, from the format's definition: per run of 32
+/// elements of a head (a short last run alone), `σ = max|q|/127`, codes
+/// `round(q · 127 / max|q|)` (halves away from zero), values `f16(σ) · code`.
+fn q8_0_queries(q: &[f32], d: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(q.len());
+    for head in q.chunks_exact(d) {
+        for run in head.chunks(32) {
+            let amax = bound(run);
+            let scale = f16::from_f32(amax / 127.0).to_f32();
+            out.extend(
+                run.iter().map(
+                    |x| {
+                        if amax == 0.0 { 0.0 } else { (x * 127.0 / amax).round() * scale }
+                    },
+                ),
+            );
+        }
+    }
+    out
+}
+
+/// With `q8_0` queries every kernel attends exactly as it does, with f32 queries, to the
+/// queries rounded to `q8_0` blocks — whatever the keys' format (f32, `q8_0`, `q4_0`), on
+/// every engine — and a head size that is not a multiple of 32 rounds its last run alone.
+#[test]
+fn q8_0_queries_attend_as_the_queries_rounded_to_q8_0_blocks() {
+    for (i, &layout) in LAYOUTS.iter().enumerate() {
+        for (j, d) in [64usize, 128, 40].into_iter().enumerate() {
+            let seed = 9500 + 100 * i as u64 + 10 * j as u64;
+            let cfg = cfg(layout, d);
+            let q = synth::values(cfg.q_len(), seed + 7);
+            let qr = q8_0_queries(&q, d);
+            assert_ne!(q, qr);
+            let rows = 130;
+            let keys: Vec<(Vec<f32>, Vec<f32>)> = (0..layout.1 as u64)
+                .map(|h| {
+                    (
+                        synth::values(rows * d, seed + 2 * h),
+                        synth::values(rows * d, seed + 2 * h + 1),
+                    )
+                })
+                .collect();
+            let dense: Vec<DenseKv<'_, f32>> =
+                keys.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+            for (name, mut e) in engines() {
+                let what = format!("{name} {layout:?} d={d}");
+                let (mut want, mut got) = (vec![0.0; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+                e.dense(&cfg, &qr, &dense, &mut want).unwrap();
+                let mut r = e.with_query_precision(QueryPrecision::Q8Blocks).unwrap();
+                assert_eq!(r.query_precision(), QueryPrecision::Q8Blocks);
+                r.dense(&cfg, &q, &dense, &mut got).unwrap();
+                assert_eq!(got, want, "{what} dense f32");
+                if d % 32 == 0 {
+                    let mut stores = Vec::new();
+                    for (k, v) in &keys {
+                        let mut k4 = QuantRows::<Int4Blocks>::new(d).unwrap();
+                        let mut v8 = QuantRows::<Int8Blocks>::new(d).unwrap();
+                        k4.push(k).unwrap();
+                        v8.push(v).unwrap();
+                        let mut k8 = QuantRows::<Int8Blocks>::new(d).unwrap();
+                        k8.push(k).unwrap();
+                        stores.push((k4, v8, k8));
+                    }
+                    let kv4: Vec<QuantKv<'_, Int4Blocks, Int8Blocks>> =
+                        stores.iter().map(|s| QuantKv::new(s.0.view(), s.1.view())).collect();
+                    let kv8: Vec<QuantKv<'_, Int8Blocks>> =
+                        stores.iter().map(|s| QuantKv::new(s.2.view(), s.1.view())).collect();
+                    r.set_query_precision(QueryPrecision::F32).unwrap();
+                    r.quantized(&cfg, &qr, &kv4, &mut want).unwrap();
+                    r.set_query_precision(QueryPrecision::Q8Blocks).unwrap();
+                    r.quantized(&cfg, &q, &kv4, &mut got).unwrap();
+                    assert_eq!(got, want, "{what} q4_0 keys");
+                    r.set_query_precision(QueryPrecision::F32).unwrap();
+                    r.quantized(&cfg, &qr, &kv8, &mut want).unwrap();
+                    r.set_query_precision(QueryPrecision::Q8Blocks).unwrap();
+                    r.quantized(&cfg, &q, &kv8, &mut got).unwrap();
+                    assert_eq!(got, want, "{what} q8_0 keys");
+                }
+            }
+        }
+    }
+    // A run with a non-finite query stays as it is (the attention itself then says so).
+    let cfg = cfg((1, 1), 32);
+    let (k, v) = (synth::values(3 * 32, 1), synth::values(3 * 32, 2));
+    let kv = [DenseKv::new(32, &k, &v)];
+    let mut e =
+        CpuAttention::new(1).unwrap().with_query_precision(QueryPrecision::Q8Blocks).unwrap();
+    let mut q = synth::values(32, 3);
+    q[5] = f32::INFINITY;
+    let mut out = vec![0.0; 32];
+    let _ = e.dense(&cfg, &q, &kv, &mut out);
+}
+
 #[test]
 fn query_precision_is_lossless_unless_asked_and_refused_where_it_cannot_run() {
     let e = CpuAttention::new(1).unwrap();
@@ -352,6 +445,15 @@ fn query_precision_is_lossless_unless_asked_and_refused_where_it_cannot_run() {
     }
     assert_eq!("f32".parse(), Ok(QueryPrecision::F32));
     assert!("int4".parse::<QueryPrecision>().is_err());
+    // q8_0 blocks run on every instruction set and back to f32 on request.
+    let e = CpuAttention::new(1).unwrap().with_isa(Isa::Portable).unwrap();
+    let mut e = e.with_query_precision(QueryPrecision::Q8Blocks).unwrap();
+    assert_eq!(e.query_precision(), QueryPrecision::Q8Blocks);
+    assert!(QueryPrecision::Q8Blocks.is_available());
+    e.set_query_precision(QueryPrecision::F32).unwrap();
+    assert_eq!(e.query_precision(), QueryPrecision::F32);
+    assert_eq!("q8_0".parse(), Ok(QueryPrecision::Q8Blocks));
+    assert_eq!(QueryPrecision::Q8Blocks.to_string(), "q8_0");
 }
 
 #[test]

@@ -246,6 +246,30 @@ fn int8_queries_need_int8_keys() {
     }
 }
 
+/// `queries=q8_0` rounds the queries of a quantized dense or SWAN cache to `q8_0` blocks,
+/// whatever its key format (a lossy setting: the scores move), and a dense float cache
+/// refuses it with a typed error.
+#[test]
+fn q8_0_queries_round_the_queries_of_quantized_caches() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let err = "dense:format=f32,queries=q8_0".parse::<CacheSpec>().unwrap().build(&wide.model);
+    let err = err.err().expect("a float cache takes f32 queries only");
+    assert!(matches!(err, Error::InvalidInput { .. }) && err.to_string().contains("q8_0"), "{err}");
+    for base in [
+        "dense:format=int4",
+        "dense:format=int8,values=int4,rotate=hadamard",
+        "swan:k=8,index=bitmask,value=int4,b=4,basis=random:2",
+    ] {
+        let text = format!("{base},queries=q8_0");
+        let spec: CacheSpec = text.parse().unwrap();
+        assert_eq!(spec.queries, Some(attn_kernels::QueryPrecision::Q8Blocks));
+        let ((q8, a), (_, b)) = (run(&wide, &text), run(&wide, base));
+        assert!(q8.cache().label().ends_with(" queries=q8_0"), "{}", q8.cache().label());
+        assert_ne!(a, b, "{text}: the rounded queries move the scores");
+        assert!((a / b - 1.0).abs() < 0.05, "{text}: {a} vs {b}");
+    }
+}
+
 /// `CacheSpec::build_many` gives `n` fresh caches for one model equal to `build`'s.
 #[test]
 fn build_many_gives_fresh_caches_for_one_model() {

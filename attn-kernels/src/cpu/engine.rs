@@ -134,6 +134,34 @@ pub(crate) struct Engine {
     pub ws: Workspace,
     pub kernels: Kernels,
     pub split_rows: usize,
+    /// Round the queries to `q8_0` blocks before scoring ([`crate::QueryPrecision::Q8Blocks`]).
+    pub round_queries: bool,
+    /// The rounded queries of the current call (reused).
+    pub rounded: Vec<f32>,
+}
+
+/// `q` (rows of `head_dim`) rounded into `out` as ggml's `q8_0` blocks round it: every run
+/// of [`kv_sparse::quant::BLOCK`] elements of a row (a short last run as if zero-padded)
+/// encoded by [`kv_sparse::quant::Int8Blocks`] and decoded back. A run with a non-finite
+/// element or one too large for an f16 scale is copied unrounded.
+pub(crate) fn round_q8_blocks(q: &[f32], head_dim: usize, out: &mut Vec<f32>) {
+    use kv_sparse::quant::{BLOCK, DenseCodec, Int8Blocks};
+    out.clear();
+    out.extend_from_slice(q);
+    let mut block = [0.0f32; BLOCK];
+    let mut bytes = vec![0u8; Int8Blocks::row_bytes(BLOCK)];
+    for row in out.chunks_mut(head_dim.max(1)) {
+        for run in row.chunks_mut(BLOCK) {
+            if !run.iter().all(|x| x.is_finite() && x.abs() < Int8Blocks::OVERFLOW_AT) {
+                continue;
+            }
+            block.fill(0.0);
+            block[..run.len()].copy_from_slice(run);
+            Int8Blocks::encode(&block, &mut bytes);
+            Int8Blocks::decode(&bytes, &mut block);
+            run.copy_from_slice(&block[..run.len()]);
+        }
+    }
 }
 
 impl Engine {
@@ -172,6 +200,17 @@ impl Engine {
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) {
+        if self.round_queries {
+            let mut rounded = std::mem::take(&mut self.rounded);
+            round_q8_blocks(job.q, job.cfg.head_dim(), &mut rounded);
+            let job = Job { q: &rounded, ..*job };
+            match job.lanes() {
+                4 => self.execute_w::<S, 4>(&job, src, out, weights),
+                _ => self.execute_w::<S, 8>(&job, src, out, weights),
+            }
+            self.rounded = rounded;
+            return;
+        }
         match job.lanes() {
             4 => self.execute_w::<S, 4>(job, src, out, weights),
             _ => self.execute_w::<S, 8>(job, src, out, weights),

@@ -83,8 +83,9 @@ impl fmt::Display for Isa {
     }
 }
 
-/// How the CPU kernels take the queries in the score products over keys of int8 codes
-/// (dense `q8_0` rows and int8-valued sparse rows).
+/// How the CPU kernels take the queries in the score products: over keys of int8 codes
+/// (dense `q8_0` rows and int8-valued sparse rows) for [`QueryPrecision::Int8`], over keys
+/// of every format for [`QueryPrecision::Q8Blocks`].
 ///
 /// # Examples
 /// ```
@@ -110,6 +111,15 @@ pub enum QueryPrecision {
     /// multiple of 64 up to 512), as llama.cpp scores its `q8_0` caches. Lossy: a score
     /// moves by at most `σ_h / 2 · Σ_i |k_i|`. Keys of other formats keep f32 products.
     Int8,
+    /// Queries rounded as ggml's `q8_0` blocks round them — each run of 32 elements of a
+    /// head to int8 codes with an f16 scale `max|q|/127`, byte for byte
+    /// `kv_sparse::quant::Int8Blocks` (a short last run as if zero-padded) — then scored
+    /// in f32 against keys of any format: the queries llama.cpp's CPU flash attention
+    /// scores its `q8_0` and `q4_0` caches with. Lossy (a score moves by at most
+    /// `Σ_blocks σ_b / 2 · Σ_{i∈b} |k_i|` plus the f16 scale's rounding); for reproducing
+    /// that engine's arithmetic, not for speed. A block with a non-finite element, or one
+    /// whose scale would not be a finite f16, stays in f32.
+    Q8Blocks,
 }
 
 impl QueryPrecision {
@@ -117,7 +127,7 @@ impl QueryPrecision {
     /// VNNI and VL).
     pub fn is_available(self) -> bool {
         match self {
-            Self::F32 => true,
+            Self::F32 | Self::Q8Blocks => true,
             Self::Int8 => {
                 #[cfg(target_arch = "x86_64")]
                 {
@@ -137,6 +147,7 @@ impl fmt::Display for QueryPrecision {
         f.write_str(match self {
             Self::F32 => "f32",
             Self::Int8 => "int8",
+            Self::Q8Blocks => "q8_0",
         })
     }
 }
@@ -144,12 +155,13 @@ impl fmt::Display for QueryPrecision {
 impl std::str::FromStr for QueryPrecision {
     type Err = String;
 
-    /// `f32` or `int8`.
+    /// `f32`, `int8` or `q8_0`.
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "f32" => Ok(Self::F32),
             "int8" => Ok(Self::Int8),
-            _ => Err(format!("query precision {s:?}: expected f32 or int8")),
+            "q8_0" => Ok(Self::Q8Blocks),
+            _ => Err(format!("query precision {s:?}: expected f32, int8 or q8_0")),
         }
     }
 }

@@ -108,7 +108,17 @@ impl CpuAttention {
         let kernels = Kernels::new(Isa::detect()).unwrap_or(Kernels::Portable);
         let pool = ThreadPool::new(threads)?;
         let split_rows = Self::DEFAULT_SPLIT_ROWS;
-        Ok(Self { engine: Engine { pool, ws: Workspace::default(), kernels, split_rows } })
+        let (round_queries, rounded) = (false, Vec::new());
+        Ok(Self {
+            engine: Engine {
+                pool,
+                ws: Workspace::default(),
+                kernels,
+                split_rows,
+                round_queries,
+                rounded,
+            },
+        })
     }
 
     /// The same kernels restricted to instruction set `isa`.
@@ -139,8 +149,8 @@ impl CpuAttention {
         Ok(self)
     }
 
-    /// The same kernels taking the queries at `precision` in the score products over int8
-    /// keys ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
+    /// The same kernels taking the queries at `precision` in the score products
+    /// ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
     ///
     /// # Errors
     /// [`Error::Param`] if the kernels cannot run it: [`QueryPrecision::Int8`] needs
@@ -162,14 +172,21 @@ impl CpuAttention {
                 op: "CpuAttention::set_query_precision",
                 what: "precision",
                 value: precision.to_string(),
-                expected: "f32, or int8 with the avx512 kernels on a CPU with AVX-512 VNNI",
+                expected: "f32, q8_0, or int8 with the avx512 kernels on a CPU with AVX-512 VNNI",
             })?;
+        self.engine.round_queries = precision == QueryPrecision::Q8Blocks;
         Ok(())
     }
 
-    /// The query precision of the score products over int8 keys.
+    /// The query precision of the score products.
     pub fn query_precision(&self) -> QueryPrecision {
-        if self.engine.kernels.int8_queries() { QueryPrecision::Int8 } else { QueryPrecision::F32 }
+        if self.engine.round_queries {
+            QueryPrecision::Q8Blocks
+        } else if self.engine.kernels.int8_queries() {
+            QueryPrecision::Int8
+        } else {
+            QueryPrecision::F32
+        }
     }
 
     /// The same kernels with at most `rows` consecutive rows per work item. Smaller items

@@ -234,8 +234,9 @@ pub struct FrontierRun {
     pub kv: Option<usize>,
     /// Dense buffer rows (SWAN).
     pub buffer: usize,
-    /// Query precision of the score products over int8 keys (`f32`, or `int8`: the queries
-    /// rounded to int8 per head and step, as llama.cpp rounds them for a `q8_0` cache).
+    /// Query precision of the score products (`f32`; `int8`: the queries rounded to int8
+    /// per head and step against int8 keys; `q8_0`: rounded to `q8_0` blocks against keys of
+    /// any format — as llama.cpp's CPU flash attention rounds them for `q8_0`/`q4_0` caches).
     pub queries: &'static str,
     /// Format of the local layers' rings on a sliding-window model when it is not the
     /// spec's default (a dense configuration's own format, a SWAN configuration's f16
@@ -378,6 +379,11 @@ impl FrontierRun {
         Self { queries: "int8", ..self }
     }
 
+    /// The same configuration with its queries rounded to `q8_0` blocks.
+    fn with_q8_0_queries(self) -> Self {
+        Self { queries: "q8_0", ..self }
+    }
+
     /// Whether this is the counterpart of one of llama.cpp's KV types (dense f16, Hadamard
     /// int8 or int4).
     pub fn is_llamacpp_counterpart(&self) -> bool {
@@ -401,7 +407,11 @@ impl FrontierRun {
 
     /// A short label.
     pub fn label(&self) -> String {
-        let queries = if self.queries == "int8" { " queries=int8" } else { "" };
+        let queries = if self.queries == "f32" {
+            String::new()
+        } else {
+            format!(" queries={}", self.queries)
+        };
         let ring = self.ring.map_or(String::new(), |r| format!(" ring={r}"));
         let ring = match self.ring_values {
             Some(v) => format!("{ring} ring_values={v}"),
@@ -428,7 +438,11 @@ impl FrontierRun {
 
     /// The cache spec (`proj` = the calibrated projection file).
     pub fn spec(&self, proj: &str, threads: usize) -> String {
-        let queries = if self.queries == "int8" { ",queries=int8" } else { "" };
+        let queries = if self.queries == "f32" {
+            String::new()
+        } else {
+            format!(",queries={}", self.queries)
+        };
         let ring = self.ring.map_or(String::new(), |r| format!(",ring={r}"));
         let ring = match self.ring_values {
             Some(v) => format!("{ring},ring_values={v}"),
@@ -462,7 +476,7 @@ impl FrontierRun {
                 self.values
             ),
         };
-        spec + &ring + &select + &norm + queries
+        spec + &ring + &select + &norm + &queries
     }
 
     /// Bytes one (layer, kv-head) holds for `tokens` tokens, from the formulas: dense rows,
@@ -767,6 +781,9 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     if attn_kernels::QueryPrecision::Int8.is_available() {
         runs.push(FrontierRun::dense("int8", "hadamard").with_int8_queries());
     }
+    // llama.cpp's q4_0 cache as its CPU flash attention scores it: the queries rounded to
+    // q8_0 blocks, the keys' q4_0 codes in f32 products.
+    runs.push(FrontierRun::dense("int4", "hadamard").with_q8_0_queries());
     // The rotated 4- and 8-bit caches with the attention sink kept in f32: the one row whose
     // rounding error every query and every window shares.
     for (values, rotate) in [("int8", "hadamard"), ("int4", "hadamard"), ("int4", "hadamard-v")] {
@@ -1384,15 +1401,17 @@ fn perplexity_from(traces: &[Trace], skip: usize) -> f64 {
 /// The study's counterparts of llama.cpp's KV types, in the grid's labels (the first of a
 /// type is the one its target judges; `q8_0`'s second is the same cache scored with int8
 /// queries, as llama.cpp scores it, where the CPU has the integer products; `q4_0`'s second
-/// rotates the values alone, the full grid's `hadamard-v`; the `sink=1` ones keep the first
+/// rotates the values alone, the full grid's `hadamard-v`, its third rounds the queries to
+/// `q8_0` blocks as llama.cpp's CPU flash attention does; the `sink=1` ones keep the first
 /// position in f32, which llama.cpp does not — reported beside, not judged; the mixed pairs
 /// have no target and are reported as measured).
-const LLAMACPP_COUNTERPARTS: [(&str, &str); 10] = [
+const LLAMACPP_COUNTERPARTS: [(&str, &str); 11] = [
     ("f16", "dense f16"),
     ("q8_0", "dense int8 rotate=hadamard"),
     ("q4_0", "dense int4 rotate=hadamard"),
     ("q8_0", "dense int8 rotate=hadamard queries=int8"),
     ("q4_0", "dense int4 rotate=hadamard-v"),
+    ("q4_0", "dense int4 rotate=hadamard queries=q8_0"),
     ("q8_0", "dense int8 rotate=hadamard sink=1"),
     ("q4_0", "dense int4 rotate=hadamard sink=1"),
     ("q8_0/q4_0", "dense int8 values=int4 rotate=hadamard"),
@@ -2131,6 +2150,11 @@ fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
                     c4,
                     "int4 with the values alone rotated (hadamard-v)",
                 ),
+                (
+                    "dense int4 rotate=hadamard queries=q8_0",
+                    c4,
+                    "int4 with q8_0 queries (as llama.cpp's CPU flash attention scores q4_0)",
+                ),
             ];
             let mixed = [
                 ("dense int8 values=int4 rotate=hadamard", "q8_0/q4_0", "int8 keys, int4 values"),
@@ -2630,6 +2654,20 @@ mod tests {
         let f = peer(&s);
         assert!(f.holds, "{}", f.evidence);
         let want = "values alone rotated (hadamard-v): whole window 5.00 % (0.00 pp), half prefilled 3.00 %";
+        assert!(f.evidence.contains(want), "{}", f.evidence);
+        // So is int4 scored with q8_0 queries, as llama.cpp's CPU flash attention scores q4_0.
+        let q4 = FrontierRun::dense("int4", "hadamard").with_q8_0_queries();
+        assert_eq!(q4.label(), "dense int4 rotate=hadamard queries=q8_0");
+        assert!(q4.is_llamacpp_counterpart() && q4.spec("", 1).ends_with(",queries=q8_0"));
+        let spec: models::cache::spec::CacheSpec = q4.spec("", 1).parse().expect("spec");
+        assert_eq!(spec.queries, Some(attn_kernels::QueryPrecision::Q8Blocks));
+        assert!(grid(64, &[4], &[128], false).contains(&q4));
+        assert_eq!(counterpart("q4_0"), Some("dense int4 rotate=hadamard"));
+        s.points.push(point(q4, 104.0));
+        s.whole_window.push(("dense int4 rotate=hadamard queries=q8_0".into(), 95.4));
+        let f = peer(&s);
+        assert!(f.holds, "{}", f.evidence);
+        let want = "int4 with q8_0 queries (as llama.cpp's CPU flash attention scores q4_0): whole window 6.00 % (1.00 pp), half prefilled 4.00 %";
         assert!(f.evidence.contains(want), "{}", f.evidence);
     }
 

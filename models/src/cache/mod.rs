@@ -309,17 +309,24 @@ pub trait KvCache: Send {
         false
     }
 
-    /// Sets how the attention kernels take the queries against the cache's int8 keys
-    /// ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
+    /// Sets how the attention kernels take the queries ([`QueryPrecision`];
+    /// [`QueryPrecision::F32`], the lossless setting, unless set): int8 codes against the
+    /// cache's int8 keys, or rounded to `q8_0` blocks against keys of any format (the
+    /// quantized dense, SWAN and windowed caches; the default implementation takes f32
+    /// only).
     ///
     /// # Errors
     /// [`crate::Error::InvalidInput`] when [`QueryPrecision::Int8`] is asked of a cache
-    /// without int8 keys ([`KvCache::int8_keys`]); [`crate::Error::Attention`] when this CPU
-    /// cannot run it. On error nothing changes.
+    /// without int8 keys ([`KvCache::int8_keys`]) or a precision the cache does not take;
+    /// [`crate::Error::Attention`] when this CPU cannot run it. On error nothing changes.
     fn set_query_precision(&mut self, precision: QueryPrecision) -> Result<()> {
         match precision {
             QueryPrecision::F32 => Ok(()),
-            _ => Err(no_int8_keys(&self.label())),
+            QueryPrecision::Int8 => Err(no_int8_keys(&self.label())),
+            other => Err(invalid(
+                "set query precision",
+                format!("queries={other}: the {} cache scores f32 queries only", self.label()),
+            )),
         }
     }
 
@@ -384,11 +391,12 @@ pub(crate) fn values_label<K: kv_sparse::quant::DenseCodec, V: kv_sparse::quant:
     if K::FORMAT == V::FORMAT { String::new() } else { format!(" values={}", V::FORMAT) }
 }
 
-/// ` queries=int8` for a kernel with int8 queries ([`KvCache::set_query_precision`]), else
-/// nothing: the suffix of a cache's label.
+/// ` queries=int8` / ` queries=q8_0` for a kernel taking its queries so
+/// ([`KvCache::set_query_precision`]), else nothing: the suffix of a cache's label.
 pub(crate) fn queries_label(kernel: &attn_kernels::CpuAttention) -> &'static str {
     match kernel.query_precision() {
-        QueryPrecision::F32 => "",
-        _ => " queries=int8",
+        QueryPrecision::Int8 => " queries=int8",
+        QueryPrecision::Q8Blocks => " queries=q8_0",
+        _ => "",
     }
 }

@@ -34,11 +34,14 @@
 //! vector; values: the VO eigenvalue), so that one row scale suits every component
 //! (see [`crate::cache::ComponentNorm`]; default `none`).
 //!
-//! Every cache also takes `queries=f32|int8` (how the attention kernels take the queries
-//! against int8 keys — dense `format=int8` rows, SWAN `value=int8` rows, an `int8` ring:
-//! `int8` rounds them to int8 per head and step and scores by exact integer products,
-//! lossy, where the CPU has AVX-512 VNNI; default `f32`, lossless; a cache without int8
-//! keys refuses `int8`), `threads=N` (attention threads; default: all cores) and
+//! Every cache also takes `queries=f32|int8|q8_0` (how the attention kernels take the
+//! queries — against int8 keys (dense `format=int8` rows, SWAN `value=int8` rows, an `int8`
+//! ring) `int8` rounds them to int8 per head and step and scores by exact integer
+//! products, lossy, where the CPU has AVX-512 VNNI; `q8_0` rounds them to ggml's `q8_0`
+//! blocks of 32 and scores in f32 against keys of any format of a quantized dense, SWAN or
+//! windowed cache — the queries llama.cpp's CPU flash attention scores its `q8_0`/`q4_0`
+//! caches with, lossy, for reproducing that engine; default `f32`, lossless; a cache
+//! without int8 keys refuses `int8`, a dense float cache `q8_0`), `threads=N` (attention threads; default: all cores) and
 //! `ring=f32|f16|bf16|fp8|int8|int4`: on a model with sliding-window layers (Gemma 3) the
 //! cache named serves the global layers and every local layer keeps a dense ring of its
 //! window ([`crate::cache::WindowedCache`]) in this format (default: the format of a `dense`

@@ -778,7 +778,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
-        if precision != attn_kernels::QueryPrecision::F32 && !self.int8_keys() {
+        if precision == attn_kernels::QueryPrecision::Int8 && !self.int8_keys() {
             return Err(super::no_int8_keys(&self.label()));
         }
         Ok(self.kernel.set_query_precision(precision)?)

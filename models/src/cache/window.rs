@@ -354,7 +354,7 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantWindowCache<K, V> {
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
-        if precision != attn_kernels::QueryPrecision::F32 && !self.int8_keys() {
+        if precision == attn_kernels::QueryPrecision::Int8 && !self.int8_keys() {
             return Err(super::no_int8_keys(&self.label()));
         }
         Ok(self.kernel.set_query_precision(precision)?)
@@ -627,16 +627,17 @@ impl KvCache for WindowedCache {
         self.global.int8_keys() || self.ring.int8_keys()
     }
 
-    /// Sets the precision on whichever part stores int8 keys (the global layers' cache, the
-    /// local layers' ring, or both); [`attn_kernels::QueryPrecision::F32`] on both.
+    /// Sets int8 queries on whichever part stores int8 keys (the global layers' cache, the
+    /// local layers' ring, or both); [`attn_kernels::QueryPrecision::F32`] and
+    /// [`attn_kernels::QueryPrecision::Q8Blocks`] on both.
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
         use attn_kernels::QueryPrecision;
-        if precision != QueryPrecision::F32 && !self.int8_keys() {
+        if precision == QueryPrecision::Int8 && !self.int8_keys() {
             return Err(super::no_int8_keys(&self.label()));
         }
         let parts = [self.global.as_mut(), self.ring.as_mut()];
         for part in parts {
-            if precision == QueryPrecision::F32 || part.int8_keys() {
+            if precision != QueryPrecision::Int8 || part.int8_keys() {
                 part.set_query_precision(precision)?;
             }
         }
