@@ -138,13 +138,19 @@ fn synthetic(
     ProjectionSet::from_parts(dims, qk, vo, None, provenance)
 }
 
+/// llama.cpp's two rotation matrices for `head_dim` `d`: the full-size Walsh–Hadamard
+/// matrix (q/k) and its [`HADAMARD_V_BLOCK`]-blocks (v/o; the full matrix when `d` is
+/// smaller).
+fn walsh_hadamard_streams(d: usize) -> Result<(Mat, Mat)> {
+    Ok((hadamard(d)?, hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?))
+}
+
 /// [`ProjectionSet::hadamard`] (`keys`: q/k by the full-size matrix) or its value half
 /// [`ProjectionSet::hadamard_values`] (q/k unrotated); either needs a power-of-two
 /// `head_dim`.
 fn walsh_hadamard_set(dims: ModelDims, model: &str, keys: bool) -> Result<ProjectionSet> {
     let d = dims.head_dim();
-    let full = hadamard(d)?;
-    let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+    let (full, vo) = walsh_hadamard_streams(d)?;
     let (kind, qk) = if keys {
         (BasisKind::Hadamard, full)
     } else {
@@ -239,8 +245,7 @@ impl ProjectionSet {
     /// ```
     pub fn signed_hadamard(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
         let d = dims.head_dim();
-        let full = hadamard(d)?;
-        let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+        let (full, vo) = walsh_hadamard_streams(d)?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         synthetic(dims, model, BasisKind::SignedHadamard { seed }, |s| {
             let h = match s {
@@ -279,8 +284,7 @@ impl ProjectionSet {
     /// ```
     pub fn jittered_hadamard(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
         let d = dims.head_dim();
-        let full = hadamard(d)?;
-        let vo = hadamard_blocks(d, HADAMARD_V_BLOCK.min(d))?;
+        let (full, vo) = walsh_hadamard_streams(d)?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let (c, s) = (JITTER_ANGLE.cos(), JITTER_ANGLE.sin());
         synthetic(dims, model, BasisKind::HadamardJitter { seed }, |stream| {

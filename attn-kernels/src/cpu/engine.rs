@@ -149,7 +149,8 @@ pub(crate) fn round_q8_blocks(q: &[f32], head_dim: usize, out: &mut Vec<f32>) {
     out.clear();
     out.extend_from_slice(q);
     let mut block = [0.0f32; BLOCK];
-    let mut bytes = vec![0u8; Int8Blocks::row_bytes(BLOCK)];
+    let mut buf = [0u8; 2 * BLOCK];
+    let bytes = &mut buf[..Int8Blocks::row_bytes(BLOCK)];
     for row in out.chunks_mut(head_dim.max(1)) {
         for run in row.chunks_mut(BLOCK) {
             if !run.iter().all(|x| x.is_finite() && x.abs() < Int8Blocks::OVERFLOW_AT) {
@@ -157,8 +158,8 @@ pub(crate) fn round_q8_blocks(q: &[f32], head_dim: usize, out: &mut Vec<f32>) {
             }
             block.fill(0.0);
             block[..run.len()].copy_from_slice(run);
-            Int8Blocks::encode(&block, &mut bytes);
-            Int8Blocks::decode(&bytes, &mut block);
+            Int8Blocks::encode(&block, bytes);
+            Int8Blocks::decode(bytes, &mut block);
             run.copy_from_slice(&block[..run.len()]);
         }
     }
@@ -200,21 +201,19 @@ impl Engine {
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) {
-        if self.round_queries {
-            let mut rounded = std::mem::take(&mut self.rounded);
+        let mut rounded = std::mem::take(&mut self.rounded);
+        let q = if self.round_queries {
             round_q8_blocks(job.q, job.cfg.head_dim(), &mut rounded);
-            let job = Job { q: &rounded, ..*job };
-            match job.lanes() {
-                4 => self.execute_w::<S, 4>(&job, src, out, weights),
-                _ => self.execute_w::<S, 8>(&job, src, out, weights),
-            }
-            self.rounded = rounded;
-            return;
-        }
+            &rounded[..]
+        } else {
+            job.q
+        };
+        let job = Job { q, ..*job };
         match job.lanes() {
-            4 => self.execute_w::<S, 4>(job, src, out, weights),
-            _ => self.execute_w::<S, 8>(job, src, out, weights),
+            4 => self.execute_w::<S, 4>(&job, src, out, weights),
+            _ => self.execute_w::<S, 8>(&job, src, out, weights),
         }
+        self.rounded = rounded;
     }
 
     fn execute_w<S: ItemSource, const W: usize>(
