@@ -79,9 +79,14 @@ fn tiny_models_every_lossless_cache_matches_dense() {
             compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
         }
         // A rotated dense cache is the same attention in another orthonormal basis.
-        for rotate in
-            ["hadamard", "hadamard-v", "hadamard-signs:2", "hadamard-jitter:1", "random:4"]
-        {
+        for rotate in [
+            "hadamard",
+            "hadamard-v",
+            "hadamard-signs:2",
+            "hadamard-value-signs:3",
+            "hadamard-jitter:1",
+            "random:4",
+        ] {
             let spec = format!("dense:format=f32,rotate={rotate},threads=1");
             compare(&format!("{name} {spec}"), &dense, &logits(&ckpt, &spec, &ids, 1));
         }

@@ -162,6 +162,31 @@ fn walsh_hadamard_set(dims: ModelDims, model: &str, keys: bool) -> Result<Projec
     })
 }
 
+/// llama.cpp's two Walsh–Hadamard matrices with the rows of each v/o basis (and of each q/k
+/// basis when `keys`) multiplied by random signs drawn from one `ChaCha8Rng` seeded with
+/// `seed`, site by site in layer-major order (QK then VO per head).
+fn sign_flipped_hadamard(
+    dims: ModelDims,
+    model: &str,
+    kind: BasisKind,
+    seed: u64,
+    keys: bool,
+) -> Result<ProjectionSet> {
+    let d = dims.head_dim();
+    let (full, vo) = walsh_hadamard_streams(d)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    synthetic(dims, model, kind, |s| {
+        let h = match s {
+            Stream::Qk if !keys => return full.clone(),
+            Stream::Qk => &full,
+            Stream::Vo => &vo,
+        };
+        let signs: Vec<f32> =
+            (0..d).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
+        Mat::from_fn(d, d, |i, j| signs[i] * h.row(i)[j])
+    })
+}
+
 impl ProjectionSet {
     /// The identity set (no rotation): SWAN's pruning applied in the model's own coordinates.
     ///
@@ -244,18 +269,32 @@ impl ProjectionSet {
     /// # Ok::<(), projection::Error>(())
     /// ```
     pub fn signed_hadamard(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
-        let d = dims.head_dim();
-        let (full, vo) = walsh_hadamard_streams(d)?;
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        synthetic(dims, model, BasisKind::SignedHadamard { seed }, |s| {
-            let h = match s {
-                Stream::Qk => &full,
-                Stream::Vo => &vo,
-            };
-            let signs: Vec<f32> =
-                (0..d).map(|_| if rng.random::<bool>() { 1.0 } else { -1.0 }).collect();
-            Mat::from_fn(d, d, |i, j| signs[i] * h.row(i)[j])
-        })
+        sign_flipped_hadamard(dims, model, BasisKind::SignedHadamard { seed }, seed, true)
+    }
+
+    /// [`ProjectionSet::hadamard`] with only the value side sign-randomized
+    /// ([`BasisKind::SignedHadamardValues`]): every q/k basis is the plain `head_dim`
+    /// Walsh–Hadamard matrix, every v/o basis the [`HADAMARD_V_BLOCK`]-blocks matrix with its
+    /// rows multiplied by independent random signs (`P = D·H`), drawn in layer-major order
+    /// from one `ChaCha8Rng` seeded with `seed`. Keys rotate exactly as under
+    /// [`ProjectionSet::hadamard`]; quantized value rows round differently per draw.
+    ///
+    /// # Errors
+    /// [`Error::InvalidDims`] when `head_dim` is not a power of two.
+    ///
+    /// # Examples
+    /// ```
+    /// use projection::{ModelDims, ProjectionSet};
+    /// let dims = ModelDims::new(2, 4, 2, 128)?;
+    /// let plain = ProjectionSet::hadamard(dims, "toy")?;
+    /// let a = ProjectionSet::signed_hadamard_values(dims, "toy", 3)?;
+    /// assert_eq!(a.qk(1, 1)?, plain.qk(1, 1)?);
+    /// assert_ne!(a.vo(1, 1)?, plain.vo(1, 1)?);
+    /// assert!(a.max_orthogonality_error() < 1e-6);
+    /// # Ok::<(), projection::Error>(())
+    /// ```
+    pub fn signed_hadamard_values(dims: ModelDims, model: &str, seed: u64) -> Result<Self> {
+        sign_flipped_hadamard(dims, model, BasisKind::SignedHadamardValues { seed }, seed, false)
     }
 
     /// [`ProjectionSet::hadamard`] with every basis turned by a rounding-sized rotation
@@ -433,6 +472,9 @@ impl ProjectionSet {
             BasisKind::Hadamard => Self::hadamard(self.dims(), model),
             BasisKind::HadamardValues => Self::hadamard_values(self.dims(), model),
             BasisKind::SignedHadamard { seed } => Self::signed_hadamard(self.dims(), model, seed),
+            BasisKind::SignedHadamardValues { seed } => {
+                Self::signed_hadamard_values(self.dims(), model, seed)
+            }
             BasisKind::HadamardJitter { seed } => Self::jittered_hadamard(self.dims(), model, seed),
             BasisKind::LayerShuffle { seed } => self.layer_shuffle(seed),
             BasisKind::HeadShuffle { seed } => self.head_shuffle(seed),
@@ -559,6 +601,41 @@ mod tests {
         assert_eq!(a.ablation(BasisKind::SignedHadamard { seed: 1 }).unwrap(), a);
         assert_eq!("hadamard-signs:2".parse::<BasisKind>().unwrap(), b.kind());
         assert_eq!(b.kind().to_string(), "hadamard-signs:2");
+    }
+
+    /// A value-sign draw keeps every q/k basis the plain Walsh–Hadamard matrix and makes
+    /// every v/o basis the 64-blocks matrix with ±1 row signs, patterns differing between
+    /// sites and seeds.
+    #[test]
+    fn value_signed_hadamard_sets_flip_only_the_value_rows() {
+        let dims = ModelDims::new(2, 4, 2, 256).unwrap();
+        let (h, hv) = (hadamard(256).unwrap(), hadamard_blocks(256, 64).unwrap());
+        let a = ProjectionSet::signed_hadamard_values(dims, "m", 1).unwrap();
+        let b = ProjectionSet::signed_hadamard_values(dims, "m", 2).unwrap();
+        let mut seen: Vec<Vec<bool>> = Vec::new();
+        for set in [&a, &b] {
+            for (layer, head) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                assert_eq!(set.qk(layer, head).unwrap(), &h, "keys keep the plain rotation");
+                let p = set.vo(layer, head).unwrap();
+                let flips: Vec<bool> = (0..256)
+                    .map(|i| {
+                        let (r, hr) = (p.row(i), hv.row(i));
+                        let flip = r != hr;
+                        assert!(r.iter().zip(hr).all(|(x, y)| *x == if flip { -y } else { *y }));
+                        flip
+                    })
+                    .collect();
+                let n = flips.iter().filter(|&&f| f).count();
+                assert!((64..192).contains(&n), "about half the signs: {n}");
+                assert!(!seen.contains(&flips), "a sign pattern repeats");
+                seen.push(flips);
+            }
+        }
+        assert!(a.max_orthogonality_error() < 1e-6);
+        assert_eq!(a.ablation(BasisKind::SignedHadamardValues { seed: 1 }).unwrap(), a);
+        assert_eq!("hadamard-value-signs:2".parse::<BasisKind>().unwrap(), b.kind());
+        assert_eq!(b.kind().to_string(), "hadamard-value-signs:2");
+        assert!(!b.kind().needs_calibration());
     }
 
     /// A jittered draw is `H·G`: every column pair `(a, b)` of `G`'s planes is `H`'s pair

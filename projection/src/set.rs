@@ -50,6 +50,16 @@ pub enum BasisKind {
         /// ChaCha8 seed of the signs.
         seed: u64,
     },
+    /// [`BasisKind::Hadamard`] with only the value side redrawn: q/k keep the plain
+    /// Walsh–Hadamard matrix, each v/o basis is its 64 × 64 blocks with rows multiplied by
+    /// seeded random signs (as [`BasisKind::SignedHadamard`] draws them). The keys a cache
+    /// stores are exactly the plain rotation's, while every quantized value row rounds
+    /// differently: its draws measure how far another value rounding alone — which changes
+    /// every later layer's keys — moves a quantized cache's cost.
+    SignedHadamardValues {
+        /// ChaCha8 seed of the value signs.
+        seed: u64,
+    },
     /// [`BasisKind::Hadamard`]'s bases turned by a rounding-sized rotation: every basis is
     /// `H·G` with `G` seeded Givens rotations by ±[`crate::JITTER_ANGLE`] in `d/2` random
     /// coordinate planes, so each stored coordinate moves by about `10⁻⁵` of the vector's
@@ -84,6 +94,7 @@ impl BasisKind {
             BasisKind::Hadamard => "hadamard",
             BasisKind::HadamardValues => "hadamard-v",
             BasisKind::SignedHadamard { .. } => "hadamard-signs",
+            BasisKind::SignedHadamardValues { .. } => "hadamard-value-signs",
             BasisKind::HadamardJitter { .. } => "hadamard-jitter",
             BasisKind::LayerShuffle { .. } => "layer-shuffle",
             BasisKind::HeadShuffle { .. } => "head-shuffle",
@@ -96,6 +107,7 @@ impl BasisKind {
         match self {
             BasisKind::Random { seed }
             | BasisKind::SignedHadamard { seed }
+            | BasisKind::SignedHadamardValues { seed }
             | BasisKind::HadamardJitter { seed }
             | BasisKind::LayerShuffle { seed }
             | BasisKind::HeadShuffle { seed } => Some(*seed),
@@ -149,6 +161,7 @@ impl BasisKind {
             "kv-shuffle" => Ok(BasisKind::KvShuffle),
             "random" => need(|seed| BasisKind::Random { seed }),
             "hadamard-signs" => need(|seed| BasisKind::SignedHadamard { seed }),
+            "hadamard-value-signs" => need(|seed| BasisKind::SignedHadamardValues { seed }),
             "hadamard-jitter" => need(|seed| BasisKind::HadamardJitter { seed }),
             "layer-shuffle" => need(|seed| BasisKind::LayerShuffle { seed }),
             "head-shuffle" => need(|seed| BasisKind::HeadShuffle { seed }),
@@ -183,7 +196,12 @@ impl FromStr for BasisKind {
         };
         let seeded = matches!(
             name,
-            "random" | "hadamard-signs" | "hadamard-jitter" | "layer-shuffle" | "head-shuffle"
+            "random"
+                | "hadamard-signs"
+                | "hadamard-value-signs"
+                | "hadamard-jitter"
+                | "layer-shuffle"
+                | "head-shuffle"
         );
         Self::from_name(name, if seeded { seed.or(Some(0)) } else { seed })
     }

@@ -143,9 +143,20 @@ fn bad_weights_and_inapplicable_ablations() {
     );
     assert!("hadamard-signs:-1".parse::<BasisKind>().is_err());
     assert!(BasisKind::from_name("hadamard-signs", None).is_err());
+    assert_eq!(
+        "hadamard-value-signs".parse::<BasisKind>().unwrap(),
+        BasisKind::SignedHadamardValues { seed: 0 }
+    );
+    assert!(BasisKind::from_name("hadamard-value-signs", None).is_err());
     let odd = ModelDims::new(1, 2, 1, 12).unwrap();
     assert!(matches!(
         ProjectionSet::identity(odd, "m").unwrap().ablation(BasisKind::SignedHadamard { seed: 1 }),
+        Err(Error::InvalidDims { .. })
+    ));
+    assert!(matches!(
+        ProjectionSet::identity(odd, "m")
+            .unwrap()
+            .ablation(BasisKind::SignedHadamardValues { seed: 1 }),
         Err(Error::InvalidDims { .. })
     ));
 }

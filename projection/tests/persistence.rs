@@ -31,6 +31,7 @@ fn every_kind_round_trips_through_a_file() {
         BasisKind::Hadamard,
         BasisKind::HadamardValues,
         BasisKind::SignedHadamard { seed: 5 },
+        BasisKind::SignedHadamardValues { seed: 7 },
         BasisKind::HadamardJitter { seed: 6 },
         BasisKind::LayerShuffle { seed: 1 },
         BasisKind::HeadShuffle { seed: 2 },

@@ -691,6 +691,19 @@ pub const SIGNED_HADAMARD_DRAWS: [&str; 8] = [
     "hadamard-signs:8",
 ];
 
+/// The Walsh–Hadamard bases with only their value blocks sign-randomized of
+/// [`add_rotation_draws`] (`rotate=hadamard-value-signs:SEED`).
+pub const VALUE_SIGNED_HADAMARD_DRAWS: [&str; 8] = [
+    "hadamard-value-signs:1",
+    "hadamard-value-signs:2",
+    "hadamard-value-signs:3",
+    "hadamard-value-signs:4",
+    "hadamard-value-signs:5",
+    "hadamard-value-signs:6",
+    "hadamard-value-signs:7",
+    "hadamard-value-signs:8",
+];
+
 /// The Walsh–Hadamard bases turned by rounding-sized rotations of [`add_rotation_draws`]
 /// (`rotate=hadamard-jitter:SEED`).
 pub const JITTERED_HADAMARD_DRAWS: [&str; 8] = [
@@ -712,6 +725,12 @@ pub enum DrawFamily {
     /// The Walsh–Hadamard matrices llama.cpp rotates by, with seeded random row signs
     /// ([`SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamard`).
     HadamardSigns,
+    /// llama.cpp's key rotation kept exactly, its value blocks with seeded random row signs
+    /// ([`VALUE_SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamardValues`): the
+    /// same 4-bit keys in the first layer, another rounding of every value row, so their
+    /// spread is how far a change of the value rounding alone moves the 4-bit cost — what
+    /// llama.cpp's own value types do to its q4_0 keys' cost.
+    HadamardValueSigns,
     /// llama.cpp's Walsh–Hadamard matrices turned by `10⁻⁵` rad in random planes
     /// ([`JITTERED_HADAMARD_DRAWS`], `projection::BasisKind::HadamardJitter`): the same
     /// rotation up to float-rounding-sized differences, so their spread is how far such
@@ -720,15 +739,20 @@ pub enum DrawFamily {
 }
 
 impl DrawFamily {
-    /// Both families, in report order.
-    pub const ALL: [DrawFamily; 3] =
-        [DrawFamily::Random, DrawFamily::HadamardSigns, DrawFamily::HadamardJitter];
+    /// Every family, in report order.
+    pub const ALL: [DrawFamily; 4] = [
+        DrawFamily::Random,
+        DrawFamily::HadamardSigns,
+        DrawFamily::HadamardValueSigns,
+        DrawFamily::HadamardJitter,
+    ];
 
     /// The family's `rotate=` values, seeds 1 to 8.
     pub const fn bases(self) -> &'static [&'static str; 8] {
         match self {
             DrawFamily::Random => &ROTATION_DRAWS,
             DrawFamily::HadamardSigns => &SIGNED_HADAMARD_DRAWS,
+            DrawFamily::HadamardValueSigns => &VALUE_SIGNED_HADAMARD_DRAWS,
             DrawFamily::HadamardJitter => &JITTERED_HADAMARD_DRAWS,
         }
     }
@@ -738,6 +762,7 @@ impl DrawFamily {
         match self {
             DrawFamily::Random => "random orthogonal bases",
             DrawFamily::HadamardSigns => "sign-randomized Hadamard bases",
+            DrawFamily::HadamardValueSigns => "Hadamard keys with sign-randomized value blocks",
             DrawFamily::HadamardJitter => "Hadamard bases turned by 1e-5 rad",
         }
     }
@@ -1153,7 +1178,7 @@ fn peer_gap_tables(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             format!("{} of {n}", p.window_gaps().filter(|x| *x > 0.0).count()),
         ]);
     }
-    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see. Rows `rotate=hadamard-signs:SEED` are int4 in the Walsh–Hadamard matrices with seeded random row signs: the plain matrix's structure, another sign pattern. Rows `rotate=hadamard-jitter:SEED` are the plain matrices turned by 1e-5 rad in random planes: every stored coordinate moved by rounding-sized amounts, so their spread is how far float-rounding differences alone move the cost.");
+    g.note("Both tools score the same positions of the same windows; a cost is exp(mean NLL − mean NLL of its own f16) − 1. The jackknife leaves one window out at a time: a gap within about two standard errors of zero is not resolved by these windows. Rows `rotate=random:SEED` (`--frontier-rotation-draws`) are int4 in seeded random orthogonal bases, none better than another in expectation: their spread is what one rounding draw of the positions every window shares (the attention sink above all) moves a 4-bit cost by, which the jackknife over windows cannot see. Rows `rotate=hadamard-signs:SEED` are int4 in the Walsh–Hadamard matrices with seeded random row signs: the plain matrix's structure, another sign pattern. Rows `rotate=hadamard-value-signs:SEED` keep the plain Hadamard on q/k and sign-randomize the v/o blocks: the keys llama.cpp's rotation stores, another rounding of every 4-bit value row (and through it of every later layer's keys) — the kind of change llama.cpp's own value types make. Rows `rotate=hadamard-jitter:SEED` are the plain matrices turned by 1e-5 rad in random planes: every stored coordinate moved by rounding-sized amounts, so their spread is how far float-rounding differences alone move the cost.");
     out.table(g);
     let mut w = Table::new(
         &leg.name("frontier_peer_windows"),
@@ -2550,8 +2575,20 @@ mod tests {
         assert_eq!(dense.rotate, Some(projection::BasisKind::HadamardJitter { seed: 1 }));
         s.points.extend(jittered.iter().map(|r| point(r.clone(), 108.0)));
         s.whole_window.push(("dense int4 rotate=hadamard-jitter:1".into(), 112.5));
+        // And the value-sign draws: llama.cpp's keys exactly, values redrawn.
+        let mut values = Vec::new();
+        add_rotation_draws(&mut values, DrawFamily::HadamardValueSigns, 2);
+        assert_eq!(values[1].label(), "dense int4 rotate=hadamard-value-signs:2");
+        assert_eq!(values[0].rotation_draw(), Some(DrawFamily::HadamardValueSigns));
+        let spec: models::cache::spec::CacheSpec = values[1].spec("", 1).parse().expect("spec");
+        let models::cache::spec::CacheKind::Dense(dense) = spec.kind else { panic!("dense") };
+        assert_eq!(dense.rotate, Some(projection::BasisKind::SignedHadamardValues { seed: 2 }));
+        s.points.extend(values.iter().map(|r| point(r.clone(), 108.0)));
+        s.whole_window.push(("dense int4 rotate=hadamard-value-signs:1".into(), 109.5));
+        s.whole_window.push(("dense int4 rotate=hadamard-value-signs:2".into(), 118.5));
         let f = peer(&s);
         let both = [
+            "int4 in 2 Hadamard keys with sign-randomized value blocks (whole window): 9.50 % … 18.50 % (median 14.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % inside",
             "Hadamard bases turned by 1e-5 rad (whole window): 12.50 % … 12.50 % (median 12.50 %) — llama.cpp's q4_0 11.00 % is below that spread, kvtide's Hadamard int4 16.00 % above",
             "int4 in 3 random orthogonal bases (whole window): 9.00 % … 17.00 %",
             "int4 in 2 sign-randomized Hadamard bases (whole window): 10.00 % … 14.00 % (median 12.00 %) — llama.cpp's q4_0 11.00 % is inside that spread, kvtide's Hadamard int4 16.00 % above",

@@ -59,7 +59,9 @@ pub struct ReproduceArgs {
     /// With `--frontier-rotation-draws`: which seeded bases the draws come from, one family
     /// or several (comma-separated): `random` (Haar-random orthogonal), `hadamard-signs`
     /// (llama.cpp's Walsh–Hadamard matrices with random row signs — the plain matrix's
-    /// structure, another sign pattern per draw) or `hadamard-jitter` (the plain matrices
+    /// structure, another sign pattern per draw), `hadamard-value-signs` (llama.cpp's key
+    /// rotation exactly, its value blocks with random row signs: how far another rounding of
+    /// the 4-bit values alone moves the cost) or `hadamard-jitter` (the plain matrices
     /// turned by 1e-5 rad: how far rounding-sized differences alone move the cost).
     #[arg(
         long,
@@ -609,6 +611,8 @@ mod tests {
         assert!(parse(&[&both[..], &["--frontier-draw-bases", "hadamard"]].concat()).is_err());
         let j = parse(&[&both[..], &["--frontier-draw-bases", "hadamard-jitter"]].concat());
         assert_eq!(j.unwrap().frontier_draw_bases, [frontier::DrawFamily::HadamardJitter]);
+        let v = parse(&[&both[..], &["--frontier-draw-bases", "hadamard-value-signs"]].concat());
+        assert_eq!(v.unwrap().frontier_draw_bases, [frontier::DrawFamily::HadamardValueSigns]);
         assert!(parse(&["--frontier-external-only", "--frontier-draw-bases", "random"]).is_err());
         for n in ["0", "9"] {
             assert!(parse(&["--frontier-external-only", "--frontier-rotation-draws", n]).is_err());

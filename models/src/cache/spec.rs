@@ -2,7 +2,7 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-value-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
@@ -13,6 +13,8 @@
 //! basis: better at int4 on Gemma 3, whose keys lose more once spread by any rotation),
 //! `hadamard-signs[:seed]` the Walsh–Hadamard matrices with seeded random row signs (the
 //! randomized Hadamard transform: the same structure, another sign pattern per draw),
+//! `hadamard-value-signs[:seed]` the plain Walsh–Hadamard keys with sign-randomized value
+//! blocks (the keys exactly `hadamard`'s, quantized values rounded otherwise per draw),
 //! `hadamard-jitter[:seed]` the Walsh–Hadamard bases turned by 10⁻⁵ rad in random planes
 //! (a probe of how far rounding-sized differences move a quantized cache's cost),
 //! `random[:seed]` Haar-random orthogonal bases, `calibrated` the SWAN basis (same file as `basis=calibrated`). `values=fp8|int8|int4`
@@ -51,7 +53,7 @@
 //! `values=` does a dense cache's: `ring=int8,ring_values=int4` is llama.cpp's
 //! `-ctk q8_0 -ctv q4_0` on the local layers). A quantized ring stores q/k in
 //! the basis the spec rotates into (`rotate=` of a dense spec, `basis=` of a SWAN spec), or
-//! in `ring_rotate=none|hadamard|hadamard-v|hadamard-signs[:seed]|hadamard-jitter[:seed]|random[:seed]` when given: the model then absorbs
+//! in `ring_rotate=none|hadamard|hadamard-v|hadamard-signs[:seed]|hadamard-value-signs[:seed]|hadamard-jitter[:seed]|random[:seed]` when given: the model then absorbs
 //! that basis's v/o rotation on the local layers (the spec's own on the others) and a
 //! quantized ring rotates q/k by its q/k half — a 4-bit ring, say, in Walsh–Hadamard
 //! coordinates beside SWAN's calibrated global layers. SWAN
@@ -488,6 +490,9 @@ fn projection_set(basis: BasisKind, proj: Option<&Path>, model: &Llama) -> Resul
         BasisKind::SignedHadamard { seed } => {
             ProjectionSet::signed_hadamard(dims, &cfg.name, seed)?
         }
+        BasisKind::SignedHadamardValues { seed } => {
+            ProjectionSet::signed_hadamard_values(dims, &cfg.name, seed)?
+        }
         BasisKind::HadamardJitter { seed } => {
             ProjectionSet::jittered_hadamard(dims, &cfg.name, seed)?
         }
@@ -540,13 +545,14 @@ impl FromStr for CacheSpec {
                         | BasisKind::Hadamard
                         | BasisKind::HadamardValues
                         | BasisKind::SignedHadamard { .. }
+                        | BasisKind::SignedHadamardValues { .. }
                         | BasisKind::HadamardJitter { .. }
                 ) {
                     return Err(spec_err(
                         text,
                         format!(
                             "ring_rotate={r}: expected none, identity, hadamard, hadamard-v, \
-                             hadamard-signs[:seed], hadamard-jitter[:seed] or random[:seed] (a calibrated basis is the spec's own: leave \
+                             hadamard-signs[:seed], hadamard-value-signs[:seed], hadamard-jitter[:seed] or random[:seed] (a calibrated basis is the spec's own: leave \
                              ring_rotate out)"
                         ),
                     ));
