@@ -83,7 +83,7 @@ fn batched_decode_matches_one_cache_at_a_time() {
 /// and refuses texts that would decode at different positions.
 #[test]
 fn batched_decode_over_different_texts_matches_one_at_a_time() {
-    use kvtide::reproduce::decode::{teacher_force, teacher_force_texts};
+    use kvtide::reproduce::decode::{PromptPath, teacher_force, teacher_force_texts};
     let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
     let text =
         |seed: u32| -> Vec<u32> { (0..40u32).map(|i| (i * 37 + seed * 101) % 256).collect() };
@@ -99,7 +99,8 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
         specs.iter().map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap()).collect();
     let model = built[0].0.clone();
     let mut caches: Vec<_> = built.into_iter().map(|(_, c)| c).collect();
-    let batched = teacher_force_texts(&model, &mut caches, &texts, false, 1).unwrap();
+    let batched =
+        teacher_force_texts(&model, &mut caches, &texts, PromptPath::Prefill, false, 1).unwrap();
     for ((spec, &(prompt, targets)), b) in specs.iter().zip(&texts).zip(&batched) {
         let (m, c) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
         let mut session = Session::new(m, c).unwrap();
@@ -121,7 +122,9 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
             .iter()
             .map(|s| s.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap().1)
             .collect();
-        let threaded = teacher_force_texts(&model, &mut caches, &texts, false, workers).unwrap();
+        let threaded =
+            teacher_force_texts(&model, &mut caches, &texts, PromptPath::Prefill, false, workers)
+                .unwrap();
         for ((spec, t), b) in specs.iter().zip(&threaded).zip(&batched) {
             assert_eq!(t.nll, b.nll, "{spec}: {workers} workers");
             assert_eq!(t.hit, b.hit, "{spec}: {workers} workers");
@@ -136,12 +139,43 @@ fn batched_decode_over_different_texts_matches_one_at_a_time() {
     };
     let mut caches = two("dense:format=f32");
     assert!(matches!(
-        teacher_force_texts(&model, &mut caches, &uneven, false, 1),
+        teacher_force_texts(&model, &mut caches, &uneven, PromptPath::Prefill, false, 1),
         Err(Error::InvalidInput { .. })
     ));
     let mut caches = two("dense:format=f32");
     assert!(matches!(
-        teacher_force_texts(&model, &mut caches, &texts[..1], false, 1),
+        teacher_force_texts(&model, &mut caches, &texts[..1], PromptPath::Prefill, false, 1),
         Err(Error::InvalidInput { .. })
     ));
+}
+
+/// `PromptPath::Decode` feeds the prompt through the caches as the targets are fed: a text
+/// split after 1 or after 6 tokens scores the shared positions identically (each position
+/// is the same decode step either way), a lossless cache agrees with an exact prefill, and
+/// an fp8 cache does not — its first position attends to its own rounded value row.
+#[test]
+fn a_prompt_through_the_decode_path_is_decoded_as_the_targets_are() {
+    use kvtide::reproduce::decode::{PromptPath, teacher_force_texts};
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let window: Vec<u32> = (0..40u32).map(|i| (i * 37 + 5) % 256).collect();
+    let run = |spec: &str, split: usize, path: PromptPath| {
+        let (model, cache) = spec.parse::<CacheSpec>().unwrap().build(&ckpt.model).unwrap();
+        let mut caches = vec![cache];
+        let texts = [window.split_at(split)];
+        teacher_force_texts(&model, &mut caches, &texts, path, false, 1).unwrap().remove(0).nll
+    };
+    for spec in ["dense:format=f32", "dense:format=fp8,rotate=hadamard"] {
+        let one = run(spec, 1, PromptPath::Decode);
+        let six = run(spec, 6, PromptPath::Decode);
+        assert_eq!(one.len(), 39);
+        let worst = one[5..].iter().zip(&six).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(worst < 1e-9, "{spec}: decoded prompts of 1 and 6 tokens differ by {worst:e}");
+    }
+    let exact = run("dense:format=f32", 1, PromptPath::Prefill);
+    let decoded = run("dense:format=f32", 1, PromptPath::Decode);
+    let worst = exact.iter().zip(&decoded).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-4, "lossless cache: prefill and decoded prompt differ by {worst:e}");
+    let exact = run("dense:format=fp8", 1, PromptPath::Prefill);
+    let decoded = run("dense:format=fp8", 1, PromptPath::Decode);
+    assert_ne!(exact, decoded, "the first position's own fp8 value reaches the scores");
 }

@@ -1,6 +1,8 @@
 //! Teacher-forced scoring through the decode path, with per-step cache figures.
 //!
-//! The prompt is prefilled (libtorch, filling the cache), then every target token is scored
+//! The prompt is prefilled (libtorch, filling the cache) — or, with [`PromptPath::Decode`],
+//! fed token by token through the cache as an engine that runs the whole text through its
+//! cache does — then every target token is scored
 //! and fed back one at a time through [`Session::decode`] — so every prediction after the
 //! first is made by the cache under test (`papers/swan.txt` decode step; `papers/wnw.txt`
 //! §3.5–3.9: accuracy, measured retention, recall bytes and time per decoded token). Unlike
@@ -17,6 +19,20 @@ use models::cache::{CacheBytes, KvCache};
 use models::llama::{BatchScratch, Llama};
 use models::session::Session;
 use models::session::generate::argmax;
+
+/// How [`teacher_force_texts`] puts each prompt into its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptPath {
+    /// One exact forward over the prompt ([`Llama::prefill_shared`]): the prompt's positions
+    /// attend to each other's exact K/V, and the cache receives their rows afterwards.
+    Prefill,
+    /// Token by token through the decode path ([`Llama::decode_batch`]), as an engine that
+    /// runs the whole text through its cache does (llama.cpp's perplexity tool): every
+    /// prompt position attends to the rows the cache holds, its own included, as the cache
+    /// stores them — so a quantized cache's rounding reaches even the first position's
+    /// hidden states (a lone first token attends to nothing but its own stored value).
+    Decode,
+}
 
 /// The cache after one decode step.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -206,13 +222,15 @@ pub fn teacher_force_batch(
     sample_steps: bool,
 ) -> Result<Vec<Trace>> {
     let texts = vec![(prompt, targets); caches.len()];
-    teacher_force_texts(model, caches, &texts, sample_steps, 1)
+    teacher_force_texts(model, caches, &texts, PromptPath::Prefill, sample_steps, 1)
 }
 
 /// [`teacher_force_batch`] with text `texts[b] = (prompt, targets)` for `caches[b]`: the
 /// texts may differ (several evaluation windows of one configuration share a batch) but
 /// must have prompts of one length and target lists of one length, so every member decodes
-/// at the same position each step. `workers` threads serve the members' caches each step
+/// at the same position each step. `prompt` says how the prompts enter the caches (with
+/// [`PromptPath::Decode`] a trace's `prefill_s` is the prompt steps' share of time).
+/// `workers` threads serve the members' caches each step
 /// ([`BatchScratch::with_workers`]; for caches built with `threads=1`): scores are the same
 /// for any count, time figures are per thread.
 ///
@@ -224,6 +242,7 @@ pub fn teacher_force_texts(
     model: &Llama,
     caches: &mut [Box<dyn KvCache>],
     texts: &[(&[u32], &[u32])],
+    prompt: PromptPath,
     sample_steps: bool,
     workers: usize,
 ) -> Result<Vec<Trace>> {
@@ -256,37 +275,10 @@ pub fn teacher_force_texts(
         }
         cache.reserve(prompt_len + target_len)?;
     }
-    // One prefill per distinct prompt, shared by every cache of that prompt
-    // (`Llama::prefill_shared`); each cache is charged an equal share of its time.
-    let mut first_logits: Vec<Option<Tensor>> = (0..batch).map(|_| None).collect();
-    let mut prefill_s = vec![0.0; batch];
-    for b in 0..batch {
-        if first_logits[b].is_some() {
-            continue;
-        }
-        let prompt = texts[b].0;
-        let members: Vec<usize> =
-            (b..batch).filter(|&i| first_logits[i].is_none() && texts[i].0 == prompt).collect();
-        let mut group: Vec<&mut dyn KvCache> = caches
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| members.contains(i))
-            .map(|(_, c)| {
-                let r: &mut dyn KvCache = c.as_mut();
-                r
-            })
-            .collect();
-        let t0 = Instant::now();
-        let l = model.prefill_shared(prompt, &mut group)?.f_squeeze_dim(0).op("squeeze")?;
-        let share = t0.elapsed().as_secs_f64() / members.len() as f64;
-        for &i in &members {
-            first_logits[i] = Some(l.shallow_clone());
-            prefill_s[i] = share;
-        }
-    }
-    let rows: Vec<Tensor> = first_logits.into_iter().flatten().collect();
-    let mut logits = Tensor::f_stack(&rows, 0).op("stack logits")?;
-    drop(rows);
+    let (mut logits, prefill_s) = match prompt {
+        PromptPath::Prefill => prefill_prompts(model, caches, texts)?,
+        PromptPath::Decode => decode_prompts(model, caches, texts, workers)?,
+    };
     let mut traces: Vec<Trace> = caches
         .iter()
         .zip(&prefill_s)
@@ -342,6 +334,76 @@ pub fn teacher_force_texts(
         trace.stats = cache.stats().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     }
     Ok(traces)
+}
+
+/// [`PromptPath::Prefill`]: one prefill per distinct prompt, shared by every cache of that
+/// prompt ([`Llama::prefill_shared`]); each cache is charged an equal share of its time.
+/// Returns the logits after the prompts (`[batch, vocab]`) and each cache's prefill time.
+fn prefill_prompts(
+    model: &Llama,
+    caches: &mut [Box<dyn KvCache>],
+    texts: &[(&[u32], &[u32])],
+) -> Result<(Tensor, Vec<f64>)> {
+    let batch = caches.len();
+    let mut first_logits: Vec<Option<Tensor>> = (0..batch).map(|_| None).collect();
+    let mut prefill_s = vec![0.0; batch];
+    for b in 0..batch {
+        if first_logits[b].is_some() {
+            continue;
+        }
+        let prompt = texts[b].0;
+        let members: Vec<usize> =
+            (b..batch).filter(|&i| first_logits[i].is_none() && texts[i].0 == prompt).collect();
+        let mut group: Vec<&mut dyn KvCache> = caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| members.contains(i))
+            .map(|(_, c)| {
+                let r: &mut dyn KvCache = c.as_mut();
+                r
+            })
+            .collect();
+        let t0 = Instant::now();
+        let l = model.prefill_shared(prompt, &mut group)?.f_squeeze_dim(0).op("squeeze")?;
+        let share = t0.elapsed().as_secs_f64() / members.len() as f64;
+        for &i in &members {
+            first_logits[i] = Some(l.shallow_clone());
+            prefill_s[i] = share;
+        }
+    }
+    let rows: Vec<Tensor> = first_logits.into_iter().flatten().collect();
+    Ok((Tensor::f_stack(&rows, 0).op("stack logits")?, prefill_s))
+}
+
+/// [`PromptPath::Decode`]: every prompt token fed to every cache by one
+/// [`Llama::decode_batch`] step per position. Returns the logits after the last prompt
+/// token and each cache's equal share of the steps' time.
+fn decode_prompts(
+    model: &Llama,
+    caches: &mut [Box<dyn KvCache>],
+    texts: &[(&[u32], &[u32])],
+    workers: usize,
+) -> Result<(Tensor, Vec<f64>)> {
+    let batch = caches.len();
+    let mut scratch = BatchScratch::new(model.config(), batch)?.with_workers(workers);
+    let mut refs: Vec<&mut dyn KvCache> = caches
+        .iter_mut()
+        .map(|c| {
+            let r: &mut dyn KvCache = c.as_mut();
+            r
+        })
+        .collect();
+    let mut ids = vec![0u32; batch];
+    let t0 = Instant::now();
+    let mut logits = None;
+    for position in 0..texts.first().map_or(0, |(p, _)| p.len()) {
+        for (id, &(prompt, _)) in ids.iter_mut().zip(texts) {
+            *id = prompt[position];
+        }
+        logits = Some(model.decode_batch(&ids, position, &mut refs, &mut scratch)?);
+    }
+    let logits = logits.ok_or_else(|| invalid("prompt through the decode path", "empty prompt"))?;
+    Ok((logits, vec![t0.elapsed().as_secs_f64() / batch as f64; batch]))
 }
 
 /// How closely two traces of the same targets agree (the lossless checks).

@@ -40,7 +40,7 @@ use std::process::Command;
 use serde::Serialize;
 
 use super::Context;
-use super::decode::{Trace, group_by_weights, teacher_force_texts};
+use super::decode::{PromptPath, Trace, group_by_weights, teacher_force_texts};
 use super::findings::{Check, Finding};
 use super::frontier_peer::{self, PeerGap};
 use super::frontier_reuse::{LegKey, Measured, ReuseArgs, ReuseSource, Reused};
@@ -1080,7 +1080,8 @@ pub struct FrontierStudy {
     /// each window but its first position).
     pub dense_f16_llamacpp_positions: Option<f64>,
     /// llama.cpp's own conditions for its KV types' counterparts (dense f16, Hadamard int8
-    /// and int4): every position of each window through the cache (a one-token prompt), the
+    /// and int4): every position of each window through the cache (a one-token prompt fed
+    /// through the decode path, as the tool's first position attends to its stored row), the
     /// perplexity over the positions llama.cpp's tool scores. Computed when the external
     /// check ran (empty without `--llama-cpp` or when the tool could not run).
     pub whole_window: Vec<(String, f64)>,
@@ -1447,8 +1448,10 @@ const LLAMACPP_COUNTERPARTS: [(&str, &str); 11] = [
 /// The counterparts of llama.cpp's KV types under llama.cpp's conditions: the tool runs each
 /// whole window through its quantized cache, so the first half's hidden states (and the K/V
 /// the scored half attends to) carry the quantization error, where the grid prefills the
-/// first half exactly. Here every position after the first goes through the decode path,
-/// and the perplexity counts positions `skip + 1 …` of each window (those the tool scores).
+/// first half exactly. Here every position goes through the decode path — the first (BOS)
+/// too, attending to its own stored row as the tool's first position does, so a quantized
+/// value's rounding reaches the attention sink's hidden states in every later layer — and the
+/// perplexity counts positions `skip + 1 …` of each window (those the tool scores).
 fn whole_window(
     ctx: &Context,
     windows: &[Vec<u32>],
@@ -1478,7 +1481,14 @@ fn whole_window(
             batch.append(&mut caches[i]);
             all_texts.extend_from_slice(&texts);
         }
-        let traces = teacher_force_texts(model, &mut batch, &all_texts, false, ctx.plan.threads)?;
+        let traces = teacher_force_texts(
+            model,
+            &mut batch,
+            &all_texts,
+            PromptPath::Decode,
+            false,
+            ctx.plan.threads,
+        )?;
         for (&i, ts) in members.iter().zip(traces.chunks(windows.len())) {
             let ppl = perplexity_from(ts, skip);
             ctx.log(&format!(
@@ -1593,7 +1603,14 @@ pub fn run(
                 texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
-            let out = teacher_force_texts(model, &mut batch, &texts, false, ctx.plan.threads)?;
+            let out = teacher_force_texts(
+                model,
+                &mut batch,
+                &texts,
+                PromptPath::Prefill,
+                false,
+                ctx.plan.threads,
+            )?;
             ctx.log(&format!(
                 "frontier: {} configurations × {} windows in {:.0} s",
                 members.len(),
@@ -1864,7 +1881,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     }
     if !s.whole_window.is_empty() {
         e.note(format!(
-            "Half prefilled: the grid's own condition ({} positions prefilled exactly, K/V stored in the format, the rest scored). Whole window through the cache: llama.cpp's condition — every position after the first goes through the decode path and the cache under test, so the first half's hidden states carry the format's error too; scored on llama.cpp's positions ({} … {}).",
+            "Half prefilled: the grid's own condition ({} positions prefilled exactly, K/V stored in the format, the rest scored). Whole window through the cache: llama.cpp's condition — every position, the first (BOS) included, goes through the decode path and the cache under test, attending to its own stored row, so the first half's hidden states (the attention sink's too) carry the format's error; scored on llama.cpp's positions ({} … {}).",
             s.windows.2,
             s.windows.1 / 2 + 1,
             s.windows.1 - 1,

@@ -7,7 +7,9 @@ use serde::Serialize;
 
 use super::Context;
 use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
-use super::decode::{Agreement, Trace, agreement, group_by_weights, teacher_force_texts};
+use super::decode::{
+    Agreement, PromptPath, Trace, agreement, group_by_weights, teacher_force_texts,
+};
 use super::grid::{SwanGroup, SwanRun};
 use crate::error::Result;
 use models::cache::KvCache;
@@ -195,7 +197,8 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
                 texts.extend(chunk.iter().map(|w| w.split_at(prefix)));
             }
             let t0 = std::time::Instant::now();
-            let traces = teacher_force_texts(model, &mut caches, &texts, false, 1)?;
+            let traces =
+                teacher_force_texts(model, &mut caches, &texts, PromptPath::Prefill, false, 1)?;
             ctx.log(&format!(
                 "swan: {} configurations × {} windows decoded in {:.0} s",
                 members.len(),
