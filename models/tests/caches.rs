@@ -393,3 +393,35 @@ fn a_shared_prefill_leaves_every_cache_as_its_own_prefill_would() {
         .prefill_shared(&prompt, empty);
     assert!(matches!(err, Err(Error::InvalidInput { .. })), "{err:?}");
 }
+
+/// `score` with prefix 0 feeds the first token through the decode path as well (as an engine
+/// running the whole text through its cache does): a lossless cache scores what a one-token
+/// prefill scores, an fp8 cache does not (its first position attends to its own rounded
+/// value), and a prefix that leaves nothing to score is refused.
+#[test]
+fn score_with_no_prefix_decodes_the_first_token_too() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny/llama-gqa")).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 53 + 7) % 256).collect();
+    let nlls = |spec: &str, prefix: usize| -> Vec<f64> {
+        let spec: CacheSpec = spec.parse().unwrap();
+        let (model, cache) = spec.build(&ckpt.model).unwrap();
+        let mut session = Session::new(model, cache).unwrap();
+        let s = models::score(&mut session, &ids, prefix, &mut |_, _| Ok(()), &mut |_| ()).unwrap();
+        assert_eq!(s.decoded, ids.len() - 1 - prefix.max(1));
+        s.nll
+    };
+    let (decoded, prefilled) = (nlls("dense:format=f32", 0), nlls("dense:format=f32", 1));
+    assert_eq!(decoded.len(), ids.len() - 1);
+    let worst = decoded.iter().zip(&prefilled).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-4, "lossless: {worst:e}");
+    assert_ne!(nlls("dense:format=fp8", 0), nlls("dense:format=fp8", 1));
+    let spec: CacheSpec = "dense:format=f32".parse().unwrap();
+    let (model, cache) = spec.build(&ckpt.model).unwrap();
+    let mut session = Session::new(model, cache).unwrap();
+    for (text, prefix) in [(&ids[..], ids.len()), (&ids[..1], 0)] {
+        assert!(matches!(
+            models::score(&mut session, text, prefix, &mut |_, _| Ok(()), &mut |_| ()),
+            Err(Error::InvalidInput { .. })
+        ));
+    }
+}

@@ -28,7 +28,9 @@ pub struct EvalArgs {
     /// Tokens scored (from the start of the text).
     #[arg(long, default_value_t = 1024)]
     tokens: usize,
-    /// Tokens prefilled with libtorch before the decode path takes over.
+    /// Tokens prefilled with libtorch before the decode path takes over; 0 feeds every
+    /// position through the decode path, the first included (each stored in the cache's
+    /// format before it attends), as llama.cpp's perplexity tool runs a text.
     #[arg(long, default_value_t = 128)]
     prefix: usize,
     /// Cache specifications, each evaluated in turn (repeatable).
@@ -78,7 +80,7 @@ fn evaluate(ckpt: &Checkpoint, spec: &CacheSpec, ids: &[u32], prefix: usize) -> 
     let proj = crate::paths::projection_file(&ckpt.config.name);
     let (model, cache) = spec.clone().with_default_projection(&proj).build(&ckpt.model)?;
     let mut session = Session::new(model, cache)?;
-    let progress = bar(ids.len() - prefix, &format!("{spec}"));
+    let progress = bar(ids.len() - prefix.max(1), &format!("{spec}"));
     let scores = models::score(&mut session, ids, prefix, &mut |_, _| Ok(()), &mut |n| {
         progress.set_position(n as u64)
     })?;
@@ -140,10 +142,10 @@ fn eval_all(
 ) -> Result<()> {
     let ids = tokenizer(ckpt, "eval-ppl")?.encode(text.1)?;
     let n = tokens.min(ids.len());
-    if prefix == 0 || prefix >= n {
+    if prefix >= n || n < 2 {
         return Err(crate::Error::InvalidInput {
             op: "eval-ppl",
-            reason: format!("prefix {prefix} must be in 1..{n}"),
+            reason: format!("prefix {prefix} must be in 0..{n} (and at least 2 tokens)"),
         });
     }
     let rows =
@@ -154,12 +156,21 @@ fn eval_all(
             &json!({"model": ckpt.config.name, "text": text.0, "tokens": n, "prefix": prefix, "dense_f16_bytes": dense, "results": rows_json(&rows, dense)}),
         );
     } else {
-        let header = format!(
-            "{} on {} — {n} tokens ({prefix} prefilled, {} scored through the decode path)",
-            ckpt.config.name,
-            text.0.display(),
-            n - prefix
-        );
+        let header = if prefix == 0 {
+            format!(
+                "{} on {} — {n} tokens (none prefilled: every position through the decode path, {} scored)",
+                ckpt.config.name,
+                text.0.display(),
+                n - 1
+            )
+        } else {
+            format!(
+                "{} on {} — {n} tokens ({prefix} prefilled, {} scored through the decode path)",
+                ckpt.config.name,
+                text.0.display(),
+                n - prefix
+            )
+        };
         print_rows(&rows, dense, &header);
     }
     Ok(())

@@ -46,14 +46,18 @@ fn nll(logits: &Tensor, target: u32) -> Result<f64> {
     Ok(-lp.f_double_value(&[i64::from(target)]).op("log prob")?)
 }
 
-/// Prefills `ids[..prefix]` (`prefix ≥ 1`), then decodes `ids[prefix..n-1]` one by one,
-/// scoring the prediction of every `ids[p]`, `p ≥ prefix`. `on_logits(p, logits)` sees the
+/// Prefills `ids[..prefix]`, then decodes `ids[prefix..n-1]` one by one, scoring the
+/// prediction of every `ids[p]`, `p ≥ prefix`. With `prefix` 0 nothing is prefilled: `ids[0]`
+/// goes through the decode path too — stored in the cache's format and attending to its own
+/// stored row, as an engine that runs the whole text through its cache does (llama.cpp's
+/// perplexity tool) — and scoring starts at `ids[1]` (that first step's time is
+/// `prefill_s`, and `decoded` counts the steps after it). `on_logits(p, logits)` sees the
 /// logits that predict `ids[p]` (`[vocab]`), e.g. to compare two caches position by
 /// position; `on_step` is called after each decoded token (progress bars).
 ///
 /// # Errors
-/// [`crate::Error::InvalidInput`] if `prefix` is 0 or not below `ids.len()`; forward,
-/// cache and callback errors.
+/// [`crate::Error::InvalidInput`] if `prefix` is not below `ids.len()` (or `ids` has fewer
+/// than 2 tokens); forward, cache and callback errors.
 pub fn score(
     session: &mut Session,
     ids: &[u32],
@@ -61,16 +65,21 @@ pub fn score(
     on_logits: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
     on_step: &mut dyn FnMut(usize),
 ) -> Result<Scores> {
-    if prefix == 0 || prefix >= ids.len() {
-        return Err(invalid("score", format!("prefix {prefix} must be in 1..{}", ids.len())));
+    if prefix >= ids.len() || ids.len() < 2 {
+        return Err(invalid(
+            "score",
+            format!("prefix {prefix} must be in 0..{} (and at least 2 tokens)", ids.len()),
+        ));
     }
     session.reserve(ids.len())?;
-    let mut out = Scores { nll: Vec::with_capacity(ids.len() - prefix), ..Scores::default() };
+    let first = prefix.max(1);
+    let mut out = Scores { nll: Vec::with_capacity(ids.len() - first), ..Scores::default() };
     let t0 = Instant::now();
-    let mut logits = session.prefill(&ids[..prefix])?;
+    let mut logits =
+        if prefix == 0 { session.decode(ids[0])? } else { session.prefill(&ids[..prefix])? };
     out.prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    for p in prefix..ids.len() {
+    for p in first..ids.len() {
         on_logits(p, &logits)?;
         out.nll.push(nll(&logits, ids[p])?);
         out.argmax.push(argmax(&logits)?);
