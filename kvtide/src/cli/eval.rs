@@ -156,21 +156,12 @@ fn eval_all(
             &json!({"model": ckpt.config.name, "text": text.0, "tokens": n, "prefix": prefix, "dense_f16_bytes": dense, "results": rows_json(&rows, dense)}),
         );
     } else {
-        let header = if prefix == 0 {
-            format!(
-                "{} on {} — {n} tokens (none prefilled: every position through the decode path, {} scored)",
-                ckpt.config.name,
-                text.0.display(),
-                n - 1
-            )
+        let how = if prefix == 0 {
+            format!("none prefilled: every position through the decode path, {} scored", n - 1)
         } else {
-            format!(
-                "{} on {} — {n} tokens ({prefix} prefilled, {} scored through the decode path)",
-                ckpt.config.name,
-                text.0.display(),
-                n - prefix
-            )
+            format!("{prefix} prefilled, {} scored through the decode path", n - prefix)
         };
+        let header = format!("{} on {} — {n} tokens ({how})", ckpt.config.name, text.0.display());
         print_rows(&rows, dense, &header);
     }
     Ok(())

@@ -295,13 +295,7 @@ pub fn teacher_force_texts(
     let mut ids = vec![0u32; batch];
     let (mut wall, mut steps) = (0.0, 0);
     {
-        let mut refs: Vec<&mut dyn KvCache> = caches
-            .iter_mut()
-            .map(|c| {
-                let r: &mut dyn KvCache = c.as_mut();
-                r
-            })
-            .collect();
+        let mut refs = dyn_caches(caches);
         for i in 0..target_len {
             for (id, &(_, targets)) in ids.iter_mut().zip(texts) {
                 *id = targets[i];
@@ -334,6 +328,17 @@ pub fn teacher_force_texts(
         trace.stats = cache.stats().into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     }
     Ok(traces)
+}
+
+/// The batch as the trait objects [`Llama::decode_batch`] steps.
+fn dyn_caches(caches: &mut [Box<dyn KvCache>]) -> Vec<&mut dyn KvCache> {
+    caches
+        .iter_mut()
+        .map(|c| {
+            let r: &mut dyn KvCache = c.as_mut();
+            r
+        })
+        .collect()
 }
 
 /// [`PromptPath::Prefill`]: one prefill per distinct prompt, shared by every cache of that
@@ -386,13 +391,7 @@ fn decode_prompts(
 ) -> Result<(Tensor, Vec<f64>)> {
     let batch = caches.len();
     let mut scratch = BatchScratch::new(model.config(), batch)?.with_workers(workers);
-    let mut refs: Vec<&mut dyn KvCache> = caches
-        .iter_mut()
-        .map(|c| {
-            let r: &mut dyn KvCache = c.as_mut();
-            r
-        })
-        .collect();
+    let mut refs = dyn_caches(caches);
     let mut ids = vec![0u32; batch];
     let t0 = Instant::now();
     let mut logits = None;
