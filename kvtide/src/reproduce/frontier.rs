@@ -1327,22 +1327,8 @@ fn run_external(
         "{}-F32.gguf",
         model.file_stem().and_then(|s| s.to_str()).unwrap_or("model")
     ));
-    if !f32_gguf.is_file() {
-        let out = Command::new(&quantize)
-            .arg("--allow-requantize")
-            .args([model.as_os_str(), f32_gguf.as_os_str()])
-            .arg("F32")
-            .output()
-            .map_err(|e| invalid("llama-quantize", e.to_string()))?;
-        if !out.status.success() {
-            return Err(invalid(
-                "llama-quantize",
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            ));
-        }
-    }
-    let text_file = std::env::temp_dir().join("kvtide-frontier-eval.txt");
-    std::fs::write(&text_file, text).map_err(|e| invalid("frontier text", e.to_string()))?;
+    requantize_f32(&quantize, model, &f32_gguf)?;
+    let eval_text = eval_text_file(text)?;
     let threads = ctx.plan.threads.to_string();
     let (mut rows, mut per_window) = (Vec::new(), Vec::new());
     for (ty, ctk, ctv) in LLAMACPP_TYPES {
@@ -1350,7 +1336,7 @@ fn run_external(
             .arg("-m")
             .arg(&f32_gguf)
             .arg("-f")
-            .arg(&text_file)
+            .arg(eval_text.path())
             .args(["-c", &len.to_string(), "--chunks", &count.to_string(), "-t", &threads])
             .args(["-fa", "on", "-ctk", ctk, "-ctv", ctv])
             .output()
@@ -1381,6 +1367,57 @@ fn run_external(
         }
     }
     Ok((rows, per_window))
+}
+
+/// Makes `dest`, the F32 copy of `model` llama.cpp's tools score, unless it is already there.
+///
+/// The tool writes a file of its own (named after this process) that is renamed onto `dest`
+/// only once it succeeded, so an interrupted or failed conversion never leaves a truncated
+/// GGUF where a later run would take it for finished, and two runs converting the same model
+/// at once each rename a whole file.
+fn requantize_f32(quantize: &Path, model: &Path, dest: &Path) -> Result<()> {
+    if dest.is_file() {
+        return Ok(());
+    }
+    let mut partial = dest.as_os_str().to_owned();
+    partial.push(format!(".partial-{}", std::process::id()));
+    let partial = PathBuf::from(partial);
+    let out = Command::new(quantize)
+        .arg("--allow-requantize")
+        .args([model.as_os_str(), partial.as_os_str()])
+        .arg("F32")
+        .output();
+    let done = match out {
+        Err(e) => Err(invalid("llama-quantize", e.to_string())),
+        Ok(out) if !out.status.success() => {
+            Err(invalid("llama-quantize", String::from_utf8_lossy(&out.stderr).into_owned()))
+        }
+        Ok(_) if !partial.is_file() => Err(invalid(
+            "llama-quantize",
+            format!("reported success but wrote no {}", partial.display()),
+        )),
+        Ok(_) => std::fs::rename(&partial, dest)
+            .map_err(|e| invalid("llama-quantize", format!("{}: {e}", dest.display()))),
+    };
+    if done.is_err() {
+        // A failed conversion's own output is not kept; it may be missing already.
+        let _ = std::fs::remove_file(&partial);
+    }
+    done
+}
+
+/// The scored text in a file of its own for llama.cpp's `-f` (removed when dropped), so runs
+/// side by side on other texts never read each other's.
+fn eval_text_file(text: &str) -> Result<tempfile::NamedTempFile> {
+    let mut file = tempfile::Builder::new()
+        .prefix("kvtide-frontier-eval-")
+        .suffix(".txt")
+        .tempfile()
+        .map_err(|e| invalid("frontier text", e.to_string()))?;
+    std::io::Write::write_all(&mut file, text.as_bytes())
+        .and_then(|()| std::io::Write::flush(&mut file))
+        .map_err(|e| invalid("frontier text", e.to_string()))?;
+    Ok(file)
 }
 
 /// llama.cpp's KV types the external check runs: `(row name, -ctk, -ctv)`. Keys and values
@@ -3078,5 +3115,59 @@ mod tests {
         let per_head = run.head_bytes(64, LONG_CACHE) as f64 / (2 * LONG_CACHE * 2 * 64) as f64;
         assert!((bm.ratio(&run, LONG_CACHE) - per_head).abs() < 1e-12);
         assert_eq!(bm.bytes(&run, 1023), 90 * run.head_bytes(64, 1023));
+    }
+
+    /// A stand-in for `llama-quantize`: a shell script `name` running `script` (its output
+    /// path is `$3`).
+    fn fake_quantize(dir: &Path, name: &str, script: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let tool = dir.join(name);
+        std::fs::write(&tool, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        tool
+    }
+
+    #[test]
+    fn a_failed_f32_conversion_leaves_nothing_a_later_run_would_take_for_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, dest) = (dir.path().join("m.gguf"), dir.path().join("m-F32.gguf"));
+        std::fs::write(&model, "weights").unwrap();
+        let failing = fake_quantize(dir.path(), "failing", "printf truncat > \"$3\"; exit 1");
+        assert!(requantize_f32(&failing, &model, &dest).is_err());
+        assert!(!dest.exists(), "a failed conversion must not leave the destination");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.contains(".partial-"))
+            .collect();
+        assert!(left.is_empty(), "partial output kept: {left:?}");
+
+        let working = fake_quantize(dir.path(), "working", "printf whole > \"$3\"");
+        requantize_f32(&working, &model, &dest).unwrap();
+        assert_eq!(std::fs::read_to_string(&dest).unwrap(), "whole");
+        // A finished copy is kept as it is: the tool is not run again.
+        requantize_f32(&failing, &model, &dest).unwrap();
+        assert_eq!(std::fs::read_to_string(&dest).unwrap(), "whole");
+    }
+
+    #[test]
+    fn a_conversion_that_writes_nothing_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, dest) = (dir.path().join("m.gguf"), dir.path().join("m-F32.gguf"));
+        let silent = fake_quantize(dir.path(), "silent", "exit 0");
+        let err = requantize_f32(&silent, &model, &dest).unwrap_err().to_string();
+        assert!(err.contains("wrote no"), "{err}");
+        assert!(!dest.exists());
+    }
+
+    #[test]
+    fn each_run_scores_its_own_text_file() {
+        let (a, b) = (eval_text_file("hamlet").unwrap(), eval_text_file("macbeth").unwrap());
+        assert_ne!(a.path(), b.path());
+        assert_eq!(std::fs::read_to_string(a.path()).unwrap(), "hamlet");
+        assert_eq!(std::fs::read_to_string(b.path()).unwrap(), "macbeth");
+        let path = a.path().to_owned();
+        drop(a);
+        assert!(!path.exists(), "the text file is removed with its run");
     }
 }
