@@ -142,12 +142,7 @@ fn eval_all(
 ) -> Result<()> {
     let ids = tokenizer(ckpt, "eval-ppl")?.encode(text.1)?;
     let n = tokens.min(ids.len());
-    if prefix >= n || n < 2 {
-        return Err(crate::Error::InvalidInput {
-            op: "eval-ppl",
-            reason: format!("prefix {prefix} must be in 0..{n} (and at least 2 tokens)"),
-        });
-    }
+    models::session::score::check_prefix("eval-ppl", prefix, n)?;
     let rows =
         caches.iter().map(|c| evaluate(ckpt, c, &ids[..n], prefix)).collect::<Result<Vec<_>>>()?;
     let dense = dense16_bytes(&ckpt.config, n);

@@ -46,6 +46,22 @@ fn nll(logits: &Tensor, target: u32) -> Result<f64> {
     Ok(-lp.f_double_value(&[i64::from(target)]).op("log prob")?)
 }
 
+/// Whether [`score`] can run on a text of `len` tokens with `prefix` of them prefilled: a
+/// caller that builds its caches first can refuse before it does, with the same rule.
+///
+/// # Errors
+/// [`crate::Error::InvalidInput`] naming `op` if `prefix` is not below `len` or `len` is
+/// below 2 (nothing would be scored).
+pub fn check_prefix(op: &'static str, prefix: usize, len: usize) -> Result<()> {
+    if prefix >= len || len < 2 {
+        return Err(invalid(
+            op,
+            format!("prefix {prefix} must be in 0..{len} (and at least 2 tokens)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Prefills `ids[..prefix]`, then decodes `ids[prefix..n-1]` one by one, scoring the
 /// prediction of every `ids[p]`, `p ≥ prefix`. With `prefix` 0 nothing is prefilled: `ids[0]`
 /// goes through the decode path too — stored in the cache's format and attending to its own
@@ -65,12 +81,7 @@ pub fn score(
     on_logits: &mut dyn FnMut(usize, &Tensor) -> Result<()>,
     on_step: &mut dyn FnMut(usize),
 ) -> Result<Scores> {
-    if prefix >= ids.len() || ids.len() < 2 {
-        return Err(invalid(
-            "score",
-            format!("prefix {prefix} must be in 0..{} (and at least 2 tokens)", ids.len()),
-        ));
-    }
+    check_prefix("score", prefix, ids.len())?;
     session.reserve(ids.len())?;
     let first = prefix.max(1);
     let mut out = Scores { nll: Vec::with_capacity(ids.len() - first), ..Scores::default() };
