@@ -69,5 +69,6 @@ pub use pool::ThreadPool;
 pub use reference::Reference;
 pub use views::{
     CodedHistoryPrefix, CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HistoryPrefix,
-    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, SparseKv, SparseSlab, WithSink,
+    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, RecentFormat, RecentRows, SparseKv,
+    SparseSlab, WithSink,
 };

@@ -24,8 +24,8 @@ use crate::cuda::{DecodeDevice, LayerCache, PackedCoded, PackedCsr};
 use crate::error::Result;
 use crate::validate;
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
-    SparseSlab,
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, RecentRows,
+    SparseKv, SparseSlab,
 };
 
 /// The reference implementation of [`DecodeAttention`], [`GatheredSparseAttention`] and
@@ -444,6 +444,12 @@ impl EncodedAttention for Reference {
                 rows.push_quant(keys, values);
             }
             rows.push_quant(&c.keys, &c.values);
+            match c.buffer {
+                Some(RecentRows::F32(kv)) => rows.push_ring(kv.keys, kv.values),
+                Some(RecentRows::F16(kv)) => rows.push_ring(kv.keys, kv.values),
+                Some(RecentRows::Bf16(kv)) => rows.push_ring(kv.keys, kv.values),
+                None => {}
+            }
             rows
         });
         attend_all(cfg, q, out, None, heads);

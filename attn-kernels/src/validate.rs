@@ -181,7 +181,32 @@ pub(crate) fn quantized<K: DenseCodec, V: DenseCodec>(
         rows += same_rows(op, kv_head, what, keys.num_rows(), values.num_rows())?;
     }
     rows += sink(op, d, kv_head, kv.sink)?;
+    if let Some(buffer) = &kv.buffer {
+        rows += recent(op, d, kv_head, buffer)?;
+    }
     non_empty(op, kv_head, rows)
+}
+
+/// A kv-head's recent-token buffer (dense keys and values in a float format); returns its
+/// rows.
+pub(crate) fn recent(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    buffer: &crate::views::RecentRows<'_>,
+) -> Result<usize> {
+    use crate::views::RecentRows;
+    fn rows<D>(op: &'static str, d: usize, kv_head: usize, kv: &DenseKv<'_, D>) -> Result<usize> {
+        head_dim(op, kv_head, d, kv.head_dim)?;
+        let k = ring_rows(op, kv_head, ["buffer keys.0", "buffer keys.1"], kv.keys, d)?;
+        let v = ring_rows(op, kv_head, ["buffer values.0", "buffer values.1"], kv.values, d)?;
+        same_rows(op, kv_head, "buffer", k, v)
+    }
+    match buffer {
+        RecentRows::F32(kv) => rows(op, d, kv_head, kv),
+        RecentRows::F16(kv) => rows(op, d, kv_head, kv),
+        RecentRows::Bf16(kv) => rows(op, d, kv_head, kv),
+    }
 }
 
 /// A kv-head's `f32` sink rows (keys, values); returns their rows.

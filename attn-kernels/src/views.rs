@@ -482,6 +482,76 @@ pub struct QuantKv<'a, K, V = K> {
     /// Rows kept in `f32` before every quantized row — the first positions of the sequence
     /// (the attention sink), row-major `head_dim`-wide keys and values; empty for none.
     pub sink: (&'a [f32], &'a [f32]),
+    /// The newest rows kept exact in a float format after every quantized row — a buffered
+    /// cache's recent-token buffer (KIVI's fp16 residual, SWAN's dense buffer); `None` for
+    /// none.
+    pub buffer: Option<RecentRows<'a>>,
+}
+
+/// The recent-token buffer of a buffered quantized kv-head: dense rows in `f32`, `f16` or
+/// `bf16`, in token order (a ring's `(older, newer)` halves), attended after the quantized
+/// rows under the same softmax.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum RecentRows<'a> {
+    /// `f32` rows.
+    F32(DenseKv<'a, f32>),
+    /// `f16` rows.
+    F16(DenseKv<'a, half::f16>),
+    /// `bf16` rows.
+    Bf16(DenseKv<'a, half::bf16>),
+}
+
+impl RecentRows<'_> {
+    /// Key rows held (the values' count is checked by the kernels).
+    pub fn num_rows(&self) -> usize {
+        match self {
+            RecentRows::F32(kv) => kv.num_rows(),
+            RecentRows::F16(kv) => kv.num_rows(),
+            RecentRows::Bf16(kv) => kv.num_rows(),
+        }
+    }
+
+    /// Elements per row.
+    pub fn head_dim(&self) -> usize {
+        match self {
+            RecentRows::F32(kv) => kv.head_dim,
+            RecentRows::F16(kv) => kv.head_dim,
+            RecentRows::Bf16(kv) => kv.head_dim,
+        }
+    }
+}
+
+mod recent_sealed {
+    /// Seals [`super::RecentFormat`].
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// A float format a recent-token buffer may hold (`f32`, `f16`, `bf16`). Sealed.
+pub trait RecentFormat: Value + recent_sealed::Sealed {
+    /// `kv` as the buffer of a [`QuantKv`].
+    fn recent(kv: DenseKv<'_, Self>) -> RecentRows<'_>;
+}
+
+impl RecentFormat for f32 {
+    fn recent(kv: DenseKv<'_, f32>) -> RecentRows<'_> {
+        RecentRows::F32(kv)
+    }
+}
+
+impl RecentFormat for half::f16 {
+    fn recent(kv: DenseKv<'_, half::f16>) -> RecentRows<'_> {
+        RecentRows::F16(kv)
+    }
+}
+
+impl RecentFormat for half::bf16 {
+    fn recent(kv: DenseKv<'_, half::bf16>) -> RecentRows<'_> {
+        RecentRows::Bf16(kv)
+    }
 }
 
 impl<K, V> Clone for QuantKv<'_, K, V> {
@@ -494,7 +564,7 @@ impl<K, V> Copy for QuantKv<'_, K, V> {}
 impl<'a, K: DenseCodec, V: DenseCodec> QuantKv<'a, K, V> {
     /// Keys and values of one kv-head.
     pub fn new(keys: QuantView<'a, K>, values: QuantView<'a, V>) -> Self {
-        Self { keys, values, prefix: None, sink: (&[], &[]) }
+        Self { keys, values, prefix: None, sink: (&[], &[]), buffer: None }
     }
 
     /// The same rows after `keys` / `values` kept in `f32` (row-major, `head_dim` wide):
@@ -526,6 +596,41 @@ impl<'a, K: DenseCodec, V: DenseCodec> QuantKv<'a, K, V> {
         self.sink.0.len() / head_dim.max(1)
     }
 
+    /// The same rows followed by a recent-token buffer of dense rows (`keys` and `values`
+    /// each a ring's `(older, newer)` halves, row-major, `head_dim` wide): attended after
+    /// every quantized row, under the same softmax.
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::{AttnConfig, CpuAttention, EncodedAttention, QuantKv};
+    /// use kv_sparse::quant::{Int4Blocks, QuantRows};
+    /// let d = 32;
+    /// let (mut k, mut v) = (QuantRows::<Int4Blocks>::new(d)?, QuantRows::<Int4Blocks>::new(d)?);
+    /// k.push(&[0.1; 32])?;
+    /// v.push(&[2.0; 32])?;
+    /// let recent = (vec![0.1f32; 32], vec![1.0f32; 32]);
+    /// let kv = QuantKv::new(k.view(), v.view()).with_buffer((&recent.0, &[]), (&recent.1, &[]));
+    /// assert_eq!((kv.num_rows(), kv.buffer_rows()), (2, 1));
+    /// let mut out = [0.0; 32];
+    /// CpuAttention::new(1)?.quantized(&AttnConfig::new(1, 1, d)?, &[0.0; 32], &[kv], &mut out)?;
+    /// assert!(out.iter().all(|&x| (x - 1.5).abs() < 1e-3)); // equal scores: the mean
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn with_buffer<D: RecentFormat>(
+        self,
+        keys: (&'a [D], &'a [D]),
+        values: (&'a [D], &'a [D]),
+    ) -> Self {
+        let head_dim = self.keys.head_dim();
+        Self { buffer: Some(D::recent(DenseKv { head_dim, keys, values })), ..self }
+    }
+
+    /// Rows the recent-token buffer holds (0 without one).
+    pub fn buffer_rows(&self) -> usize {
+        self.buffer.map_or(0, |b| b.num_rows())
+    }
+
     /// Keys and values of one kv-head after older rows `prefix` (keys, values) held
     /// elsewhere.
     pub fn continuing(
@@ -533,12 +638,12 @@ impl<'a, K: DenseCodec, V: DenseCodec> QuantKv<'a, K, V> {
         keys: QuantView<'a, K>,
         values: QuantView<'a, V>,
     ) -> Self {
-        Self { keys, values, prefix: Some(prefix), sink: (&[], &[]) }
+        Self { keys, values, prefix: Some(prefix), sink: (&[], &[]), buffer: None }
     }
 
-    /// Key rows: the sink's, the prefix's and the own.
+    /// Key rows: the sink's, the prefix's, the own and the buffer's.
     pub fn num_rows(&self) -> usize {
-        self.sink_rows(self.keys.head_dim()) + self.quantized_rows()
+        self.sink_rows(self.keys.head_dim()) + self.quantized_rows() + self.buffer_rows()
     }
 
     /// Quantized key rows (the prefix's included, the sink's not).

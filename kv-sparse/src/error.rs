@@ -151,6 +151,17 @@ pub enum Error {
         /// The requested k.
         k: usize,
     },
+    /// A dense history (every component of every row, e.g. [`crate::quant::QuantRows`])
+    /// asked to keep fewer than all of a row's components.
+    #[error("{op}: k = {k}, but a dense history keeps all head_dim = {head_dim} components")]
+    PartialDenseRow {
+        /// Operation that failed.
+        op: &'static str,
+        /// The requested k.
+        k: usize,
+        /// Head dimension.
+        head_dim: usize,
+    },
     /// A view's scales differ from the config it is loaded with.
     #[error("{op}: (key, value) scales are {got:?}, expected {expected:?}")]
     ScaleMismatch {

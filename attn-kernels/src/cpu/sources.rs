@@ -35,7 +35,8 @@ use super::segment::{
 };
 use super::tile::{Kernels, TILE, one_span, prefetch};
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, RecentRows,
+    SparseKv,
 };
 
 /// A ring's `(older, newer)` row-major halves, rows of `d`, with the older half's row
@@ -466,37 +467,77 @@ impl<'a, K: DenseCodec, V: DenseCodec> ItemSource for QuantSrc<'_, 'a, K, V> {
     ) {
         let kv = &self.0[item.kv];
         let d = job.cfg.head_dim();
-        // The sink's f32 rows come first, then the quantized rows under the same softmax.
+        // The sink's f32 rows come first, then the quantized rows, then the recent-token
+        // buffer's dense rows, all under the same softmax.
         let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
-        let row = |j: usize| kv.row(j).expect("validated row");
-        let range = item.rows.clone();
-        let coded = |j| {
-            let (kr, vr) = row(j);
-            (dense_code_row::<K>(kr), dense_code_row::<V>(vr))
-        };
-        // Keys and values may be in different codecs (`-ctk` / `-ctv`): the key codes pick
-        // the score kernel, the value codes the accumulation kernel.
-        let (r, s) = (range.clone(), &mut *sc);
-        let streamed = match K::FORMAT {
-            DenseFormat::Int8 if Q8Blocks::supports(d) => {
-                quant_codes::<Q8Blocks, V, W>(k, job, item, r, s, slot, coded)
-            }
-            DenseFormat::Int4 if Q4Blocks::supports(d) => {
-                quant_codes::<Q4Blocks, V, W>(k, job, item, r, s, slot, coded)
-            }
-            DenseFormat::Fp8 if Fp8Codes::supports(d) => {
-                quant_codes::<Fp8Codes, V, W>(k, job, item, r, s, slot, coded)
-            }
-            _ => false,
-        };
-        if !streamed {
-            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-                let (kr, vr) = row(j);
-                K::decode(kr, ko);
-                V::decode(vr, vo);
-            };
-            decoded_segment::<W>(k, job, item, range, sc, slot, decode);
+        let (quantized, recent) = split_item(item, kv.quantized_rows());
+        if let Some(item) = &quantized {
+            quant_rows::<K, V, W>(k, job, item, kv, sc, slot);
         }
+        if let (Some(item), Some(buffer)) = (recent, kv.buffer) {
+            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+            match buffer {
+                RecentRows::F32(b) => recent_segment::<f32, W>(k, &b, item.rows, q, d, slot),
+                RecentRows::F16(b) => recent_segment::<_, W>(k, &b, item.rows, q, d, slot),
+                RecentRows::Bf16(b) => recent_segment::<_, W>(k, &b, item.rows, q, d, slot),
+            }
+        }
+    }
+}
+
+/// Streams rows `rows` of a recent-token buffer (dense rows in `D`) through `slot`.
+fn recent_segment<D: Value, const W: usize>(
+    k: Kernels,
+    buffer: &DenseKv<'_, D>,
+    rows: std::ops::Range<usize>,
+    q: &[f32],
+    d: usize,
+    slot: &mut Slot,
+) {
+    let (keys, values) = (Ring::new(buffer.keys, d), Ring::new(buffer.values, d));
+    let row = |j| (keys.row(j), values.row(j));
+    dense_segment::<D, W>(k, &row, rows, q, d, slot, None);
+}
+
+/// Streams `item`'s quantized rows of `kv` (prefix rows first) through `slot`, read in place
+/// by the coded-row kernels where they take the row width, else decoded a tile at a time.
+fn quant_rows<K: DenseCodec, V: DenseCodec, const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    kv: &QuantKv<'_, K, V>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let d = job.cfg.head_dim();
+    let row = |j: usize| kv.row(j).expect("validated row");
+    let range = item.rows.clone();
+    let coded = |j| {
+        let (kr, vr) = row(j);
+        (dense_code_row::<K>(kr), dense_code_row::<V>(vr))
+    };
+    // Keys and values may be in different codecs (`-ctk` / `-ctv`): the key codes pick
+    // the score kernel, the value codes the accumulation kernel.
+    let (r, s) = (range.clone(), &mut *sc);
+    let streamed = match K::FORMAT {
+        DenseFormat::Int8 if Q8Blocks::supports(d) => {
+            quant_codes::<Q8Blocks, V, W>(k, job, item, r, s, slot, coded)
+        }
+        DenseFormat::Int4 if Q4Blocks::supports(d) => {
+            quant_codes::<Q4Blocks, V, W>(k, job, item, r, s, slot, coded)
+        }
+        DenseFormat::Fp8 if Fp8Codes::supports(d) => {
+            quant_codes::<Fp8Codes, V, W>(k, job, item, r, s, slot, coded)
+        }
+        _ => false,
+    };
+    if !streamed {
+        let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+            let (kr, vr) = row(j);
+            K::decode(kr, ko);
+            V::decode(vr, vo);
+        };
+        decoded_segment::<W>(k, job, item, range, sc, slot, decode);
     }
 }
 

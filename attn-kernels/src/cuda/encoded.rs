@@ -142,6 +142,12 @@ impl PackedQuant {
                     what: "sink rows kept in f32 before the quantized rows".into(),
                 });
             }
+            if h.buffer.is_some() {
+                return Err(crate::Error::GpuUnsupported {
+                    op: "PackedQuant::pair",
+                    what: "a recent-token buffer of dense rows after the quantized rows".into(),
+                });
+            }
             let (pk, pv) = h.prefix.map_or((None, None), |(k, v)| (Some(k), Some(v)));
             keys.push(pk.into_iter().chain([h.keys]).collect());
             values.push(pv.into_iter().chain([h.values]).collect());

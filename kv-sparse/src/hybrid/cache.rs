@@ -16,6 +16,7 @@ use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
 use crate::csr::{CsrStore, CsrView};
 use crate::memory::MemoryReport;
+use crate::quant::{DenseCodec, QuantRows, QuantView};
 use crate::{Error, Result, SparseIndex, Value};
 
 /// Hybrid cache of one (layer, kv-head): sparse history in two [`RowStore`]s `S` (keys,
@@ -51,6 +52,29 @@ fn buffer_rows<'a, D>((a, b): (&'a [D], &'a [D]), d: usize) -> impl Iterator<Ite
 
 /// The CSR hybrid cache (`I`: `u8`/`u16` indices, `V`: sparse value format, `D`: buffer).
 pub type HybridCache<I, V, D> = Hybrid<CsrStore<I, V>, D>;
+
+/// A buffered dense quantized cache: the `b` newest rows exact in `D`, every older row kept
+/// whole in the codec `C` (`q8_0` / `q4_0` blocks or scaled fp8) — the recent-token buffer
+/// of KIVI and of the quantized caches compared with SWAN, over the same buffer logic as
+/// SWAN's sparse rows. Its config keeps every component (`k = head_dim`).
+///
+/// # Examples
+/// ```
+/// use kv_sparse::hybrid::{HybridConfig, QuantHybridCache};
+/// use kv_sparse::quant::{Int4Blocks, QuantRows};
+/// let cfg = HybridConfig::lossless(32, 2).for_store::<QuantRows<Int4Blocks>>();
+/// let mut cache = QuantHybridCache::<Int4Blocks, half::f16>::new(cfg)?;
+/// for t in 0..5 {
+///     cache.append(&[t as f32; 32], &[1.0; 32])?;
+/// }
+/// assert_eq!((cache.sparse_len(), cache.buffer_len()), (3, 2));
+/// let (keys, _) = cache.history();
+/// assert_eq!(keys.num_rows(), 3);
+/// assert_eq!(cache.memory().held_bytes(), 2 * 3 * 18 + 2 * 2 * 32 * 2); // q4_0 rows + f16 buffer
+/// assert!(QuantHybridCache::<Int4Blocks, half::f16>::new(HybridConfig::new(32, 2, 16)).is_err());
+/// # Ok::<(), kv_sparse::Error>(())
+/// ```
+pub type QuantHybridCache<C, D> = Hybrid<QuantRows<C>, D>;
 
 /// The hybrid cache over coded rows (`X`: index list or bitmask, `Y`: value code, `D`:
 /// buffer).
@@ -330,6 +354,16 @@ impl<S: RowStore, D: Value> Hybrid<S, D> {
         self.buffer.len()
     }
 
+    /// The buffered keys in token order as a ring's (older, newer) halves, row-major.
+    pub fn buffer_keys(&self) -> (&[D], &[D]) {
+        self.buffer.keys.as_slices()
+    }
+
+    /// The buffered values, laid out as [`Hybrid::buffer_keys`].
+    pub fn buffer_values(&self) -> (&[D], &[D]) {
+        self.buffer.values.as_slices()
+    }
+
     /// Bytes held, split by role (see [`MemoryReport`]).
     pub fn memory(&self) -> MemoryReport {
         let staged = (self.staged_key.capacity() + self.staged_value.capacity()) * 4;
@@ -471,6 +505,13 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
             buffer_values: self.buffer.values.as_slices(),
             value_scale: self.cfg.scales(),
         }
+    }
+}
+
+impl<C: DenseCodec, D: Value> QuantHybridCache<C, D> {
+    /// The quantized history rows (keys, values), oldest first.
+    pub fn history(&self) -> (QuantView<'_, C>, QuantView<'_, C>) {
+        (self.sparse.keys.view(), self.sparse.values.view())
     }
 }
 

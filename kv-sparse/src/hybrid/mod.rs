@@ -7,7 +7,9 @@
 //!
 //! * [`HybridConfig`], [`NonFinitePolicy`] — the knobs.
 //! * [`Hybrid`] — one (layer, kv-head) over any [`RowStore`]: [`HybridCache`] (CSR rows)
-//!   or [`CodedHybridCache`] (bitmask / list rows with float or integer values).
+//!   or [`CodedHybridCache`] (bitmask / list rows with float or integer values), or
+//!   [`QuantHybridCache`] (whole rows in `q8_0` / `q4_0` blocks or scaled fp8: a buffered
+//!   quantized dense cache).
 //! * [`HybridView`], [`CodedHybridView`] — what kernels read (same type for mapped files).
 //! * [`MultiHead`] — `[layer][kv_head]` of hybrid caches for a whole model
 //!   ([`MultiHeadCache`], [`CodedMultiHeadCache`]).
@@ -21,7 +23,7 @@ mod multi;
 mod store;
 mod view;
 
-pub use cache::{CodedHybridCache, Hybrid, HybridCache};
+pub use cache::{CodedHybridCache, Hybrid, HybridCache, QuantHybridCache};
 pub use config::{HybridConfig, NonFinitePolicy};
 pub use multi::{CodedMultiHeadCache, MultiHead, MultiHeadCache};
 pub use store::RowStore;

@@ -1,12 +1,16 @@
 //! [`RowStore`]: what the hybrid cache needs from its sparse history's storage, so the one
 //! cache logic (SWAN Algorithm 1: buffer, evict, prune, append) serves every row encoding —
 //! CSR rows ([`CsrStore`], the paper's `u8`/`u16` indices with per-element values) and
-//! coded rows ([`CodedStore`]: index lists or bitmasks with f16/bf16/fp8/int8/int4 values).
+//! coded rows ([`CodedStore`]: index lists or bitmasks with f16/bf16/fp8/int8/int4 values)
+//! and dense quantized rows ([`QuantRows`]: every component in `q8_0` / `q4_0` blocks or
+//! scaled fp8, the history of a buffered quantized cache such as KIVI's fp16 residual over
+//! quantized tokens, arXiv 2402.02750 §3.3).
 
 use crate::coded::{CodedStore, IndexCode, ValueCode};
 use crate::csr::{CsrStore, check_rows_per_block, default_rows_per_block};
 use crate::index::check_head_dim;
 use crate::memory::MemoryReport;
+use crate::quant::{DenseCodec, QuantRows};
 use crate::value::check_overflow;
 use crate::{Error, Result, SparseIndex, Value};
 
@@ -15,10 +19,11 @@ mod private {
     pub trait Sealed {}
     impl<I, V> Sealed for crate::csr::CsrStore<I, V> {}
     impl<X, Y> Sealed for crate::coded::CodedStore<X, Y> {}
+    impl<C> Sealed for crate::quant::QuantRows<C> {}
 }
 
-/// Storage of one side (keys or values) of a sparse history. Sealed: [`CsrStore`] and
-/// [`CodedStore`].
+/// Storage of one side (keys or values) of a hybrid cache's history. Sealed: [`CsrStore`],
+/// [`CodedStore`] and [`QuantRows`].
 pub trait RowStore: private::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Default rows per block for `head_dim`.
     fn default_rows_per_block(head_dim: usize) -> usize;
@@ -212,5 +217,108 @@ impl<X: IndexCode, Y: ValueCode> RowStore for CodedStore<X, Y> {
 
     fn memory(&self) -> MemoryReport {
         CodedStore::memory(self)
+    }
+}
+
+/// Dense quantized rows as a history: every component of an evicted row is kept (`k` must be
+/// `head_dim`), encoded by the codec `C`. Rows per block are not a notion of this storage:
+/// any positive value is accepted and ignored.
+impl<C: DenseCodec> RowStore for QuantRows<C> {
+    fn default_rows_per_block(_head_dim: usize) -> usize {
+        1
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        C::check_head_dim(op, head_dim)?;
+        for k in ks {
+            if k > head_dim {
+                return Err(Error::KTooLarge { op, k, head_dim });
+            }
+            if k != head_dim {
+                return Err(Error::PartialDenseRow { op, k, head_dim });
+            }
+        }
+        if rows_per_block == 0 {
+            return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max: 1 });
+        }
+        Ok(())
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        if max_abs >= C::OVERFLOW_AT {
+            return Err(Error::ScaleOverflow {
+                op,
+                format: C::FORMAT.to_string(),
+                value: max_abs,
+                limit: C::OVERFLOW_AT,
+            });
+        }
+        Ok(())
+    }
+
+    fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
+        QuantRows::new(head_dim)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        const OP: &str = "QuantRows::push_dense";
+        if k != self.head_dim() {
+            return Err(Error::PartialDenseRow { op: OP, k, head_dim: self.head_dim() });
+        }
+        if x.len() != self.head_dim() {
+            let (expected, got) = (self.head_dim(), x.len());
+            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
+        }
+        self.push(x)
+    }
+
+    /// Scatters the entries into a row of zeros and appends it whole.
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        const OP: &str = "QuantRows::push_sparse";
+        let d = self.head_dim();
+        if indices.len() != values.len() {
+            let (expected, got) = (indices.len(), values.len());
+            return Err(Error::LengthMismatch { op: OP, what: "values", expected, got });
+        }
+        let mut row = vec![0.0f32; d];
+        for (n, (&i, &x)) in indices.iter().zip(values).enumerate() {
+            let reason = if i >= d {
+                "not below head_dim"
+            } else if n > 0 && i <= indices[n - 1] {
+                "not strictly ascending"
+            } else {
+                ""
+            };
+            if !reason.is_empty() {
+                return Err(Error::InvalidSparseIndex { op: OP, position: n, index: i, reason });
+            }
+            row[i] = x;
+        }
+        self.push(&row)
+    }
+
+    fn len(&self) -> usize {
+        QuantRows::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        QuantRows::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        QuantRows::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, _nnz: usize) {
+        QuantRows::reserve(self, rows);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        QuantRows::memory(self)
     }
 }

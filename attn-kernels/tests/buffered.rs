@@ -1,0 +1,219 @@
+//! Buffered quantized kv-heads ([`QuantKv::with_buffer`]): `f32` sink rows, quantized rows
+//! (some in a prefix) and a recent-token buffer of dense `f32` / `f16` / `bf16` rows (a ring
+//! split into two halves) attend as the f64 reference does under one softmax, on every
+//! instruction set and GQA layout; with nothing but buffer rows stored they attend bit for
+//! bit as the dense kernel over the same rows (the lossless setting of a buffered cache whose
+//! buffer holds every token); kv-sparse's [`QuantHybridCache`] lends its rows so; malformed
+//! buffers are typed errors.
+
+mod common;
+
+use attn_kernels::accuracy::Kernel;
+use attn_kernels::{
+    AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, Error, QuantKv,
+    RecentFormat, Reference, synth,
+};
+use common::{LAYOUTS, assert_close, cfg, engines};
+use half::{bf16, f16};
+use kv_sparse::ValueFormat;
+use kv_sparse::hybrid::{HybridConfig, QuantHybridCache};
+use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+
+fn bound(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// `rows` rows of `d` as `D`, split into a ring's (older, newer) halves at `split` rows.
+fn ring<D: RecentFormat>(x: &[f32], d: usize, split: usize) -> (Vec<D>, Vec<D>) {
+    let all: Vec<D> = x.iter().map(|&v| D::from_f32(v)).collect();
+    let (a, b) = all.split_at((split * d).min(all.len()));
+    (a.to_vec(), b.to_vec())
+}
+
+/// `sink` f32 rows, `rows` quantized rows (a third in a prefix), `recent` buffer rows in `D`
+/// (split as a wrapped ring): every engine against the reference.
+fn buffered_case<C: DenseCodec, D: RecentFormat>(
+    layout: (usize, usize),
+    d: usize,
+    (sink, rows, recent): (usize, usize, usize),
+) {
+    let cfg = cfg(layout, d);
+    let q = synth::values(cfg.q_len(), 17);
+    let kv_heads = layout.1 as u64;
+    let part = |n: usize, seed: u64| synth::values(n * d, seed);
+    let heads: Vec<[Vec<f32>; 6]> = (0..kv_heads)
+        .map(|h| {
+            let s = 100 + 6 * h;
+            [
+                part(sink, s),
+                part(sink, s + 1),
+                part(rows, s + 2),
+                part(rows, s + 3),
+                part(recent, s + 4),
+                part(recent, s + 5),
+            ]
+        })
+        .collect();
+    let store = |x: &[f32]| {
+        let mut s = QuantRows::<C>::new(d).unwrap();
+        s.push(x).unwrap();
+        s
+    };
+    let cut = rows / 3 * d;
+    let wrap = recent / 2;
+    type Stores<C, D> =
+        ((QuantRows<C>, QuantRows<C>), (QuantRows<C>, QuantRows<C>), [(Vec<D>, Vec<D>); 2]);
+    let stores: Vec<Stores<C, D>> = heads
+        .iter()
+        .map(|[_, _, k, v, bk, bv]| {
+            (
+                (store(&k[..cut]), store(&v[..cut])),
+                (store(&k[cut..]), store(&v[cut..])),
+                [ring::<D>(bk, d, wrap), ring::<D>(bv, d, wrap)],
+            )
+        })
+        .collect();
+    let kv: Vec<QuantKv<'_, C>> = heads
+        .iter()
+        .zip(&stores)
+        .map(|([sk, sv, ..], ((k0, v0), (k1, v1), [bk, bv]))| {
+            QuantKv::continuing((k0.view(), v0.view()), k1.view(), v1.view())
+                .with_sink(sk, sv)
+                .with_buffer((&bk.0, &bk.1), (&bv.0, &bv.1))
+        })
+        .collect();
+    assert!(kv.iter().all(|h| h.num_rows() == sink + rows + recent && h.buffer_rows() == recent));
+    let mut want = vec![0.0; cfg.q_len()];
+    Reference.quantized(&cfg, &q, &kv, &mut want).unwrap();
+    let max =
+        heads.iter().fold(0.0f32, |m, h| m.max(bound(&h[1])).max(bound(&h[3])).max(bound(&h[5])));
+    for (name, mut e) in engines() {
+        let mut got = vec![f32::NAN; cfg.q_len()];
+        e.quantized(&cfg, &q, &kv, &mut got).unwrap();
+        let what = format!(
+            "{name} {} + {} {layout:?} d={d} sink={sink} rows={rows} recent={recent}",
+            C::FORMAT,
+            D::FORMAT
+        );
+        assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want, max, &what);
+    }
+}
+
+#[test]
+fn buffered_quantized_heads_attend_as_the_reference_for_every_layout() {
+    for layout in LAYOUTS {
+        for shape in [(0, 150, 7), (1, 40, 128), (2, 0, 33), (0, 70, 1)] {
+            buffered_case::<Int8Blocks, f16>(layout, 64, shape);
+            buffered_case::<Int4Blocks, bf16>(layout, 32, shape);
+            buffered_case::<Fp8Rows, f32>(layout, 40, shape);
+        }
+    }
+}
+
+/// Nothing but `f32` buffer rows: bit for bit the dense kernel over the same rows, on every
+/// engine — what a buffered cache whose buffer holds every token computes.
+#[test]
+fn a_buffer_holding_every_token_attends_bit_for_bit_as_dense() {
+    for layout in LAYOUTS {
+        let d = 64;
+        let cfg: AttnConfig = cfg(layout, d);
+        let q = synth::values(cfg.q_len(), 5);
+        let rows = 300;
+        let heads: Vec<(Vec<f32>, Vec<f32>)> = (0..layout.1 as u64)
+            .map(|h| (synth::values(rows * d, 2 * h + 1), synth::values(rows * d, 2 * h + 2)))
+            .collect();
+        let empty = QuantRows::<Int4Blocks>::new(d).unwrap();
+        let buffered: Vec<QuantKv<'_, Int4Blocks>> = heads
+            .iter()
+            .map(|(k, v)| {
+                QuantKv::new(empty.view(), empty.view()).with_buffer((&k[..], &[]), (&v[..], &[]))
+            })
+            .collect();
+        let dense: Vec<DenseKv<'_, f32>> =
+            heads.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+        for (name, mut e) in engines() {
+            let (mut a, mut b) = (vec![f32::NAN; cfg.q_len()], vec![f32::NAN; cfg.q_len()]);
+            e.quantized(&cfg, &q, &buffered, &mut a).unwrap();
+            e.dense(&cfg, &q, &dense, &mut b).unwrap();
+            let (a, b): (Vec<u32>, Vec<u32>) =
+                (a.iter().map(|x| x.to_bits()).collect(), b.iter().map(|x| x.to_bits()).collect());
+            assert_eq!(a, b, "{name} {layout:?}");
+        }
+    }
+}
+
+/// kv-sparse's buffered quantized cache lends its history and buffer to the kernel: with
+/// every token still in the (f32) buffer it attends as the dense cache; past the buffer its
+/// oldest rows are the quantized ones, and the reference agrees.
+#[test]
+fn quant_hybrid_cache_rows_attend_through_the_buffered_kernel() {
+    let (d, b) = (32, 16);
+    let cfg = cfg((4, 2), d);
+    let q = synth::values(cfg.q_len(), 9);
+    let hc = HybridConfig::lossless(d, b).for_store::<QuantRows<Int8Blocks>>();
+    for tokens in [b, b + 21] {
+        let mut caches: Vec<QuantHybridCache<Int8Blocks, f32>> =
+            (0..2).map(|_| QuantHybridCache::new(hc).unwrap()).collect();
+        let mut raw = vec![(Vec::new(), Vec::new()); 2];
+        for (h, c) in caches.iter_mut().enumerate() {
+            let (k, v) = (
+                synth::values(tokens * d, 40 + h as u64),
+                synth::values(tokens * d, 50 + h as u64),
+            );
+            c.extend(&k, &v).unwrap();
+            raw[h] = (k, v);
+        }
+        let kv: Vec<QuantKv<'_, Int8Blocks>> = caches
+            .iter()
+            .map(|c| {
+                let (hk, hv) = c.history();
+                QuantKv::new(hk, hv).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        assert!(kv.iter().all(|h| h.quantized_rows() == tokens - b && h.buffer_rows() == b));
+        let mut e = CpuAttention::new(1).unwrap();
+        let mut got = vec![f32::NAN; cfg.q_len()];
+        e.quantized(&cfg, &q, &kv, &mut got).unwrap();
+        let mut want = vec![f32::NAN; cfg.q_len()];
+        if tokens == b {
+            let dense: Vec<_> = raw.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+            e.dense(&cfg, &q, &dense, &mut want).unwrap();
+            assert_eq!(got, want, "every token in the buffer: the dense attention");
+        } else {
+            Reference.quantized(&cfg, &q, &kv, &mut want).unwrap();
+            let max = raw.iter().fold(0.0f32, |m, (_, v)| m.max(bound(v)));
+            assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &want, max, "past the buffer");
+        }
+    }
+}
+
+#[test]
+fn malformed_buffers_are_typed_errors() {
+    let (d, cfg) = (32, cfg((2, 1), 32));
+    let mut k = QuantRows::<Int8Blocks>::new(d).unwrap();
+    k.push(&synth::values(4 * d, 1)).unwrap();
+    let (three, two, ragged) = (vec![0.5f32; 3 * d], vec![0.5f32; 2 * d], vec![0.5f32; d + 1]);
+    let q = synth::values(cfg.q_len(), 3);
+    let mut out = vec![0.0; cfg.q_len()];
+    let uneven = [QuantKv::new(k.view(), k.view()).with_buffer((&three[..], &[]), (&two[..], &[]))];
+    let ragged =
+        [QuantKv::new(k.view(), k.view()).with_buffer((&ragged[..], &[]), (&ragged[..], &[]))];
+    let check = |name: &str, uneven: Error, ragged: Error| {
+        assert!(
+            matches!(uneven, Error::RowCountMismatch { part: "buffer", .. }),
+            "{name}: {uneven}"
+        );
+        assert!(
+            matches!(ragged, Error::RaggedRows { what: "buffer keys.0", .. }),
+            "{name}: {ragged}"
+        );
+    };
+    for (name, mut e) in engines() {
+        let a = e.quantized(&cfg, &q, &uneven, &mut out).unwrap_err();
+        let b = e.quantized(&cfg, &q, &ragged, &mut out).unwrap_err();
+        check(&name, a, b);
+    }
+    let a = Reference.quantized(&cfg, &q, &uneven, &mut out).unwrap_err();
+    let b = Reference.quantized(&cfg, &q, &ragged, &mut out).unwrap_err();
+    check("reference", a, b);
+}
