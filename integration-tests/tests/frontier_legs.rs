@@ -29,6 +29,7 @@ fn a_missing_gemma_model_is_a_reported_skip() {
         further_models_only: true,
         primary_model_only: false,
         frontier_external_only: false,
+        frontier_equal_footing: false,
         frontier_rotation_draws: None,
         frontier_draw_bases: Vec::new(),
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),

@@ -19,6 +19,7 @@ fn args(out: std::path::PathBuf, values: &[&str], reuse: ReuseArgs) -> Reproduce
         further_models_only: false,
         primary_model_only: true,
         frontier_external_only: false,
+        frontier_equal_footing: false,
         frontier_rotation_draws: None,
         frontier_draw_bases: Vec::new(),
         frontier_play: kvtide::reproduce::corpus::SWAN_EVAL_PLAY.into(),

@@ -116,6 +116,13 @@ fn bad_specs_are_typed_errors() {
         "dense:ring=f16,ring_values=int4",
         "swan:ring=int8,ring_values=bf16",
         "swan:ring=int8,ring_values=q5_1",
+        "dense:format=f16,b=128",
+        "dense:b=4",
+        "dense:format=int8,values=int4,b=128",
+        "dense:format=int4,b=x",
+        "dense:format=int4,buffer=f16",
+        "dense:format=int4,b=8,buffer=fp8",
+        "dense:format=int4,b=8,buffer=int8",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -124,6 +131,15 @@ fn bad_specs_are_typed_errors() {
     assert!(too_big.build(&ckpt.model).is_err(), "k > head_dim must be rejected");
     let missing: CacheSpec = "swan:proj=/nonexistent.safetensors".parse().unwrap();
     assert!(matches!(missing.build(&ckpt.model), Err(Error::CacheSpec { .. })));
+    // The fixture's context is 512 positions: a buffer beyond it is a spec error naming it.
+    for spec in ["dense:format=int4,b=513", "swan:k=8,b=513,basis=identity"] {
+        let spec: CacheSpec = spec.parse().unwrap();
+        match spec.build(&ckpt.model) {
+            Err(Error::CacheSpec { reason, .. }) => assert!(reason.contains("512"), "{reason}"),
+            Err(other) => panic!("{spec}: {other}"),
+            Ok(_) => panic!("{spec}: a buffer past the context was accepted"),
+        }
+    }
     let outside: CacheSpec = "tiered:span=60..100".parse().unwrap();
     let (model, cache) = outside.build(&ckpt.model).unwrap();
     let mut session = Session::new(model, cache).unwrap();
@@ -154,6 +170,44 @@ fn a_sink_keeps_the_first_positions_in_full() {
     let (plain, p0) = run(&wide, "dense:format=int4");
     let (zero, p1) = run(&wide, "dense:format=int4,sink=0");
     assert_eq!((p0, plain.cache().label()), (p1, zero.cache().label()));
+}
+
+/// `b=N` keeps a quantized cache's `N` newest positions exact in the buffer format and
+/// every older one quantized: the bytes are the buffer's float rows plus the quantized rows
+/// (with a sink, its f32 rows first), the history cost per position is the codec's row,
+/// the label says so, a buffer of 0 is the plain quantized cache, and the file format
+/// refuses to save such a cache.
+#[test]
+fn a_buffer_keeps_the_newest_positions_exact() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let (f32_cache, f32_ppl) = run(&wide, "dense:format=f32");
+    let f32_bytes = f32_cache.cache().bytes().total() as f64;
+    // 63 positions held, a 32-wide row of f32 is 128 bytes.
+    let per_row = f32_bytes / 63.0 / 128.0;
+    let kv_rows = f32_bytes / 63.0 / 128.0 / 2.0; // (layer, kv-head) pairs
+    for (format, row) in [("int8", 34.0), ("int4", 18.0), ("fp8", 34.0)] {
+        let (s, ppl) = run(&wide, &format!("dense:format={format},rotate=hadamard,b=16"));
+        let want = per_row * (16.0 * 64.0 + 47.0 * row);
+        assert_eq!(s.cache().bytes().total() as f64, want, "{format}");
+        let label = s.cache().label();
+        assert_eq!(label, format!("dense {format} rotate=hadamard b=16 (f16)"));
+        let history = s.cache().stats().into_iter().find(|(k, _)| *k == "history_bytes_per_token");
+        assert_eq!(history, Some(("history_bytes_per_token", kv_rows * 2.0 * row)), "{format}");
+        assert!(matches!(s.cache().image(), Err(Error::NotPersistable { .. })), "{format}");
+        let (unbuffered, p0) = run(&wide, &format!("dense:format={format},rotate=hadamard"));
+        assert!(ppl != p0, "{format}: the buffer changed nothing");
+        let (zero, p1) = run(&wide, &format!("dense:format={format},rotate=hadamard,b=0"));
+        assert_eq!((p0, unbuffered.cache().label()), (p1, zero.cache().label()));
+        // A sink before the buffer: 2 f32 rows, 16 bf16 rows, 45 quantized rows.
+        let (sunk, _) = run(&wide, &format!("dense:format={format},b=16,buffer=bf16,sink=2"));
+        let want = per_row * (2.0 * 128.0 + 16.0 * 64.0 + 45.0 * row);
+        assert_eq!(sunk.cache().bytes().total() as f64, want, "{format} sink");
+        assert_eq!(sunk.cache().label(), format!("dense {format} b=16 (bf16) sink=2"));
+        // A buffer holding every position: the f32 cache's scores.
+        let (all, ppl) = run(&wide, &format!("dense:format={format},b=64,buffer=f32"));
+        assert_eq!(ppl, f32_ppl, "{format}: an f32 buffer holding everything is lossless");
+        assert_eq!(all.cache().bytes().total() as f64, f32_bytes, "{format}");
+    }
 }
 
 /// `values=` keeps a quantized cache's value rows in another format than its keys

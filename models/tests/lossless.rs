@@ -104,6 +104,33 @@ fn tiny_models_every_lossless_cache_matches_dense() {
     }
 }
 
+/// A buffered quantized dense cache whose `f32` buffer holds every position never quantizes
+/// a row: its logits are the dense `f32` cache's bit for bit (in the same basis), for every
+/// codec, rotated or not (with a sink, within rounding); a shorter buffer is not.
+#[test]
+fn tiny_buffered_quantized_cache_holding_every_position_is_dense_bit_for_bit() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-mha")).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % ckpt.config.vocab_size as u32).collect();
+    for rotate in ["none", "hadamard"] {
+        let dense = logits(&ckpt, &format!("dense:format=f32,rotate={rotate},threads=1"), &ids, 1);
+        for format in ["int8", "int4", "fp8"] {
+            let spec = format!("dense:format={format},rotate={rotate},b=48,buffer=f32,threads=1");
+            let got = logits(&ckpt, &spec, &ids, 1);
+            assert_eq!(got.len(), dense.len(), "{spec}");
+            for (p, (a, b)) in dense.iter().zip(&got).enumerate() {
+                assert!(a.equal(b), "{spec}: logits at step {p} differ from dense f32");
+            }
+            // A sink's rows stream apart from the buffer's: the same attention, another
+            // summation order.
+            let sunk = format!("{spec},sink=2");
+            compare(&sunk, &dense, &logits(&ckpt, &sunk, &ids, 1));
+            let short = format!("dense:format={format},rotate={rotate},b=8,buffer=f32,threads=1");
+            let got = logits(&ckpt, &short, &ids, 1);
+            assert!(dense.iter().zip(&got).any(|(a, b)| !a.equal(b)), "{short}: nothing quantized");
+        }
+    }
+}
+
 /// SmolLM2-135M and the first `tokens` token ids of the first `chars` characters of Macbeth.
 fn smollm2_macbeth(chars: usize, tokens: usize) -> (Checkpoint, Vec<u32>) {
     let path = common::default_model();

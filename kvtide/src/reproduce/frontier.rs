@@ -232,7 +232,8 @@ pub struct FrontierRun {
     /// Kept components per sparse value row when they differ from `k` (a SWAN split of the
     /// same bytes between keys and values).
     pub kv: Option<usize>,
-    /// Dense buffer rows (SWAN).
+    /// Recent-token buffer rows `b`, kept exact in f16 (SWAN's dense buffer; a quantized
+    /// dense configuration's buffer of the same kind: `dense:…,b=N`).
     pub buffer: usize,
     /// Query precision of the score products (`f32`; `int8`: the queries rounded to int8
     /// per head and step against int8 keys; `q8_0`: rounded to `q8_0` blocks against keys of
@@ -291,6 +292,24 @@ impl FrontierRun {
     /// are: llama.cpp's `-ctk K -ctv V`).
     fn with_value_rows(self, values: &'static str) -> Self {
         Self { value_rows: Some(values), ..self }
+    }
+
+    /// The same dense configuration with its `b` newest positions kept in f16 (`b=N`): the
+    /// buffer SWAN's rows keep, for a comparison on equal footing.
+    fn buffered(self, b: usize) -> Self {
+        Self { buffer: b, ..self }
+    }
+
+    /// Whether this is a quantized dense configuration of the equal-footing grid: one
+    /// format for keys and values, f32 queries, no sink and the spec's own rings.
+    pub fn is_plain_quantized(&self) -> bool {
+        self.family == "dense"
+            && self.values != "f16"
+            && self.value_rows.is_none()
+            && self.queries == "f32"
+            && self.sink == 0
+            && self.ring.is_none()
+            && !self.is_rotation_draw()
     }
 
     /// The same configuration keeping its first position in `f32` (`sink=1`).
@@ -426,9 +445,10 @@ impl FrontierRun {
         let sink = if self.sink > 0 { format!(" sink={}", self.sink) } else { String::new() };
         let tail = format!("{sink}{ring}{select}{norm}{queries}");
         let v = self.value_rows.map_or(String::new(), |v| format!(" values={v}"));
+        let b = if self.buffer > 0 { format!(" b={}", self.buffer) } else { String::new() };
         match self.k {
-            None if self.rotate == "none" => format!("dense {}{v}{tail}", self.values),
-            None => format!("dense {}{v} rotate={}{tail}", self.values, self.rotate),
+            None if self.rotate == "none" => format!("dense {}{v}{b}{tail}", self.values),
+            None => format!("dense {}{v} rotate={}{b}{tail}", self.values, self.rotate),
             Some(k) => {
                 let kv = self.kv.map_or(String::new(), |kv| format!("/{kv}"));
                 format!("swan {} {} k={k}{kv} b={}{tail}", self.index, self.values, self.buffer)
@@ -463,8 +483,9 @@ impl FrontierRun {
                     String::new()
                 };
                 let v = self.value_rows.map_or(String::new(), |v| format!(",values={v}"));
+                let b = if self.buffer > 0 { format!(",b={}", self.buffer) } else { String::new() };
                 format!(
-                    "dense:format={}{v},rotate={}{p}{sink},threads={threads}",
+                    "dense:format={}{v},rotate={}{p}{sink}{b},threads={threads}",
                     self.values, self.rotate
                 )
             }
@@ -494,9 +515,11 @@ impl FrontierRun {
             };
             // A key row and a value row, each in its own format.
             let token = row(self.values) + row(self.value_rows.unwrap_or(self.values));
-            // Sink positions are kept in f32 in place of their quantized rows.
+            // Sink positions are kept in f32 in place of their quantized rows, the newest
+            // `b` after them in the f16 buffer.
             let sink = tokens.min(self.sink);
-            return (tokens - sink) * token + 2 * sink * 4 * d;
+            let buffered = (tokens - sink).min(self.buffer);
+            return (tokens - sink - buffered) * token + 2 * sink * 4 * d + buffered * 2 * 2 * d;
         };
         let cfg = self.swan_config(d, k, self.kv.unwrap_or(k));
         // Sink positions are kept in f32 and never reach the buffer or the sparse rows.
@@ -796,9 +819,13 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     } else {
         &["none", "hadamard"]
     };
-    for values in ["fp8", "int8", "int4"] {
-        for &rotate in rotations {
-            runs.push(FrontierRun::dense(values, rotate));
+    // Every quantized format unbuffered (llama.cpp's condition) and behind each of the SWAN
+    // grid's buffers: SWAN and the dense formats compared on equal footing.
+    for b in std::iter::once(0).chain(buffers.iter().copied().filter(|&b| b > 0)) {
+        for values in ["fp8", "int8", "int4"] {
+            for &rotate in rotations {
+                runs.push(FrontierRun::dense(values, rotate).buffered(b));
+            }
         }
     }
     // llama.cpp's q8_0 cache as it scores it, with the queries rounded to int8 (where this
@@ -959,8 +986,13 @@ impl SwanGrid {
                 ));
             }
         }
+        // The buffers axis holds for the buffered dense rows too (b = 0, llama.cpp's
+        // condition, always stays).
+        let dense_kept = |r: &FrontierRun| {
+            r.buffer == 0 || self.buffers.is_empty() || self.buffers.contains(&r.buffer)
+        };
         runs.retain(|r| {
-            r.k.is_none()
+            (r.k.is_none() && dense_kept(r))
                 || axes.iter().all(|(_, listed, value)| {
                     listed.is_empty() || value(r).is_some_and(|v| listed.contains(&v))
                 })
@@ -988,6 +1020,33 @@ impl SwanGrid {
     }
 }
 
+/// Narrows `runs` to the equal-footing comparison: dense f16, every quantized format with one
+/// format for keys and values (unrotated and Walsh–Hadamard-rotated, at every buffer of the
+/// plan), and the SWAN rows in the paper's form (magnitude selection, unscaled, no sink),
+/// every one with the same buffer choices and no sink. On a sliding-window model every
+/// configuration keeps f16 rings, so the formats differ on the global layers alone.
+pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
+    runs.retain(|r| match r.k {
+        None => {
+            *r == FrontierRun::dense("f16", "none")
+                || (r.is_plain_quantized() && matches!(r.rotate, "none" | "hadamard"))
+        }
+        Some(_) => {
+            r.kv.is_none()
+                && r.select.is_none()
+                && r.norm.is_none()
+                && r.sink == 0
+                && r.ring.is_none()
+                && r.ring_values.is_none()
+        }
+    });
+    if windowed {
+        for r in runs.iter_mut().filter(|r| r.values != "f16" || r.k.is_some()) {
+            r.ring = Some("f16");
+        }
+    }
+}
+
 /// One configuration's figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct FrontierPoint {
@@ -1007,6 +1066,10 @@ pub struct FrontierPoint {
     pub window_formula_bytes: f64,
     /// `window_bytes` / dense f16 bytes of the same tokens.
     pub window_ratio: f64,
+    /// Mean NLL of the scored positions of each window alone (the gaps' jackknife); empty for
+    /// a reused point.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub window_nll: Vec<f64>,
     /// Bytes per token of a 4096-token cache / dense f16.
     pub long_ratio: f64,
     /// The same for the global layers alone (models with sliding-window layers only).
@@ -1042,6 +1105,133 @@ impl BudgetRow {
     }
 }
 
+/// Budgets of the equal-footing table (× dense f16 per token of a 4096-token cache).
+pub const EQUAL_BUDGETS: [f64; 9] = [0.12, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.55];
+
+/// The best configuration of each family at or under one budget, every one with the same
+/// recent-token buffer `b`, and the gap between the two best with its jackknife standard
+/// error over the windows.
+#[derive(Clone, Debug, Serialize)]
+pub struct EqualFootingRow {
+    /// The buffer every configuration of the row keeps (`b`).
+    pub buffer: usize,
+    /// Budget × dense f16 (per token of a 4096-token cache; the global layers alone on a
+    /// sliding-window model, whose rings are f16 in every configuration).
+    pub budget: f64,
+    /// Best quantized dense configuration: (label, ratio, perplexity).
+    pub dense: Option<(String, f64, f64)>,
+    /// Best SWAN configuration.
+    pub swan: Option<(String, f64, f64)>,
+    /// SWAN's cost over dense f16 minus dense's (fraction of dense f16's perplexity;
+    /// negative: SWAN better) and its leave-one-window-out jackknife standard error, when
+    /// both were measured in this run on at least two windows.
+    pub gap: Option<(f64, f64)>,
+}
+
+impl EqualFootingRow {
+    /// Whether the gap is resolved (more than two standard errors from zero).
+    pub fn resolved(&self) -> Option<bool> {
+        self.gap.map(|(g, se)| g.abs() > 2.0 * se)
+    }
+}
+
+/// The equal-footing rows of `points`: per buffer both families were run at and per budget,
+/// each family's lowest perplexity at or under it.
+fn equal_footing_rows(points: &[FrontierPoint], windowed: bool) -> Vec<EqualFootingRow> {
+    let ratio = |p: &FrontierPoint| match windowed {
+        true => p.global_long_ratio.unwrap_or(f64::INFINITY),
+        false => p.long_ratio,
+    };
+    let f16 = points.iter().find(|p| p.run == FrontierRun::dense("f16", "none"));
+    let mut buffers: Vec<usize> = points.iter().map(|p| p.run.buffer).collect();
+    buffers.sort_unstable();
+    buffers.dedup();
+    let mut out = Vec::new();
+    for b in buffers {
+        let in_family = |p: &&FrontierPoint, swan: bool| {
+            p.run.buffer == b && if swan { p.run.k.is_some() } else { p.run.is_plain_quantized() }
+        };
+        if !points.iter().any(|p| in_family(&p, true))
+            || !points.iter().any(|p| in_family(&p, false))
+        {
+            continue;
+        }
+        for budget in EQUAL_BUDGETS {
+            let best = |swan: bool| {
+                points
+                    .iter()
+                    .filter(|p| in_family(p, swan) && ratio(p) <= budget)
+                    .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity))
+            };
+            let (d, w) = (best(false), best(true));
+            let gap = match (d, w, f16) {
+                (Some(d), Some(w), Some(f)) => frontier_peer::peer_gap(
+                    &w.window_nll,
+                    &f.window_nll,
+                    &d.window_nll,
+                    &f.window_nll,
+                )
+                .map(|g| (g.gap, g.se)),
+                _ => None,
+            };
+            let cell =
+                |p: Option<&FrontierPoint>| p.map(|p| (p.label.clone(), ratio(p), p.perplexity));
+            out.push(EqualFootingRow { buffer: b, budget, dense: cell(d), swan: cell(w), gap });
+        }
+    }
+    out
+}
+
+/// The equal-footing table: per buffer and budget, the best quantized dense and the best SWAN
+/// configuration and the gap between them with its standard error.
+fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
+    if s.equal_footing.is_empty() {
+        return;
+    }
+    let measure = if s.local.is_some() { "global layers, 4096" } else { "4096" };
+    let headers = [
+        "b",
+        "budget × f16",
+        "best dense (bytes / f16)",
+        "Δ vs f16",
+        "best SWAN (bytes / f16)",
+        "Δ vs f16",
+        "SWAN − dense",
+        "resolved (> 2 SE)",
+    ];
+    let mut t = Table::new(
+        &leg.name("frontier_equal_footing"),
+        &format!("Equal footing: the best of each family at the same buffer ({measure})"),
+        &headers,
+    );
+    let cell = |c: &Option<(String, f64, f64)>| match c {
+        Some((label, ratio, ppl)) => {
+            [format!("{label} ({})", num(*ratio, 3)), pct(ppl / base - 1.0, 2)]
+        }
+        None => ["—".to_owned(), String::new()],
+    };
+    for r in &s.equal_footing {
+        let [d, dc] = cell(&r.dense);
+        let [w, wc] = cell(&r.swan);
+        let (gap, resolved) = match (r.gap, r.resolved()) {
+            (Some((g, se)), Some(res)) => {
+                let who = if g < 0.0 { "SWAN" } else { "dense" };
+                (
+                    format!("{:+.2} ± {:.2} pp", 100.0 * g, 100.0 * se),
+                    if res { format!("yes: {who} better") } else { "no".to_owned() },
+                )
+            }
+            _ => ("—".to_owned(), "—".to_owned()),
+        };
+        t.row(vec![r.buffer.to_string(), num(r.budget, 2), d, dc, w, wc, gap, resolved]);
+    }
+    let (count, ..) = s.windows;
+    t.note(format!(
+        "Every configuration of a row keeps the same b newest positions in f16 and no sink; bytes count the buffer amortized over a {LONG_CACHE}-token cache. The gap is SWAN's cost over dense f16 minus the dense configuration's, in points of dense f16's perplexity, with its leave-one-window-out jackknife standard error over the {count} windows (both measured on the same windows)."
+    ));
+    out.table(t);
+}
+
 /// llama.cpp's perplexity with a quantized KV cache on the same text.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct External {
@@ -1074,6 +1264,8 @@ pub struct FrontierStudy {
     pub points: Vec<FrontierPoint>,
     /// Per-budget comparisons.
     pub budgets: Vec<BudgetRow>,
+    /// Per-buffer, per-budget comparisons on equal footing.
+    pub equal_footing: Vec<EqualFootingRow>,
     /// llama.cpp's own figures.
     pub external: External,
     /// Dense f16 perplexity over the positions llama.cpp's tool scores (the second half of
@@ -1696,6 +1888,7 @@ pub fn run(
                     None,
                 ),
             };
+            let window_nll = ts.iter().map(|t| t.nll_sum() / t.nll.len().max(1) as f64).collect();
             let point = FrontierPoint {
                 run: run.clone(),
                 label: run.label(),
@@ -1705,6 +1898,7 @@ pub fn run(
                 window_bytes,
                 window_formula_bytes: bm.bytes(run, tokens) as f64,
                 window_ratio: window_bytes / dense16,
+                window_nll,
                 long_ratio: bm.ratio(run, LONG_CACHE),
                 global_long_ratio: bm.global_ratio(run, LONG_CACHE),
                 frontier_window: false,
@@ -1725,6 +1919,7 @@ pub fn run(
     mark_frontier(&mut points, |p| p.window_ratio, |p, f| p.frontier_window = f);
     mark_frontier(&mut points, |p| p.long_ratio, |p, f| p.frontier_long = f);
     let budgets = budget_rows(&points, bm.local.is_some());
+    let equal_footing = equal_footing_rows(&points, bm.local.is_some());
     let text =
         models::load::text::read_text(&crate::paths::plays_dir().join(format!("{play}.md")))?;
     let external = external(ctx, llama_cpp, &text, (count, wlen));
@@ -1747,6 +1942,7 @@ pub fn run(
         head_dim: d,
         points,
         budgets,
+        equal_footing,
         external,
         dense_f16_llamacpp_positions: on_llamacpp_tokens,
         whole_window,
@@ -1860,9 +2056,10 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         t.row(row);
     }
     out.table(t);
+    equal_footing_table(s, leg, base, out);
     let mut b = Table::new(
         &leg.name("frontier_budgets"),
-        "Best dense quantized vs best SWAN at or under each budget",
+        "Best dense quantized vs best SWAN at or under each budget, each at whichever buffer it does best with",
         &[
             "budget × f16",
             "bytes counted",
@@ -2321,6 +2518,68 @@ mod tests {
     use super::*;
     use crate::reproduce::report::Report;
 
+    /// The grid has every quantized dense format at every buffer of its SWAN rows and
+    /// unbuffered; the equal-footing narrowing keeps dense f16, the one-format quantized rows
+    /// (none / Hadamard) and the paper-form SWAN rows, every one at its buffer, with f16 rings
+    /// on a windowed model; a buffered dense row's spec, label and bytes carry its buffer.
+    #[test]
+    fn equal_footing_keeps_every_family_at_every_buffer() {
+        let full = grid(64, &[2, 4], &[0, 128], true);
+        for b in [0, 128] {
+            for values in ["fp8", "int8", "int4"] {
+                let run = FrontierRun::dense(values, "hadamard").buffered(b);
+                assert!(full.contains(&run), "{}", run.label());
+            }
+        }
+        let mut runs = full.clone();
+        equal_footing(&mut runs, false);
+        let dense: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_none()).collect();
+        assert_eq!(dense.len(), 1 + 3 * 2 * 2, "f16 + 3 formats × none/hadamard × b ∈ {{0, 128}}");
+        assert!(runs.iter().all(|r| r.sink == 0 && r.kv.is_none() && r.queries == "f32"));
+        let swan = runs.iter().filter(|r| r.k.is_some()).count();
+        assert_eq!(swan, 2 * 4 * 2 * 2, "list/bitmask × 4 values × 2 k × 2 buffers");
+        let mut windowed = full.clone();
+        equal_footing(&mut windowed, true);
+        assert!(windowed.iter().all(|r| r.ring_format() == "f16"));
+        let b = FrontierRun::dense("int4", "hadamard").buffered(128);
+        assert_eq!(b.label(), "dense int4 rotate=hadamard b=128");
+        assert!(b.spec("p", 1).contains(",b=128,"), "{}", b.spec("p", 1));
+        // 100 tokens: all buffered (f16); 200: 128 buffered, 72 in q4_0 rows (36 bytes k + v).
+        assert_eq!(b.head_bytes(64, 100), 100 * 2 * 2 * 64);
+        assert_eq!(b.head_bytes(64, 200), 128 * 2 * 2 * 64 + 72 * 2 * 36);
+    }
+
+    /// The equal-footing rows pick each family's best at its buffer under each budget and give
+    /// the gap its jackknife error; a buffer only one family ran at gives no row.
+    #[test]
+    fn equal_footing_rows_compare_at_one_buffer() {
+        let p = |run: FrontierRun, ratio: f64, nll: [f64; 3]| {
+            let mut x = point(run, (nll.iter().sum::<f64>() / 3.0).exp());
+            x.long_ratio = ratio;
+            x.window_nll = nll.to_vec();
+            x
+        };
+        let points = vec![
+            p(FrontierRun::dense("f16", "none"), 1.0, [2.0, 2.1, 2.2]),
+            p(FrontierRun::dense("int4", "hadamard").buffered(128), 0.3, [2.10, 2.21, 2.30]),
+            p(FrontierRun::dense("int8", "hadamard").buffered(128), 0.55, [2.01, 2.11, 2.21]),
+            p(FrontierRun::swan("bitmask", "int8", 32, 128), 0.35, [2.05, 2.14, 2.26]),
+            p(FrontierRun::swan("bitmask", "int8", 32, 0), 0.3, [2.5, 2.6, 2.7]),
+        ];
+        let rows = equal_footing_rows(&points, false);
+        assert!(rows.iter().all(|r| r.buffer == 128), "b = 0 has no dense row");
+        let at = |budget: f64| rows.iter().find(|r| r.budget == budget).unwrap();
+        assert!(at(0.2).dense.is_none() && at(0.2).gap.is_none());
+        let r = at(0.35);
+        assert_eq!(r.dense.as_ref().unwrap().0, "dense int4 rotate=hadamard b=128");
+        assert_eq!(r.swan.as_ref().unwrap().0, "swan bitmask int8 k=32 b=128");
+        let (gap, se) = r.gap.unwrap();
+        assert!(gap < 0.0 && se > 0.0, "SWAN's lower NLL: a negative gap ({gap}, {se})");
+        let r = at(0.55);
+        assert_eq!(r.dense.as_ref().unwrap().0, "dense int8 rotate=hadamard b=128");
+        assert!(r.gap.unwrap().0 > 0.0);
+    }
+
     #[test]
     fn a_restricted_swan_grid_keeps_the_dense_rows_and_refuses_what_the_plan_lacks() {
         let full = grid(256, &[1, 2, 3, 4, 5, 6, 7, 8], &[0, 64, 128], true);
@@ -2341,8 +2600,11 @@ mod tests {
         };
         let mut runs = full.clone();
         pick.apply(&mut runs, 256).unwrap();
-        // Every dense row, and list/bitmask × 2 values × 3 k × 1 buffer.
-        assert_eq!(runs.iter().filter(|r| r.k.is_none()).count(), dense);
+        // Every dense row but the buffered ones at another buffer (3 formats × 4 rotations
+        // at b = 64), and list/bitmask × 2 values × 3 k × 1 buffer.
+        assert_eq!(runs.iter().filter(|r| r.k.is_none()).count(), dense - 12);
+        assert!(runs.iter().all(|r| r.k.is_some() || r.buffer != 64));
+        assert_eq!(runs.iter().filter(|r| r.k.is_none() && r.buffer == 128).count(), 12);
         let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
         assert_eq!(swan.len(), 12);
         assert!(swan.iter().all(|r| [32, 128, 256].contains(&r.k.unwrap()) && r.buffer == 128));
@@ -2655,6 +2917,7 @@ mod tests {
     /// A measured point of `run` with only its perplexity set.
     fn point(run: FrontierRun, perplexity: f64) -> FrontierPoint {
         FrontierPoint {
+            window_nll: Vec::new(),
             label: run.label(),
             run,
             spec: String::new(),
@@ -2681,6 +2944,7 @@ mod tests {
             head_dim,
             points,
             budgets: Vec::new(),
+            equal_footing: Vec::new(),
             external: External { status: "skipped".into(), ..External::default() },
             dense_f16_llamacpp_positions: None,
             whole_window: Vec::new(),

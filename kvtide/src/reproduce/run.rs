@@ -82,6 +82,12 @@ pub struct ReproduceArgs {
     /// not reused.
     #[arg(long)]
     pub frontier_windows: Option<usize>,
+    /// The frontier study on equal footing only: dense f16, the quantized formats with one
+    /// format for keys and values (unrotated and Walsh–Hadamard-rotated) and SWAN's rows in
+    /// the paper's form, every one at each buffer of the plan and without a sink (f16 rings
+    /// on a sliding-window model) — the comparison of formats, not of buffers.
+    #[arg(long, conflicts_with = "frontier_external_only")]
+    pub frontier_equal_footing: bool,
     /// A restriction of the frontier study's SWAN grid.
     #[command(flatten)]
     pub frontier_grid: frontier::SwanGrid,
@@ -264,6 +270,10 @@ fn frontier_leg(
                 ctx.log(&format!("frontier: int4 in {n} {} beside them", family.describe()));
             }
         }
+    }
+    if args.frontier_equal_footing {
+        frontier::equal_footing(&mut ctx.plan.frontier, windowed);
+        ctx.log("frontier: equal footing only (--frontier-equal-footing)");
     }
     let restricted = if args.frontier_grid.is_whole() {
         None

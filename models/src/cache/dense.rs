@@ -152,6 +152,11 @@ impl<D: Value> KvCache for DenseCache<D> {
         result
     }
 
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let d = self.shape().head_dim();
+        super::Footprint::plain(&self.shape(), 2 * d * D::FORMAT.bytes()).stats()
+    }
+
     fn bytes(&self) -> CacheBytes {
         let mut elems: usize = self.keys.iter().chain(&self.values).map(Vec::len).sum();
         // Mapped rows count as resident: attention reads them every step.

@@ -18,6 +18,7 @@
 //! basis (SWAN's absorbed `P_VO`) are paired with matching weights by
 //! [`crate::session::Session`]; the cache never sees weights.
 
+mod buffered;
 mod dense;
 pub mod persist;
 mod quant;
@@ -28,6 +29,7 @@ mod swan;
 pub mod tiered;
 mod window;
 
+pub use buffered::BufferedQuantCache;
 pub use dense::DenseCache;
 pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
@@ -339,7 +341,9 @@ pub trait KvCache: Send {
         None
     }
 
-    /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`); none by default.
+    /// Cache-specific figures for reports (e.g. a tiered store's `r_gpu`; the dense,
+    /// quantized, buffered and SWAN caches report [`Footprint`]); none by
+    /// default.
     fn stats(&self) -> Vec<(&'static str, f64)> {
         Vec::new()
     }
@@ -375,6 +379,120 @@ pub trait KvCache: Send {
     fn load_image(&mut self, file: &std::sync::Arc<MappedCache>) -> Result<()> {
         let _ = file;
         Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() })
+    }
+}
+
+/// The [`KvCache::stats`] key of the exact bytes one position costs once it has left any
+/// recent-token buffer and sink (keys and values of every layer and kv-head the cache
+/// serves, by the storage format's formula): the figure formats are compared by at a length
+/// where the buffer is amortized (see [`Footprint`]).
+pub const HISTORY_BYTES_PER_TOKEN: &str = "history_bytes_per_token";
+
+/// What one position costs in each part of a cache, over every layer and kv-head it serves:
+/// the exact per-format formulas a cache reports in [`KvCache::stats`] (under the keys of
+/// [`Footprint::stats`]), from which the bytes per token at any length follow — the byte
+/// accounting every format is compared by, the same for all.
+///
+/// # Examples
+/// ```
+/// use models::cache::Footprint;
+/// // A 128-row f16 buffer over int4 rows of 18 bytes (keys and values: 36), one head of 32.
+/// let f = Footprint { history: 36.0, buffer_rows: 128, buffer: 128.0, sink_rows: 0, sink: 0.0, dense_f16: 128.0 };
+/// assert_eq!(f.bytes(100), 100.0 * 128.0); // all in the buffer
+/// assert_eq!(f.bytes(4096), 128.0 * 128.0 + 3968.0 * 36.0);
+/// assert_eq!(Footprint::from_stats(&f.stats()), Some(f));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Footprint {
+    /// Bytes of one position in the history (quantized, sparse or dense rows).
+    pub history: f64,
+    /// Positions the recent-token buffer holds at most.
+    pub buffer_rows: usize,
+    /// Bytes of one buffered position.
+    pub buffer: f64,
+    /// Positions kept in `f32` first (the attention sink).
+    pub sink_rows: usize,
+    /// Bytes of one sink position.
+    pub sink: f64,
+    /// Bytes of one position of a dense f16 cache over the same layers and heads.
+    pub dense_f16: f64,
+}
+
+impl Footprint {
+    const KEYS: [&'static str; 6] = [
+        HISTORY_BYTES_PER_TOKEN,
+        "buffer_rows",
+        "buffer_bytes_per_token",
+        "sink_rows",
+        "sink_bytes_per_token",
+        "dense_f16_bytes_per_token",
+    ];
+
+    /// A cache of `shape` without buffer or sink whose key and value rows of one head cost
+    /// `row_bytes` together.
+    pub(crate) fn plain(shape: &CacheShape, row_bytes: usize) -> Self {
+        let heads = (shape.layers * shape.kv_heads()) as f64;
+        Self {
+            history: heads * row_bytes as f64,
+            buffer_rows: 0,
+            buffer: 0.0,
+            sink_rows: 0,
+            sink: 0.0,
+            dense_f16: heads * (4 * shape.head_dim()) as f64,
+        }
+    }
+
+    /// The same with `rows` buffered positions of `row_bytes` (keys and values of one head).
+    pub(crate) fn with_buffer(self, shape: &CacheShape, rows: usize, row_bytes: usize) -> Self {
+        let heads = (shape.layers * shape.kv_heads()) as f64;
+        Self { buffer_rows: rows, buffer: heads * row_bytes as f64, ..self }
+    }
+
+    /// The same with `rows` sink positions in `f32`.
+    pub(crate) fn with_sink(self, shape: &CacheShape, rows: usize) -> Self {
+        let heads = (shape.layers * shape.kv_heads()) as f64;
+        Self { sink_rows: rows, sink: heads * (8 * shape.head_dim()) as f64, ..self }
+    }
+
+    /// Bytes held for `tokens` positions: the sink's first, then the buffer's newest, the
+    /// history the rest.
+    pub fn bytes(&self, tokens: usize) -> f64 {
+        let sink = tokens.min(self.sink_rows);
+        let buffered = (tokens - sink).min(self.buffer_rows);
+        let history = tokens - sink - buffered;
+        sink as f64 * self.sink + buffered as f64 * self.buffer + history as f64 * self.history
+    }
+
+    /// Bytes per position at `tokens` positions over a dense f16 cache's.
+    pub fn ratio_to_f16(&self, tokens: usize) -> f64 {
+        self.bytes(tokens) / (tokens.max(1) as f64 * self.dense_f16)
+    }
+
+    /// The figures as [`KvCache::stats`] entries.
+    pub fn stats(&self) -> Vec<(&'static str, f64)> {
+        let values = [
+            self.history,
+            self.buffer_rows as f64,
+            self.buffer,
+            self.sink_rows as f64,
+            self.sink,
+            self.dense_f16,
+        ];
+        Self::KEYS.into_iter().zip(values).collect()
+    }
+
+    /// The footprint a cache's stats report, if they report one.
+    pub fn from_stats(stats: &[(&str, f64)]) -> Option<Self> {
+        let get = |key: &str| stats.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+        let [h, br, b, sr, s, f] = Self::KEYS.map(get);
+        Some(Self {
+            history: h?,
+            buffer_rows: br? as usize,
+            buffer: b?,
+            sink_rows: sr? as usize,
+            sink: s?,
+            dense_f16: f?,
+        })
     }
 }
 

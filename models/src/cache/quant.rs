@@ -268,6 +268,12 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantCache<K, V> {
         result
     }
 
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let d = self.shape.head_dim();
+        let plain = super::Footprint::plain(&self.shape, K::row_bytes(d) + V::row_bytes(d));
+        plain.with_sink(&self.shape, self.sink.positions).stats()
+    }
+
     /// Mapped rows count as resident: attention reads them every step.
     fn bytes(&self) -> CacheBytes {
         let mut held: usize = self.keys.iter().map(|r| r.memory().held_bytes()).sum::<usize>()

@@ -2,10 +2,17 @@
 //!
 //! | spec | cache |
 //! |---|---|
-//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-value-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
+//! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,b=N,buffer=f16\|bf16\|f32,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-value-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
+//!
+//! `b=N` keeps the `N` newest positions of a quantized dense cache exact in
+//! `buffer=f16|bf16|f32` (default f16) and quantizes each position as it leaves that
+//! buffer ([`crate::cache::BufferedQuantCache`]): the recent-token buffer of KIVI and of
+//! SWAN (`b=128` is both papers' setting), so a quantized cache and a SWAN cache can be
+//! compared on equal footing. Default `b=0`, llama.cpp's condition; keys and values in one
+//! format; not persisted. `b` may not exceed the model's context (on every cache kind).
 //!
 //! `rotate` turns q/k (and, absorbed into `W_V`/`W_O`, v/o) into another orthonormal basis
 //! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
@@ -78,8 +85,8 @@ use projection::{Basis, BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
-    CacheShape, ComponentNorm, DenseCache, Fp8Scale, KeySelect, KvCache, QuantCache, SwanCache,
-    SwanConfig, SwanIndex,
+    BufferedQuantCache, CacheShape, ComponentNorm, DenseCache, Fp8Scale, KeySelect, KvCache,
+    QuantCache, SwanCache, SwanConfig, SwanIndex,
 };
 use crate::error::{Error, Result};
 use crate::llama::Llama;
@@ -189,12 +196,25 @@ pub struct DenseSpec {
     /// Positions of a quantized cache kept in `f32` before its quantized rows (`sink`;
     /// `0` = none, the default): see [`QuantCache::with_sink`].
     pub sink: usize,
+    /// The newest positions a quantized cache keeps exact in [`DenseSpec::buffer_format`]
+    /// (`b`; `0` = none, the default, llama.cpp's condition): see
+    /// [`crate::cache::BufferedQuantCache`].
+    pub buffer: usize,
+    /// The buffer's float format (`buffer=f16|bf16|f32`; default `f16`).
+    pub buffer_format: ValueFormat,
 }
 
 impl DenseSpec {
-    /// Plain dense storage in `format`, no rotation.
+    /// Plain dense storage in `format`, no rotation, no buffer.
     pub fn new(format: DenseStorage) -> Self {
-        Self { format, rotate: None, proj: None, sink: 0 }
+        Self {
+            format,
+            rotate: None,
+            proj: None,
+            sink: 0,
+            buffer: 0,
+            buffer_format: ValueFormat::F16,
+        }
     }
 
     fn parse(p: &mut Params<'_>) -> Result<Self> {
@@ -216,7 +236,39 @@ impl DenseSpec {
                 ),
             ));
         }
-        Ok(Self { format, rotate, proj: p.take("proj").map(PathBuf::from), sink })
+        let buffer = p.parse_opt::<usize>("b")?.unwrap_or(0);
+        let buffer_format = format_param(p, "buffer", &DENSE_FORMATS)?;
+        if buffer > 0 {
+            match format {
+                DenseStorage::Quant(_) => {}
+                DenseStorage::Float(_) => {
+                    return Err(spec_err(
+                        p.spec(),
+                        format!(
+                            "b={buffer}: format={format} keeps every position in full already; b= applies to fp8, int8 and int4"
+                        ),
+                    ));
+                }
+                DenseStorage::Mixed { .. } => {
+                    return Err(spec_err(
+                        p.spec(),
+                        format!(
+                            "b={buffer}: a buffered cache keeps keys and values in one format; format={format} mixes two"
+                        ),
+                    ));
+                }
+            }
+        } else if let Some(f) = buffer_format {
+            return Err(spec_err(p.spec(), format!("buffer={f} needs a buffer: give b=N (N > 0)")));
+        }
+        Ok(Self {
+            format,
+            rotate,
+            proj: p.take("proj").map(PathBuf::from),
+            sink,
+            buffer,
+            buffer_format: buffer_format.unwrap_or(ValueFormat::F16),
+        })
     }
 }
 
@@ -673,7 +725,24 @@ impl CacheSpec {
     /// The model this spec runs with and a maker of fresh caches for it: the spec's cache,
     /// wrapped in a [`crate::cache::WindowedCache`] when the model has sliding-window layers
     /// (the spec's cache then serves the global layers alone, with their projections).
+    /// The recent-token buffer rows the spec keeps exact (`b`; 0 for none).
+    pub fn buffer_rows(&self) -> usize {
+        match &self.kind {
+            CacheKind::Dense(d) => d.buffer,
+            CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer,
+            CacheKind::Tiered(_) => 0,
+        }
+    }
+
     fn parts(&self, model: &Llama) -> Result<(Llama, CacheMaker<'_>)> {
+        let context = model.config().max_position_embeddings;
+        let b = self.buffer_rows();
+        if context > 0 && b > context {
+            return Err(spec_err(
+                &self.text,
+                format!("b={b} exceeds the model's context of {context} positions"),
+            ));
+        }
         let (model, make) = self.layered_parts(model)?;
         let Some(queries) = self.queries else { return Ok((model, make)) };
         let with_queries = move || -> Result<Box<dyn KvCache>> {
@@ -883,11 +952,47 @@ fn dense(
             _ => float::<f16>(shape, rotation, threads),
         };
     };
+    if spec.buffer > 0 {
+        return buffered(shape, spec, keys, rotation, threads);
+    }
     let at = (threads, spec.sink);
     match keys {
         DenseFormat::Fp8 => quant::<Fp8Rows>((shape, values), rotation, at),
         DenseFormat::Int8 => quant::<Int8Blocks>((shape, values), rotation, at),
         DenseFormat::Int4 => quant::<Int4Blocks>((shape, values), rotation, at),
+    }
+}
+
+/// A buffered quantized cache ([`BufferedQuantCache`]) of a dense spec with `b > 0`, whose
+/// keys and values share the format `format`.
+fn buffered(
+    shape: CacheShape,
+    spec: &DenseSpec,
+    format: DenseFormat,
+    rotation: Option<Arc<ProjectionSet>>,
+    threads: usize,
+) -> Result<Box<dyn KvCache>> {
+    fn with<C: DenseCodec>(
+        shape: CacheShape,
+        spec: &DenseSpec,
+        rotation: Option<Arc<ProjectionSet>>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
+        let (s, r, t, b) = (shape, rotation, threads, spec.buffer);
+        Ok(match spec.buffer_format {
+            ValueFormat::F32 => {
+                Box::new(BufferedQuantCache::<C, f32>::new(s, r, t, b)?.with_sink(spec.sink)?)
+            }
+            ValueFormat::Bf16 => {
+                Box::new(BufferedQuantCache::<C, bf16>::new(s, r, t, b)?.with_sink(spec.sink)?)
+            }
+            _ => Box::new(BufferedQuantCache::<C, f16>::new(s, r, t, b)?.with_sink(spec.sink)?),
+        })
+    }
+    match format {
+        DenseFormat::Fp8 => with::<Fp8Rows>(shape, spec, rotation, threads),
+        DenseFormat::Int8 => with::<Int8Blocks>(shape, spec, rotation, threads),
+        DenseFormat::Int4 => with::<Int4Blocks>(shape, spec, rotation, threads),
     }
 }
 

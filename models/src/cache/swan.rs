@@ -900,6 +900,14 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
         Ok(())
     }
 
+    fn stats(&self) -> Vec<(&'static str, f64)> {
+        let d = self.shape.head_dim();
+        let (s, c) = (&self.shape, &self.cfg);
+        let plain = super::Footprint::plain(s, c.sparse_token_bytes(d));
+        let buffered = plain.with_buffer(s, c.buffer, 2 * d * c.buffer_format.bytes());
+        buffered.with_sink(s, self.sink.positions).stats()
+    }
+
     /// The rows read from a reopened file count as resident: attention reads them every
     /// step (from the page cache).
     fn bytes(&self) -> CacheBytes {
