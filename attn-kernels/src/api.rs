@@ -15,13 +15,15 @@
 //! gathered kernel to a tiered store holding SWAN's sparse fp8 rows next to dense ones.
 
 use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
 use crate::config::AttnConfig;
 use crate::error::Result;
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
+    SparseKv,
 };
 
 /// One decode step of a layer's attention over each kind of KV cache.
@@ -125,6 +127,21 @@ pub trait EncodedAttention {
         cfg: &AttnConfig,
         q: &[f32],
         kv: &[QuantKv<'_, K, V>],
+        out: &mut [f32],
+    ) -> Result<()>;
+
+    /// Histories of coded rows read through row decoders ([`DecodedKv`]: KIVI, the
+    /// TurboQuant-style codes): sink rows, the coded rows, then the recent-token buffer,
+    /// under one softmax.
+    ///
+    /// # Errors
+    /// As [`DecodeAttention::dense`]; a keys / values row-count mismatch or a malformed
+    /// sink or buffer is [`crate::Error::RowCountMismatch`] / [`crate::Error::RaggedRows`].
+    fn decoded<K: DecodeRows, V: DecodeRows>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DecodedKv<'_, K, V>],
         out: &mut [f32],
     ) -> Result<()>;
 

@@ -68,7 +68,7 @@ pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;
 pub use views::{
-    CodedHistoryPrefix, CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HistoryPrefix,
-    HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, RecentFormat, RecentRows, SparseKv,
-    SparseSlab, WithSink,
+    CodedHistoryPrefix, CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv,
+    HistoryPrefix, HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, RecentFormat,
+    RecentRows, SparseKv, SparseSlab, WithSink,
 };

@@ -15,6 +15,7 @@
 
 use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
 use kv_sparse::csr::{CsrView, SparseRow};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
 
@@ -24,8 +25,8 @@ use crate::cuda::{DecodeDevice, LayerCache, PackedCoded, PackedCsr};
 use crate::error::Result;
 use crate::validate;
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, RecentRows,
-    SparseKv, SparseSlab,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
+    RecentRows, SparseKv, SparseSlab,
 };
 
 /// The reference implementation of [`DecodeAttention`], [`GatheredSparseAttention`] and
@@ -425,6 +426,40 @@ impl DecodeDevice for Reference {
 }
 
 impl EncodedAttention for Reference {
+    fn decoded<K: DecodeRows, V: DecodeRows>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DecodedKv<'_, K, V>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "Reference::decoded";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::decoded(OP, cfg.head_dim(), h, c)?;
+        }
+        let d = cfg.head_dim();
+        let heads = kv.iter().map(|c| {
+            let mut rows = Decoded::new(d);
+            rows.push_dense(c.sink.0, c.sink.1);
+            let (mut k, mut v) = (vec![0.0f32; d], vec![0.0f32; d]);
+            for j in 0..c.keys.num_rows() {
+                c.keys.decode_row(j, &mut k);
+                c.values.decode_row(j, &mut v);
+                rows.push_dense(&k, &v);
+            }
+            match c.buffer {
+                Some(RecentRows::F32(kv)) => rows.push_ring(kv.keys, kv.values),
+                Some(RecentRows::F16(kv)) => rows.push_ring(kv.keys, kv.values),
+                Some(RecentRows::Bf16(kv)) => rows.push_ring(kv.keys, kv.values),
+                None => {}
+            }
+            rows
+        });
+        attend_all(cfg, q, out, None, heads);
+        Ok(())
+    }
+
     fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,

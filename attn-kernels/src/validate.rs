@@ -187,6 +187,23 @@ pub(crate) fn quantized<K: DenseCodec, V: DenseCodec>(
     non_empty(op, kv_head, rows)
 }
 
+/// A decoded kv-head (coded rows read through row decoders); returns its rows.
+pub(crate) fn decoded<K: kv_sparse::decoded::DecodeRows, V: kv_sparse::decoded::DecodeRows>(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &crate::views::DecodedKv<'_, K, V>,
+) -> Result<usize> {
+    head_dim(op, kv_head, d, kv.keys.head_dim())?;
+    head_dim(op, kv_head, d, kv.values.head_dim())?;
+    let mut rows = same_rows(op, kv_head, "coded", kv.keys.num_rows(), kv.values.num_rows())?;
+    rows += sink(op, d, kv_head, kv.sink)?;
+    if let Some(buffer) = &kv.buffer {
+        rows += recent(op, d, kv_head, buffer)?;
+    }
+    non_empty(op, kv_head, rows)
+}
+
 /// A kv-head's recent-token buffer (dense keys and values in a float format); returns its
 /// rows.
 pub(crate) fn recent(

@@ -9,6 +9,7 @@
 
 use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
 use kv_sparse::csr::CsrView;
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::hybrid::{CodedHybridCache, CodedHybridView, HybridCache, HybridView};
 use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
@@ -659,6 +660,78 @@ impl<'a, K: DenseCodec, V: DenseCodec> QuantKv<'a, K, V> {
             Some((k, v)) if j < before => k.row(j).zip(v.row(j)),
             _ => self.keys.row(j - before).zip(self.values.row(j - before)),
         }
+    }
+}
+
+/// A kv-head whose history rows are codes read through row decoders ([`DecodeRows`]: KIVI's
+/// grouped 2/4-bit rows, the TurboQuant-style unit-vector codes), in token order: `f32`
+/// sink rows, the coded rows (keys and values, equally many), then the recent-token buffer,
+/// all under one softmax.
+///
+/// # Examples
+/// ```
+/// use attn_kernels::{AttnConfig, CpuAttention, DecodedKv, EncodedAttention};
+/// use kv_sparse::turbo::TurboRows;
+/// let d = 32;
+/// let (mut k, mut v) = (TurboRows::<4>::new(d)?, TurboRows::<4>::new(d)?);
+/// k.push(&[0.5; 32])?;
+/// v.push(&[2.0; 32])?;
+/// let recent = (vec![0.5f32; 32], vec![1.0f32; 32]);
+/// let kv = DecodedKv::new(k.view(), v.view()).with_buffer((&recent.0, &[]), (&recent.1, &[]));
+/// let mut out = [0.0; 32];
+/// CpuAttention::new(1)?.decoded(&AttnConfig::new(1, 1, d)?, &[0.0; 32], &[kv], &mut out)?;
+/// assert!(out.iter().all(|&x| (x - 1.5).abs() < 0.05)); // equal scores: about the mean
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct DecodedKv<'a, K, V = K> {
+    /// Key rows.
+    pub keys: K,
+    /// Value rows (as many as `keys`).
+    pub values: V,
+    /// Rows kept in `f32` before the coded ones (keys, values; row-major); empty for none.
+    pub sink: (&'a [f32], &'a [f32]),
+    /// The newest rows, exact, after the coded ones; `None` for none.
+    pub buffer: Option<RecentRows<'a>>,
+}
+
+impl<'a, K: DecodeRows, V: DecodeRows> DecodedKv<'a, K, V> {
+    /// Coded keys and values of one kv-head, no sink, no buffer.
+    pub fn new(keys: K, values: V) -> Self {
+        Self { keys, values, sink: (&[], &[]), buffer: None }
+    }
+
+    /// The same rows after `f32` sink rows (row-major, `head_dim` wide).
+    #[must_use]
+    pub fn with_sink(self, keys: &'a [f32], values: &'a [f32]) -> Self {
+        Self { sink: (keys, values), ..self }
+    }
+
+    /// The same rows followed by a recent-token buffer (each side a ring's `(older, newer)`
+    /// halves, row-major).
+    #[must_use]
+    pub fn with_buffer<D: RecentFormat>(
+        self,
+        keys: (&'a [D], &'a [D]),
+        values: (&'a [D], &'a [D]),
+    ) -> Self {
+        let head_dim = self.keys.head_dim();
+        Self { buffer: Some(D::recent(DenseKv { head_dim, keys, values })), ..self }
+    }
+
+    /// Rows of `head_dim` the sink holds.
+    pub fn sink_rows(&self) -> usize {
+        self.sink.0.len() / self.keys.head_dim().max(1)
+    }
+
+    /// Rows the recent-token buffer holds.
+    pub fn buffer_rows(&self) -> usize {
+        self.buffer.map_or(0, |b| b.num_rows())
+    }
+
+    /// Every row: the sink's, the coded ones and the buffer's.
+    pub fn num_rows(&self) -> usize {
+        self.sink_rows() + self.keys.num_rows() + self.buffer_rows()
     }
 }
 

@@ -10,14 +10,17 @@ mod common;
 
 use attn_kernels::accuracy::Kernel;
 use attn_kernels::{
-    AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, Error, QuantKv,
-    RecentFormat, Reference, synth,
+    AttnConfig, CpuAttention, DecodeAttention, DecodedKv, DenseKv, EncodedAttention, Error,
+    QuantKv, RecentFormat, Reference, synth,
 };
 use common::{LAYOUTS, assert_close, cfg, engines};
 use half::{bf16, f16};
 use kv_sparse::ValueFormat;
-use kv_sparse::hybrid::{HybridConfig, QuantHybridCache};
+use kv_sparse::decoded::Side;
+use kv_sparse::hybrid::{Hybrid, HybridConfig, QuantHybridCache};
+use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+use kv_sparse::turbo::TurboRows;
 
 fn bound(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
@@ -216,4 +219,241 @@ fn malformed_buffers_are_typed_errors() {
     let a = Reference.quantized(&cfg, &q, &uneven, &mut out).unwrap_err();
     let b = Reference.quantized(&cfg, &q, &ragged, &mut out).unwrap_err();
     check("reference", a, b);
+}
+
+/// One layout: KIVI-2, KIVI-4 (groups of 8 tokens / channels) and turbo-2/3/4 heads with a
+/// sink and a buffer, every engine against the reference.
+fn decoded_case(layout: (usize, usize), d: usize, (sink, rows, recent): (usize, usize, usize)) {
+    let cfg = cfg(layout, d);
+    let q = synth::values(cfg.q_len(), 23);
+    let part = |n: usize, seed: u64| synth::values(n * d, seed);
+    let heads: Vec<[Vec<f32>; 6]> = (0..layout.1 as u64)
+        .map(|h| {
+            let s = 300 + 6 * h;
+            [
+                part(sink, s),
+                part(sink, s + 1),
+                part(rows, s + 2),
+                part(rows, s + 3),
+                part(recent, s + 4),
+                part(recent, s + 5),
+            ]
+        })
+        .collect();
+    let max =
+        heads.iter().fold(0.0f32, |m, h| m.max(bound(&h[1])).max(bound(&h[3])).max(bound(&h[5])));
+    fn check<K: kv_sparse::decoded::DecodeRows, V: kv_sparse::decoded::DecodeRows>(
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DecodedKv<'_, K, V>],
+        max: f32,
+        what: &str,
+    ) {
+        let mut want = vec![0.0; cfg.q_len()];
+        Reference.decoded(cfg, q, kv, &mut want).unwrap();
+        for (name, mut e) in engines() {
+            let mut got = vec![f32::NAN; cfg.q_len()];
+            e.decoded(cfg, q, kv, &mut got).unwrap();
+            assert_close(
+                Kernel::Hybrid,
+                ValueFormat::F32,
+                &got,
+                &want,
+                max,
+                &format!("{name} {what}"),
+            );
+        }
+    }
+    let kivi = |bits: usize| -> Vec<(KiviRowsDyn, KiviRowsDyn)> {
+        heads
+            .iter()
+            .map(|h| {
+                let mut k = KiviRowsDyn::new(bits, Side::Keys, d);
+                let mut v = KiviRowsDyn::new(bits, Side::Values, d);
+                k.push(&h[2]);
+                v.push(&h[3]);
+                (k, v)
+            })
+            .collect()
+    };
+    let recent: Vec<(Vec<f16>, Vec<f16>)> = heads
+        .iter()
+        .map(|h| {
+            (
+                h[4].iter().map(|&x| f16::from_f32(x)).collect(),
+                h[5].iter().map(|&x| f16::from_f32(x)).collect(),
+            )
+        })
+        .collect();
+    for bits in [2, 4] {
+        let stores = kivi(bits);
+        let kv: Vec<_> = stores
+            .iter()
+            .zip(&heads)
+            .zip(&recent)
+            .map(|(((k, v), h), (bk, bv))| {
+                DecodedKv::new(k.view(), v.view())
+                    .with_sink(&h[0], &h[1])
+                    .with_buffer((&bk[..], &[]), (&bv[..], &[]))
+            })
+            .collect();
+        assert!(
+            kv.iter()
+                .all(|h| h.num_rows() == sink + rows + recent.len().min(1) * recent[0].0.len() / d)
+        );
+        check(&cfg, &q, &kv, max, &format!("kivi{bits} {layout:?} d={d}"));
+    }
+    macro_rules! turbo {
+        ($b:literal) => {{
+            let stores: Vec<(TurboRows<$b>, TurboRows<$b>)> = heads
+                .iter()
+                .map(|h| {
+                    let (mut k, mut v) =
+                        (TurboRows::<$b>::new(d).unwrap(), TurboRows::<$b>::new(d).unwrap());
+                    k.push(&h[2]).unwrap();
+                    v.push(&h[3]).unwrap();
+                    (k, v)
+                })
+                .collect();
+            let kv: Vec<_> = stores
+                .iter()
+                .zip(&heads)
+                .zip(&recent)
+                .map(|(((k, v), h), (bk, bv))| {
+                    DecodedKv::new(k.view(), v.view())
+                        .with_sink(&h[0], &h[1])
+                        .with_buffer((&bk[..], &[]), (&bv[..], &[]))
+                })
+                .collect();
+            check(&cfg, &q, &kv, max, &format!("turbo{} {layout:?} d={d}", $b));
+        }};
+    }
+    turbo!(2);
+    turbo!(3);
+    turbo!(4);
+}
+
+/// KIVI rows of either width behind one type (the test's own convenience).
+enum KiviRowsDyn {
+    Two(KiviRows<2>),
+    Four(KiviRows<4>),
+}
+
+impl KiviRowsDyn {
+    fn new(bits: usize, side: Side, d: usize) -> Self {
+        match bits {
+            2 => Self::Two(KiviRows::new(side, d, 8).unwrap()),
+            _ => Self::Four(KiviRows::new(side, d, 8).unwrap()),
+        }
+    }
+
+    fn push(&mut self, x: &[f32]) {
+        match self {
+            Self::Two(r) => r.push(x).unwrap(),
+            Self::Four(r) => r.push(x).unwrap(),
+        }
+    }
+
+    fn view(&self) -> kv_sparse::kivi::KiviView<'_> {
+        match self {
+            Self::Two(r) => r.view(),
+            Self::Four(r) => r.view(),
+        }
+    }
+}
+
+#[test]
+fn decoded_histories_attend_as_the_reference_for_every_layout() {
+    for layout in LAYOUTS {
+        // Rows that leave KIVI keys waiting (150 = 18 groups of 8 + 6) and whole groups.
+        for shape in [(0, 150, 7), (2, 64, 16), (1, 0, 5)] {
+            decoded_case(layout, 64, shape);
+        }
+    }
+}
+
+/// kv-sparse's hybrid cache over KIVI or turbo rows, through the decoded kernel: with every
+/// token in its f32 buffer it attends as the dense kernel bit for bit; past it as the
+/// reference does, and no longer as the dense kernel.
+#[test]
+fn hybrid_caches_over_coded_rows_attend_through_the_decoded_kernel() {
+    let (d, b) = (64, 16);
+    let cfg = cfg((4, 2), d);
+    let q = synth::values(cfg.q_len(), 31);
+    for tokens in [b, b + 45] {
+        let raw: Vec<(Vec<f32>, Vec<f32>)> = (0..2u64)
+            .map(|h| (synth::values(tokens * d, 60 + h), synth::values(tokens * d, 70 + h)))
+            .collect();
+        let kc = HybridConfig::lossless(d, b).for_store::<KiviRows<2>>();
+        let tc = HybridConfig::lossless(d, b).for_store::<TurboRows<3>>();
+        let mut kivi: Vec<Hybrid<KiviRows<2>, f32>> =
+            (0..2).map(|_| Hybrid::new(kc).unwrap()).collect();
+        let mut turbo: Vec<Hybrid<TurboRows<3>, f32>> =
+            (0..2).map(|_| Hybrid::new(tc).unwrap()).collect();
+        for (h, (k, v)) in raw.iter().enumerate() {
+            kivi[h].extend(k, v).unwrap();
+            turbo[h].extend(k, v).unwrap();
+        }
+        let kivi_kv: Vec<_> = kivi
+            .iter()
+            .map(|c| {
+                let (k, v) = c.history();
+                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        let turbo_kv: Vec<_> = turbo
+            .iter()
+            .map(|c| {
+                let (k, v) = c.history();
+                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        let mut e = CpuAttention::new(1).unwrap();
+        let dense: Vec<_> = raw.iter().map(|(k, v)| DenseKv::new(d, k, v)).collect();
+        let mut want = vec![f32::NAN; cfg.q_len()];
+        e.dense(&cfg, &q, &dense, &mut want).unwrap();
+        let max = raw.iter().fold(0.0f32, |m, (_, v)| m.max(bound(v)));
+        for (name, kv) in [("kivi", 0), ("turbo", 1)] {
+            let mut got = vec![f32::NAN; cfg.q_len()];
+            let mut reference = vec![f32::NAN; cfg.q_len()];
+            if kv == 0 {
+                e.decoded(&cfg, &q, &kivi_kv, &mut got).unwrap();
+                Reference.decoded(&cfg, &q, &kivi_kv, &mut reference).unwrap();
+            } else {
+                e.decoded(&cfg, &q, &turbo_kv, &mut got).unwrap();
+                Reference.decoded(&cfg, &q, &turbo_kv, &mut reference).unwrap();
+            }
+            if tokens == b {
+                assert_eq!(got, want, "{name}: every token in the buffer is the dense attention");
+            } else {
+                assert_close(Kernel::Hybrid, ValueFormat::F32, &got, &reference, max, name);
+                assert!(got != want, "{name}: past the buffer the codes change the output");
+            }
+        }
+    }
+}
+
+#[test]
+fn malformed_decoded_heads_are_typed_errors() {
+    let d = 32;
+    let cfg = cfg((2, 1), d);
+    let mut k = TurboRows::<4>::new(d).unwrap();
+    k.push(&synth::values(3 * d, 1)).unwrap();
+    let mut v = TurboRows::<4>::new(d).unwrap();
+    v.push(&synth::values(2 * d, 2)).unwrap();
+    let q = synth::values(cfg.q_len(), 3);
+    let mut out = vec![0.0; cfg.q_len()];
+    let bad = [DecodedKv::new(k.view(), v.view())];
+    for (name, mut e) in engines() {
+        let err = e.decoded(&cfg, &q, &bad, &mut out).unwrap_err();
+        assert!(matches!(err, Error::RowCountMismatch { part: "coded", .. }), "{name}: {err}");
+    }
+    let err = Reference.decoded(&cfg, &q, &bad, &mut out).unwrap_err();
+    assert!(matches!(err, Error::RowCountMismatch { part: "coded", .. }), "{err}");
+    let wide = TurboRows::<4>::new(64).unwrap();
+    let bad = [DecodedKv::new(wide.view(), wide.view())];
+    assert!(matches!(
+        Reference.decoded(&cfg, &q, &bad, &mut out),
+        Err(Error::HeadDimMismatch { .. })
+    ));
 }

@@ -162,6 +162,17 @@ pub enum Error {
         /// Head dimension.
         head_dim: usize,
     },
+    /// A coded row layout that cannot be built: bits outside the format's set, a group that
+    /// does not divide the head, rows that are not whole bytes.
+    #[error("{op}: invalid {format} layout: {reason}")]
+    InvalidCodeLayout {
+        /// Operation that failed.
+        op: &'static str,
+        /// The format (`kivi`, `turbo`).
+        format: &'static str,
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
     /// A view's scales differ from the config it is loaded with.
     #[error("{op}: (key, value) scales are {got:?}, expected {expected:?}")]
     ScaleMismatch {

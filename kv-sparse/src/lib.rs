@@ -12,6 +12,9 @@
 //! | [`topk`] | O(d) magnitude top-k (ties → lower index) | pruning step |
 //! | [`coded`] | SWAN rows as index list or bitmask × f16/bf16/fp8/int8/int4 values | memory footprint (encodings) |
 //! | [`quant`] | dense int8 (q8_0) / int4 (q4_0) / scaled fp8 rows, integer value codes | baselines, 8-bit values |
+//! | [`kivi`] | KIVI 2/4-bit rows: keys per channel over token groups, values per token over channel groups | baselines (KIVI, arXiv 2402.02750) |
+//! | [`turbo`] | TurboQuant-style rows: f16 norm + Lloyd-Max codes of a random unit vector's coordinates | baselines (arXiv 2504.19874) |
+//! | [`decoded`] | [`decoded::DecodeRows`]: coded histories read row by row; bit packing | kernels' view of coded rows |
 //! | [`csr`] | paged CSR rows: [`csr::CsrStore`], [`csr::CsrView`] | memory footprint (CSR) |
 //! | [`ring`] | dense ring buffer of recent rows | hybrid cache |
 //! | [`hybrid`] | [`hybrid::HybridCache`], [`hybrid::MultiHeadCache`], kernel views | Algorithm 1 |
@@ -72,10 +75,12 @@
 
 pub mod coded;
 pub mod csr;
+pub mod decoded;
 mod error;
 pub mod fp8;
 pub mod hybrid;
 mod index;
+pub mod kivi;
 pub mod memory;
 pub mod persist;
 pub mod quant;
@@ -83,6 +88,7 @@ pub mod ring;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 pub mod topk;
+pub mod turbo;
 mod value;
 
 pub use error::{Error, Result};

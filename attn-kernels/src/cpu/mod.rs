@@ -30,6 +30,7 @@ mod tile;
 pub use isa::{Isa, QueryPrecision};
 
 use kv_sparse::coded::{IndexCode, ValueCode};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
@@ -39,11 +40,13 @@ use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
 use crate::validate;
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
+    SparseKv,
 };
 use engine::{Engine, Job, Workspace};
 use sources::{
-    CodedHybridSrc, DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, QuantSrc, SparseSrc,
+    CodedHybridSrc, DecodedSrc, DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, QuantSrc,
+    SparseSrc,
 };
 use tile::Kernels;
 
@@ -338,6 +341,23 @@ impl GatheredSparseAttention for CpuAttention {
 }
 
 impl EncodedAttention for CpuAttention {
+    fn decoded<K: DecodeRows, V: DecodeRows>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        kv: &[DecodedKv<'_, K, V>],
+        out: &mut [f32],
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::decoded";
+        validate::call(OP, cfg, q, out, kv.len())?;
+        for (h, c) in kv.iter().enumerate() {
+            validate::decoded(OP, cfg.head_dim(), h, c)?;
+        }
+        let job = Job { cfg, q, capture: false };
+        self.engine.execute(&job, &DecodedSrc(kv), out, None);
+        Ok(())
+    }
+
     fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,

@@ -23,6 +23,7 @@
 
 use kv_sparse::ValueFormat;
 use kv_sparse::coded::{CodedView, IndexCode, IndexKind, ValueCode, ValueKind};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::hybrid::{CodedHybridView, HybridView};
 use kv_sparse::quant::{DenseCodec, DenseFormat};
 use kv_sparse::{SparseIndex, Value};
@@ -35,8 +36,8 @@ use super::segment::{
 };
 use super::tile::{Kernels, TILE, one_span, prefetch};
 use crate::views::{
-    CodedHybridSource, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv, RecentRows,
-    SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
+    RecentRows, SparseKv,
 };
 
 /// A ring's `(older, newer)` row-major halves, rows of `d`, with the older half's row
@@ -411,6 +412,58 @@ fn decoded_segment<const W: usize>(
     }
 }
 
+/// Coded rows read through row decoders (KIVI, TurboQuant-style) of every kv-head.
+pub(crate) struct DecodedSrc<'s, 'a, K, V>(pub &'s [DecodedKv<'a, K, V>]);
+
+impl<K: DecodeRows, V: DecodeRows> ItemSource for DecodedSrc<'_, '_, K, V> {
+    fn rows(&self, kv: usize) -> usize {
+        self.0[kv].num_rows()
+    }
+
+    fn run<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        sc: &mut Scratch,
+        slot: &mut Slot,
+    ) {
+        let kv = &self.0[item.kv];
+        // The sink's f32 rows, the coded rows a tile at a time, then the buffer's.
+        let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
+        let (coded, recent) = split_item(item, kv.keys.num_rows());
+        if let Some(item) = &coded {
+            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                kv.keys.decode_row(j, ko);
+                kv.values.decode_row(j, vo);
+            };
+            decoded_segment::<W>(k, job, item, item.rows.clone(), sc, slot, decode);
+        }
+        if let (Some(item), Some(buffer)) = (recent, kv.buffer) {
+            recent_rows::<W>(k, job, &item, buffer, sc, slot);
+        }
+    }
+}
+
+/// Streams `item`'s rows of a recent-token buffer through `slot`.
+fn recent_rows<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    buffer: RecentRows<'_>,
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let d = job.cfg.head_dim();
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let rows = item.rows.clone();
+    match buffer {
+        RecentRows::F32(b) => recent_segment::<f32, W>(k, &b, rows, q, d, slot),
+        RecentRows::F16(b) => recent_segment::<_, W>(k, &b, rows, q, d, slot),
+        RecentRows::Bf16(b) => recent_segment::<_, W>(k, &b, rows, q, d, slot),
+    }
+}
+
 /// Dense quantized keys (codec `K`) and values (codec `V`) of every kv-head.
 pub(crate) struct QuantSrc<'s, 'a, K, V>(pub &'s [QuantKv<'a, K, V>]);
 
@@ -466,7 +519,6 @@ impl<'a, K: DenseCodec, V: DenseCodec> ItemSource for QuantSrc<'_, 'a, K, V> {
         slot: &mut Slot,
     ) {
         let kv = &self.0[item.kv];
-        let d = job.cfg.head_dim();
         // The sink's f32 rows come first, then the quantized rows, then the recent-token
         // buffer's dense rows, all under the same softmax.
         let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
@@ -475,12 +527,7 @@ impl<'a, K: DenseCodec, V: DenseCodec> ItemSource for QuantSrc<'_, 'a, K, V> {
             quant_rows::<K, V, W>(k, job, item, kv, sc, slot);
         }
         if let (Some(item), Some(buffer)) = (recent, kv.buffer) {
-            let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
-            match buffer {
-                RecentRows::F32(b) => recent_segment::<f32, W>(k, &b, item.rows, q, d, slot),
-                RecentRows::F16(b) => recent_segment::<_, W>(k, &b, item.rows, q, d, slot),
-                RecentRows::Bf16(b) => recent_segment::<_, W>(k, &b, item.rows, q, d, slot),
-            }
+            recent_rows::<W>(k, job, &item, buffer, sc, slot);
         }
     }
 }

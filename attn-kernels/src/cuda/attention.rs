@@ -157,6 +157,20 @@ impl DecodeAttention for Gpu {
 }
 
 impl EncodedAttention for Gpu {
+    /// Not on the GPU: coded rows read through row decoders have no CUDA kernel.
+    fn decoded<K: kv_sparse::decoded::DecodeRows, V: kv_sparse::decoded::DecodeRows>(
+        &mut self,
+        _cfg: &AttnConfig,
+        _q: &[f32],
+        _kv: &[crate::DecodedKv<'_, K, V>],
+        _out: &mut [f32],
+    ) -> Result<()> {
+        Err(crate::Error::GpuUnsupported {
+            op: "Gpu::decoded",
+            what: "KIVI and TurboQuant-style rows (no CUDA kernel reads them)".into(),
+        })
+    }
+
     fn quantized<K: DenseCodec, V: DenseCodec>(
         &mut self,
         cfg: &AttnConfig,

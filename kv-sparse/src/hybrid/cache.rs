@@ -15,8 +15,11 @@ use super::input::{check_limits, sanitize_into, scan};
 use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore};
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
 use crate::csr::{CsrStore, CsrView};
+use crate::decoded::Side;
+use crate::kivi::{KiviRows, KiviView};
 use crate::memory::MemoryReport;
 use crate::quant::{DenseCodec, QuantRows, QuantView};
+use crate::turbo::{TurboRows, TurboView};
 use crate::{Error, Result, SparseIndex, Value};
 
 /// Hybrid cache of one (layer, kv-head): sparse history in two [`RowStore`]s `S` (keys,
@@ -115,8 +118,8 @@ impl<S: RowStore, D: Value> Hybrid<S, D> {
     /// ```
     pub fn new(cfg: HybridConfig) -> Result<Self> {
         cfg.validate_store::<S, D>()?;
-        let store = || S::empty(cfg.head_dim, cfg.rows_per_block);
-        Ok(Self::from_stores(cfg, store()?, store()?, cfg.buffer))
+        let store = |side| S::empty_side(side, cfg.head_dim, cfg.rows_per_block);
+        Ok(Self::from_stores(cfg, store(Side::Keys)?, store(Side::Values)?, cfg.buffer))
     }
 
     /// A cache over the given histories whose buffer has storage for `buffer_rows` rows
@@ -511,6 +514,21 @@ impl<X: IndexCode, Y: ValueCode, D: Value> CodedHybridCache<X, Y, D> {
 impl<C: DenseCodec, D: Value> QuantHybridCache<C, D> {
     /// The quantized history rows (keys, values), oldest first.
     pub fn history(&self) -> (QuantView<'_, C>, QuantView<'_, C>) {
+        (self.sparse.keys.view(), self.sparse.values.view())
+    }
+}
+
+impl<const B: usize, D: Value> Hybrid<KiviRows<B>, D> {
+    /// The KIVI history rows (keys, values), oldest first; keys of an incomplete group
+    /// last, exact in f16.
+    pub fn history(&self) -> (KiviView<'_>, KiviView<'_>) {
+        (self.sparse.keys.view(), self.sparse.values.view())
+    }
+}
+
+impl<const B: usize, D: Value> Hybrid<TurboRows<B>, D> {
+    /// The TurboQuant-style history rows (keys, values), oldest first.
+    pub fn history(&self) -> (TurboView<'_>, TurboView<'_>) {
         (self.sparse.keys.view(), self.sparse.values.view())
     }
 }

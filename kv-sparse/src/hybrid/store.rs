@@ -8,9 +8,12 @@
 
 use crate::coded::{CodedStore, IndexCode, ValueCode};
 use crate::csr::{CsrStore, check_rows_per_block, default_rows_per_block};
+use crate::decoded::Side;
 use crate::index::check_head_dim;
+use crate::kivi::KiviRows;
 use crate::memory::MemoryReport;
 use crate::quant::{DenseCodec, QuantRows};
+use crate::turbo::TurboRows;
 use crate::value::check_overflow;
 use crate::{Error, Result, SparseIndex, Value};
 
@@ -20,10 +23,12 @@ mod private {
     impl<I, V> Sealed for crate::csr::CsrStore<I, V> {}
     impl<X, Y> Sealed for crate::coded::CodedStore<X, Y> {}
     impl<C> Sealed for crate::quant::QuantRows<C> {}
+    impl<const B: usize> Sealed for crate::kivi::KiviRows<B> {}
+    impl<const B: usize> Sealed for crate::turbo::TurboRows<B> {}
 }
 
 /// Storage of one side (keys or values) of a hybrid cache's history. Sealed: [`CsrStore`],
-/// [`CodedStore`] and [`QuantRows`].
+/// [`CodedStore`], [`QuantRows`], [`KiviRows`] and [`TurboRows`].
 pub trait RowStore: private::Sealed + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// Default rows per block for `head_dim`.
     fn default_rows_per_block(head_dim: usize) -> usize;
@@ -52,6 +57,16 @@ pub trait RowStore: private::Sealed + Clone + std::fmt::Debug + Send + Sync + 's
     /// # Errors
     /// As [`RowStore::check_config`].
     fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self>;
+
+    /// An empty store for one side of a history (keys or values): [`RowStore::empty`]
+    /// unless the format codes the two sides differently (KIVI).
+    ///
+    /// # Errors
+    /// As [`RowStore::check_config`].
+    fn empty_side(side: Side, head_dim: usize, rows_per_block: usize) -> Result<Self> {
+        let _ = side;
+        Self::empty(head_dim, rows_per_block)
+    }
 
     /// Prunes `x` to its top-`k` magnitudes and appends it (all-or-nothing).
     ///
@@ -235,14 +250,7 @@ impl<C: DenseCodec> RowStore for QuantRows<C> {
         ks: [usize; 2],
     ) -> Result<()> {
         C::check_head_dim(op, head_dim)?;
-        for k in ks {
-            if k > head_dim {
-                return Err(Error::KTooLarge { op, k, head_dim });
-            }
-            if k != head_dim {
-                return Err(Error::PartialDenseRow { op, k, head_dim });
-            }
-        }
+        check_full_rows(op, head_dim, ks)?;
         if rows_per_block == 0 {
             return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max: 1 });
         }
@@ -279,27 +287,7 @@ impl<C: DenseCodec> RowStore for QuantRows<C> {
 
     /// Scatters the entries into a row of zeros and appends it whole.
     fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-        const OP: &str = "QuantRows::push_sparse";
-        let d = self.head_dim();
-        if indices.len() != values.len() {
-            let (expected, got) = (indices.len(), values.len());
-            return Err(Error::LengthMismatch { op: OP, what: "values", expected, got });
-        }
-        let mut row = vec![0.0f32; d];
-        for (n, (&i, &x)) in indices.iter().zip(values).enumerate() {
-            let reason = if i >= d {
-                "not below head_dim"
-            } else if n > 0 && i <= indices[n - 1] {
-                "not strictly ascending"
-            } else {
-                ""
-            };
-            if !reason.is_empty() {
-                return Err(Error::InvalidSparseIndex { op: OP, position: n, index: i, reason });
-            }
-            row[i] = x;
-        }
-        self.push(&row)
+        self.push(&scattered("QuantRows::push_sparse", self.head_dim(), indices, values)?)
     }
 
     fn len(&self) -> usize {
@@ -320,5 +308,177 @@ impl<C: DenseCodec> RowStore for QuantRows<C> {
 
     fn memory(&self) -> MemoryReport {
         QuantRows::memory(self)
+    }
+}
+
+/// Every component of a row must be kept by a dense coded history.
+fn check_full_rows(op: &'static str, head_dim: usize, ks: [usize; 2]) -> Result<()> {
+    for k in ks {
+        if k > head_dim {
+            return Err(Error::KTooLarge { op, k, head_dim });
+        }
+        if k != head_dim {
+            return Err(Error::PartialDenseRow { op, k, head_dim });
+        }
+    }
+    Ok(())
+}
+
+/// A whole row from `(index, value)` entries (zeros elsewhere), checked as a sparse row.
+fn scattered(op: &'static str, d: usize, indices: &[usize], values: &[f32]) -> Result<Vec<f32>> {
+    if indices.len() != values.len() {
+        let (expected, got) = (indices.len(), values.len());
+        return Err(Error::LengthMismatch { op, what: "values", expected, got });
+    }
+    let mut row = vec![0.0f32; d];
+    for (n, (&i, &x)) in indices.iter().zip(values).enumerate() {
+        let reason = if i >= d {
+            "not below head_dim"
+        } else if n > 0 && i <= indices[n - 1] {
+            "not strictly ascending"
+        } else {
+            ""
+        };
+        if !reason.is_empty() {
+            return Err(Error::InvalidSparseIndex { op, position: n, index: i, reason });
+        }
+        row[i] = x;
+    }
+    Ok(row)
+}
+
+/// KIVI rows as a history: every component kept; `rows_per_block` is the group (tokens per
+/// key group, channels per value group); the side decides the grouping.
+impl<const B: usize> RowStore for KiviRows<B> {
+    fn default_rows_per_block(_head_dim: usize) -> usize {
+        32
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        crate::kivi::check_layout(op, B, head_dim, rows_per_block)?;
+        check_full_rows(op, head_dim, ks)
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        if max_abs >= crate::kivi::OVERFLOW_AT {
+            let (format, limit) = (format!("kivi{B}"), crate::kivi::OVERFLOW_AT);
+            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
+        }
+        Ok(())
+    }
+
+    fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self> {
+        KiviRows::new(Side::Keys, head_dim, rows_per_block)
+    }
+
+    fn empty_side(side: Side, head_dim: usize, rows_per_block: usize) -> Result<Self> {
+        KiviRows::new(side, head_dim, rows_per_block)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        const OP: &str = "KiviRows::push_dense";
+        check_full_rows(OP, self.head_dim(), [k, k])?;
+        if x.len() != self.head_dim() {
+            let (expected, got) = (self.head_dim(), x.len());
+            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
+        }
+        self.push(x)
+    }
+
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        self.push(&scattered("KiviRows::push_sparse", self.head_dim(), indices, values)?)
+    }
+
+    fn len(&self) -> usize {
+        KiviRows::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        KiviRows::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        KiviRows::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, _nnz: usize) {
+        KiviRows::reserve(self, rows);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        KiviRows::memory(self)
+    }
+}
+
+/// TurboQuant-style rows as a history: every component kept; no blocks (any positive
+/// `rows_per_block` is accepted and ignored).
+impl<const B: usize> RowStore for TurboRows<B> {
+    fn default_rows_per_block(_head_dim: usize) -> usize {
+        1
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        crate::turbo::check_layout(op, B, head_dim)?;
+        check_full_rows(op, head_dim, ks)?;
+        if rows_per_block == 0 {
+            return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max: 1 });
+        }
+        Ok(())
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        if max_abs >= crate::turbo::OVERFLOW_AT {
+            let (format, limit) = (format!("turbo{B}"), crate::turbo::OVERFLOW_AT);
+            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
+        }
+        Ok(())
+    }
+
+    fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
+        TurboRows::new(head_dim)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        const OP: &str = "TurboRows::push_dense";
+        check_full_rows(OP, self.head_dim(), [k, k])?;
+        if x.len() != self.head_dim() {
+            let (expected, got) = (self.head_dim(), x.len());
+            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
+        }
+        self.push(x)
+    }
+
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        self.push(&scattered("TurboRows::push_sparse", self.head_dim(), indices, values)?)
+    }
+
+    fn len(&self) -> usize {
+        TurboRows::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        TurboRows::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        TurboRows::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, _nnz: usize) {
+        TurboRows::reserve(self, rows);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        TurboRows::memory(self)
     }
 }

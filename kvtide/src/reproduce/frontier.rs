@@ -1022,7 +1022,8 @@ impl SwanGrid {
 
 /// Narrows `runs` to the equal-footing comparison: dense f16, every quantized format with one
 /// format for keys and values (unrotated and Walsh–Hadamard-rotated, at every buffer of the
-/// plan), and the SWAN rows in the paper's form (magnitude selection, unscaled, no sink),
+/// plan), and the SWAN rows in the paper's form (magnitude selection, unscaled, no sink;
+/// bitmask rows with int8 / int4 values and the paper's index lists with fp8 values),
 /// every one with the same buffer choices and no sink. On a sliding-window model every
 /// configuration keeps f16 rings, so the formats differ on the global layers alone.
 pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
@@ -1032,7 +1033,12 @@ pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
                 || (r.is_plain_quantized() && matches!(r.rotate, "none" | "hadamard"))
         }
         Some(_) => {
-            r.kv.is_none()
+            // Integer codes in bitmask rows (smaller than index lists once k > d_h/8), fp8
+            // in the paper's index lists.
+            let encoding =
+                matches!((r.index, r.values), ("bitmask", "int8" | "int4") | ("list", "fp8"));
+            encoding
+                && r.kv.is_none()
                 && r.select.is_none()
                 && r.norm.is_none()
                 && r.sink == 0
@@ -2537,7 +2543,7 @@ mod tests {
         assert_eq!(dense.len(), 1 + 3 * 2 * 2, "f16 + 3 formats × none/hadamard × b ∈ {{0, 128}}");
         assert!(runs.iter().all(|r| r.sink == 0 && r.kv.is_none() && r.queries == "f32"));
         let swan = runs.iter().filter(|r| r.k.is_some()).count();
-        assert_eq!(swan, 2 * 4 * 2 * 2, "list/bitmask × 4 values × 2 k × 2 buffers");
+        assert_eq!(swan, 3 * 2 * 2, "bitmask int8/int4, list fp8 × 2 k × 2 buffers");
         let mut windowed = full.clone();
         equal_footing(&mut windowed, true);
         assert!(windowed.iter().all(|r| r.ring_format() == "f16"));
