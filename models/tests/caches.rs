@@ -123,6 +123,17 @@ fn bad_specs_are_typed_errors() {
         "dense:format=int4,buffer=f16",
         "dense:format=int4,b=8,buffer=fp8",
         "dense:format=int4,b=8,buffer=int8",
+        "kivi:bits=3",
+        "kivi:bits=8",
+        "kivi:group=0",
+        "kivi:group=x",
+        "kivi:bits=2,b=x",
+        "kivi:buffer=fp8",
+        "kivi:k=4",
+        "turbo:bits=5",
+        "turbo:bits=1",
+        "turbo:rotate=spiral",
+        "turbo:group=32",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -138,6 +149,15 @@ fn bad_specs_are_typed_errors() {
             Err(Error::CacheSpec { reason, .. }) => assert!(reason.contains("512"), "{reason}"),
             Err(other) => panic!("{spec}: {other}"),
             Ok(_) => panic!("{spec}: a buffer past the context was accepted"),
+        }
+    }
+    // A KIVI group must divide the head (16 here), checked when the cache is built.
+    for (spec, what) in [("kivi:group=32", "group = 32"), ("kivi:bits=4,group=6", "group = 6")] {
+        let parsed: CacheSpec = spec.parse().unwrap();
+        match parsed.build(&ckpt.model) {
+            Err(Error::CacheSpec { reason, .. }) => assert!(reason.contains(what), "{reason}"),
+            Err(other) => panic!("{spec}: {other}"),
+            Ok(_) => panic!("{spec}: a group not dividing head_dim was accepted"),
         }
     }
     let outside: CacheSpec = "tiered:span=60..100".parse().unwrap();
@@ -208,6 +228,36 @@ fn a_buffer_keeps_the_newest_positions_exact() {
         assert_eq!(ppl, f32_ppl, "{format}: an f32 buffer holding everything is lossless");
         assert_eq!(all.cache().bytes().total() as f64, f32_bytes, "{format}");
     }
+}
+
+/// `kivi:` and `turbo:` keep the newest positions in the buffer and the older ones as codes:
+/// bytes are the buffer's f16 rows plus the codes and their parameters (a KIVI key group's
+/// per-channel scale and zero once its group is complete, its waiting keys in f16), the
+/// label names the format, and the history cost per position is the format's formula.
+#[test]
+fn coded_histories_keep_their_bytes_and_labels() {
+    let wide = Checkpoint::load(&fixtures().join(WIDE_HEADS)).unwrap();
+    let (f32_cache, _) = run(&wide, "dense:format=f32");
+    // 63 positions held, a 32-wide row of f32 is 128 bytes.
+    let pairs = f32_cache.cache().bytes().total() as f64 / 63.0 / 128.0 / 2.0;
+    // b = 16: 47 history positions. KIVI-2, groups of 8: 5 complete key groups (40 rows:
+    // 8 codes bytes + 5 groups × 128 bytes of parameters), 7 keys waiting in f16; 47 value
+    // rows of 8 code bytes + 4 groups × 4 bytes.
+    let (kivi, _) = run(&wide, "kivi:bits=2,group=8,b=16");
+    let keys = 40.0 * 8.0 + 5.0 * 128.0 + 7.0 * 64.0;
+    let values = 47.0 * (8.0 + 16.0);
+    let buffer = 16.0 * 2.0 * 64.0;
+    assert_eq!(kivi.cache().bytes().total() as f64, pairs * (keys + values + buffer));
+    assert_eq!(kivi.cache().label(), "kivi2 group=8 b=16 (f16)");
+    let footprint = models::cache::Footprint::from_stats(&kivi.cache().stats()).unwrap();
+    assert_eq!(footprint.history, pairs * 2.0 * (8.0 + 16.0));
+    // Turbo-3: 2 bytes of norm + 12 code bytes a row, rotated by the default random basis.
+    let (turbo, _) = run(&wide, "turbo:b=16");
+    assert_eq!(turbo.cache().bytes().total() as f64, pairs * (47.0 * 2.0 * 14.0 + buffer));
+    assert_eq!(turbo.cache().label(), "turbo3 rotate=random:0 b=16 (f16)");
+    let (sunk, _) = run(&wide, "turbo:bits=2,rotate=none,b=16,sink=1");
+    assert_eq!(sunk.cache().label(), "turbo2 b=16 (f16) sink=1");
+    assert!(matches!(sunk.cache().image(), Err(Error::NotPersistable { .. })));
 }
 
 /// `values=` keeps a quantized cache's value rows in another format than its keys

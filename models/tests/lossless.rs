@@ -131,6 +131,33 @@ fn tiny_buffered_quantized_cache_holding_every_position_is_dense_bit_for_bit() {
     }
 }
 
+/// KIVI and TurboQuant-style caches whose `f32` buffer holds every position never code a
+/// row: their logits are the dense `f32` cache's (in the same basis) bit for bit; a shorter
+/// buffer codes rows and is not.
+#[test]
+fn tiny_coded_caches_holding_every_position_are_dense_bit_for_bit() {
+    let ckpt = Checkpoint::load(&fixtures().join("tiny").join("llama-mha")).unwrap();
+    let ids: Vec<u32> = (0..48u32).map(|i| (i * 37 + 11) % ckpt.config.vocab_size as u32).collect();
+    let plain = logits(&ckpt, "dense:format=f32,threads=1", &ids, 1);
+    let random = logits(&ckpt, "dense:format=f32,rotate=random:0,threads=1", &ids, 1);
+    for (spec, dense) in [
+        ("kivi:bits=2,group=8", &plain),
+        ("kivi:bits=4,group=32", &plain),
+        ("turbo:bits=2", &random),
+        ("turbo:bits=3", &random),
+        ("turbo:bits=4,rotate=none", &plain),
+    ] {
+        let full = format!("{spec},b=48,buffer=f32,threads=1");
+        let got = logits(&ckpt, &full, &ids, 1);
+        for (p, (a, b)) in dense.iter().zip(&got).enumerate() {
+            assert!(a.equal(b), "{full}: logits at step {p} differ from dense f32");
+        }
+        let short = format!("{spec},b=8,buffer=f32,threads=1");
+        let got = logits(&ckpt, &short, &ids, 1);
+        assert!(dense.iter().zip(&got).any(|(a, b)| !a.equal(b)), "{short}: nothing coded");
+    }
+}
+
 /// SmolLM2-135M and the first `tokens` token ids of the first `chars` characters of Macbeth.
 fn smollm2_macbeth(chars: usize, tokens: usize) -> (Checkpoint, Vec<u32>) {
     let path = common::default_model();

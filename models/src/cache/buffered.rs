@@ -1,7 +1,8 @@
-//! `buffered`: a quantized dense cache with a recent-token buffer — the `b` newest positions
-//! of every (layer, kv-head) exact in `f16` / `bf16` / `f32`, every older position whole in
-//! `q8_0` / `q4_0` blocks or scaled fp8, optionally in a rotated basis (Walsh–Hadamard or the
-//! SWAN basis, as [`super::QuantCache`]).
+//! `buffered`: a cache with a recent-token buffer over a history format — the `b` newest
+//! positions of every (layer, kv-head) exact in `f16` / `bf16` / `f32`, every older position
+//! whole in the history format ([`BufferedHistory`]: `q8_0` / `q4_0` blocks or scaled fp8,
+//! KIVI's grouped 2/4-bit codes, TurboQuant-style unit-vector codes), optionally in a rotated
+//! basis (Walsh–Hadamard, a seeded random basis or the SWAN basis, as [`super::QuantCache`]).
 //!
 //! This is the design of the quantized caches SWAN is compared with in the literature (KIVI,
 //! arXiv 2402.02750 §3.3, keeps a 128-token fp16 residual; so do KVQuant, GEAR and the
@@ -9,8 +10,9 @@
 //! section: "a dense buffer of recent tokens"): comparing a buffered SWAN cache with an
 //! unbuffered quantized one measures the buffer, not the format. The buffer and its
 //! eviction are kv-sparse's one hybrid implementation ([`kv_sparse::hybrid::Hybrid`] over
-//! [`QuantRows`]), the attention the quantized kernel with the buffer rows after the
-//! quantized ones under one softmax ([`attn_kernels::QuantKv::with_buffer`]).
+//! the format's row store), the attention the format's kernel with the buffer rows after
+//! the history's under one softmax ([`attn_kernels::QuantKv::with_buffer`],
+//! [`attn_kernels::DecodedKv::with_buffer`]).
 //!
 //! Lossless setting: with `b` at least the sequence length and an `f32` buffer, no row is
 //! ever quantized and the attention is the dense `f32` cache's bit for bit (tested).
@@ -19,32 +21,176 @@
 //! unbuffered quantized rows only): saving or loading one is
 //! [`crate::Error::NotPersistable`].
 
-use attn_kernels::{CpuAttention, EncodedAttention, QuantKv, RecentFormat};
-use kv_sparse::hybrid::{HybridConfig, MultiHead};
+use attn_kernels::{AttnConfig, CpuAttention, DecodedKv, EncodedAttention, QuantKv, RecentFormat};
+use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
+use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, QuantRows};
+use kv_sparse::turbo::TurboRows;
 
 use super::rotation::QkRotation;
 use super::sink::SinkRows;
 use super::{CacheBytes, CacheShape, KvCache, LayerKv, StepQkv};
 use crate::error::{Result, invalid};
 
-/// A quantized dense cache (history rows in codec `C`) whose `b` newest positions stay in the
-/// float format `D`.
-pub struct BufferedQuantCache<C: DenseCodec, D: RecentFormat> {
+/// A history format of a [`BufferedCache`]: a kv-sparse row store and the kernel that reads
+/// it. Sealed to kv-sparse's whole-row stores ([`QuantRows`], [`KiviRows`], [`TurboRows`]).
+pub trait BufferedHistory: RowStore + private::Sealed {
+    /// The format as labels name it (`dense int4`, `kivi2 group=32`, `turbo3`), for a history of
+    /// rows grouped by `group` (KIVI's group; ignored by the others).
+    fn name(group: usize) -> String;
+
+    /// Exact bytes of one position's key and value rows of one head once amortized (a KIVI
+    /// key group's parameters spread over its tokens).
+    fn token_bytes(head_dim: usize, group: usize) -> f64;
+
+    /// Whether keys are `q8_0` codes (the keys int8 queries are scored against).
+    fn int8_keys() -> bool {
+        false
+    }
+
+    /// One decode step of a layer over its kv-heads' caches, each head's `f32` sink rows
+    /// (`sink[h]`, empty for none) attended first.
+    ///
+    /// # Errors
+    /// Kernel errors.
+    fn attend<D: RecentFormat>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        sink: &[(&[f32], &[f32])],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()>;
+}
+
+mod private {
+    /// Seals [`super::BufferedHistory`].
+    pub trait Sealed {}
+    impl<C> Sealed for kv_sparse::quant::QuantRows<C> {}
+    impl<const B: usize> Sealed for kv_sparse::kivi::KiviRows<B> {}
+    impl<const B: usize> Sealed for kv_sparse::turbo::TurboRows<B> {}
+}
+
+impl<C: DenseCodec> BufferedHistory for QuantRows<C> {
+    fn name(_group: usize) -> String {
+        format!("dense {}", C::FORMAT)
+    }
+
+    fn token_bytes(head_dim: usize, _group: usize) -> f64 {
+        (2 * C::row_bytes(head_dim)) as f64
+    }
+
+    fn int8_keys() -> bool {
+        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+    }
+
+    fn attend<D: RecentFormat>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        sink: &[(&[f32], &[f32])],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let views: Vec<QuantKv<'_, C>> = heads
+            .iter()
+            .zip(sink)
+            .map(|(c, &(sk, sv))| {
+                let (keys, values) = c.history();
+                QuantKv::new(keys, values)
+                    .with_sink(sk, sv)
+                    .with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        kernel.quantized(cfg, q, &views, out)
+    }
+}
+
+impl<const B: usize> BufferedHistory for KiviRows<B> {
+    fn name(group: usize) -> String {
+        format!("kivi{B} group={group}")
+    }
+
+    fn token_bytes(head_dim: usize, group: usize) -> f64 {
+        2.0 * KiviRows::<B>::row_bytes(head_dim, group)
+    }
+
+    fn attend<D: RecentFormat>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        sink: &[(&[f32], &[f32])],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let views: Vec<_> = heads
+            .iter()
+            .zip(sink)
+            .map(|(c, &(sk, sv))| {
+                let (keys, values) = c.history();
+                DecodedKv::new(keys, values)
+                    .with_sink(sk, sv)
+                    .with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        kernel.decoded(cfg, q, &views, out)
+    }
+}
+
+impl<const B: usize> BufferedHistory for TurboRows<B> {
+    fn name(_group: usize) -> String {
+        format!("turbo{B}")
+    }
+
+    fn token_bytes(head_dim: usize, _group: usize) -> f64 {
+        (2 * TurboRows::<B>::row_bytes(head_dim)) as f64
+    }
+
+    fn attend<D: RecentFormat>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        sink: &[(&[f32], &[f32])],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let views: Vec<_> = heads
+            .iter()
+            .zip(sink)
+            .map(|(c, &(sk, sv))| {
+                let (keys, values) = c.history();
+                DecodedKv::new(keys, values)
+                    .with_sink(sk, sv)
+                    .with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        kernel.decoded(cfg, q, &views, out)
+    }
+}
+
+/// A cache whose `b` newest positions stay exact in the float format `D` and whose older
+/// positions are kept whole in the history format `S`.
+pub struct BufferedCache<S: BufferedHistory, D: RecentFormat> {
     shape: CacheShape,
     kernel: CpuAttention,
     rotation: Option<QkRotation>,
-    /// Every (layer, kv-head): quantized history and exact buffer.
-    caches: MultiHead<QuantRows<C>, D>,
+    /// Every (layer, kv-head): history and exact buffer.
+    caches: MultiHead<S, D>,
     /// Buffer rows `b`.
     buffer: usize,
+    /// The history's group (KIVI; the store's rows per block otherwise).
+    group: usize,
     /// Positions kept in `f32` before everything else.
     sink: SinkRows,
     /// One layer's keys and values without the sink's positions (prefill only).
     staged: (Vec<f32>, Vec<f32>),
 }
 
-impl<C: DenseCodec, D: RecentFormat> BufferedQuantCache<C, D> {
+/// A quantized dense cache (`q8_0` / `q4_0` blocks or scaled fp8, codec `C`) with a recent-token
+/// buffer in `D`.
+pub type BufferedQuantCache<C, D> = BufferedCache<QuantRows<C>, D>;
+
+impl<S: BufferedHistory, D: RecentFormat> BufferedCache<S, D> {
     /// An empty cache keeping the `buffer` newest positions in `D`; with `rotation` (a
     /// projection set for `shape`) q and k are rotated by its `P_QK` (values must come from a
     /// model with its `P_VO` absorbed).
@@ -77,15 +223,36 @@ impl<C: DenseCodec, D: RecentFormat> BufferedQuantCache<C, D> {
         threads: usize,
         buffer: usize,
     ) -> Result<Self> {
+        let group = S::default_rows_per_block(shape.head_dim()).max(1);
+        Self::with_group(shape, rotation, threads, buffer, group)
+    }
+
+    /// [`BufferedCache::new`] with the history's rows grouped by `group` (KIVI: tokens per key
+    /// group and channels per value group).
+    ///
+    /// # Errors
+    /// As [`BufferedCache::new`]; [`crate::Error::Sparse`] for a group the format cannot
+    /// take (KIVI: one not dividing `head_dim`).
+    pub fn with_group(
+        shape: CacheShape,
+        rotation: Option<std::sync::Arc<projection::ProjectionSet>>,
+        threads: usize,
+        buffer: usize,
+        group: usize,
+    ) -> Result<Self> {
         let rotation =
             rotation.map(|set| QkRotation::new("buffered cache", shape, set)).transpose()?;
-        let cfg = HybridConfig::lossless(shape.head_dim(), buffer).for_store::<QuantRows<C>>();
+        let cfg = HybridConfig {
+            rows_per_block: group,
+            ..HybridConfig::lossless(shape.head_dim(), buffer)
+        };
         Ok(Self {
             shape,
             kernel: CpuAttention::new(threads)?,
             rotation,
             caches: MultiHead::new(shape.layers, shape.kv_heads(), cfg)?,
             buffer,
+            group,
             sink: SinkRows::new(shape.layers * shape.kv_heads()),
             staged: (Vec::new(), Vec::new()),
         })
@@ -139,13 +306,13 @@ impl<C: DenseCodec, D: RecentFormat> BufferedQuantCache<C, D> {
     }
 }
 
-impl<C: DenseCodec, D: RecentFormat> KvCache for BufferedQuantCache<C, D> {
+impl<S: BufferedHistory, D: RecentFormat> KvCache for BufferedCache<S, D> {
     fn thread_pool(&self) -> Option<&attn_kernels::ThreadPool> {
         Some(self.kernel.pool())
     }
 
     fn int8_keys(&self) -> bool {
-        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+        S::int8_keys()
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
@@ -161,8 +328,8 @@ impl<C: DenseCodec, D: RecentFormat> KvCache for BufferedQuantCache<C, D> {
             .as_ref()
             .map_or_else(String::new, |r| format!(" rotate={}", r.set().provenance().kind));
         format!(
-            "dense {}{rotate} b={} ({}){}{}",
-            C::FORMAT,
+            "{}{rotate} b={} ({}){}{}",
+            S::name(self.group),
             self.buffer,
             D::FORMAT,
             self.sink.label(),
@@ -221,18 +388,9 @@ impl<C: DenseCodec, D: RecentFormat> KvCache for BufferedQuantCache<C, D> {
                 .layer(layer)
                 .ok_or_else(|| invalid("buffered cache decode", "layer out of range"))?;
             let first = layer * self.shape.kv_heads();
-            let views: Vec<QuantKv<'_, C>> = heads
-                .iter()
-                .enumerate()
-                .map(|(h, c)| {
-                    let (sk, sv) = self.sink.all(first + h);
-                    let (keys, values) = c.history();
-                    QuantKv::new(keys, values)
-                        .with_sink(sk, sv)
-                        .with_buffer(c.buffer_keys(), c.buffer_values())
-                })
-                .collect();
-            self.kernel.quantized(&self.shape.attn, step.q, &views, out)?;
+            let sink: Vec<(&[f32], &[f32])> =
+                (first..first + self.shape.kv_heads()).map(|slot| self.sink.all(slot)).collect();
+            S::attend(&mut self.kernel, &self.shape.attn, step.q, heads, &sink, out)?;
             Ok(())
         })();
         self.rotation = rotation;
@@ -241,7 +399,7 @@ impl<C: DenseCodec, D: RecentFormat> KvCache for BufferedQuantCache<C, D> {
 
     fn stats(&self) -> Vec<(&'static str, f64)> {
         let (s, d) = (&self.shape, self.shape.head_dim());
-        let plain = super::Footprint::plain(s, 2 * C::row_bytes(d));
+        let plain = super::Footprint::plain(s, S::token_bytes(d, self.group));
         let buffered = plain.with_buffer(s, self.buffer, 2 * d * D::FORMAT.bytes());
         buffered.with_sink(s, self.sink.positions).stats()
     }

@@ -154,7 +154,7 @@ impl<D: Value> KvCache for DenseCache<D> {
 
     fn stats(&self) -> Vec<(&'static str, f64)> {
         let d = self.shape().head_dim();
-        super::Footprint::plain(&self.shape(), 2 * d * D::FORMAT.bytes()).stats()
+        super::Footprint::plain(&self.shape(), (2 * d * D::FORMAT.bytes()) as f64).stats()
     }
 
     fn bytes(&self) -> CacheBytes {

@@ -29,10 +29,10 @@ mod swan;
 pub mod tiered;
 mod window;
 
-pub use buffered::BufferedQuantCache;
+pub use buffered::{BufferedCache, BufferedHistory, BufferedQuantCache};
 pub use dense::DenseCache;
 pub use quant::QuantCache;
-pub use spec::{CacheKind, CacheSpec, DenseSpec, DenseStorage, SwanSpec};
+pub use spec::{CacheKind, CacheSpec, CodedFormat, CodedSpec, DenseSpec, DenseStorage, SwanSpec};
 pub use swan::{ComponentNorm, Fp8Scale, KeySelect, SwanCache, SwanConfig, SwanIndex, SwanRows};
 pub use tiered::{TieredCache, TieredSpec};
 pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
@@ -430,10 +430,10 @@ impl Footprint {
 
     /// A cache of `shape` without buffer or sink whose key and value rows of one head cost
     /// `row_bytes` together.
-    pub(crate) fn plain(shape: &CacheShape, row_bytes: usize) -> Self {
+    pub(crate) fn plain(shape: &CacheShape, row_bytes: f64) -> Self {
         let heads = (shape.layers * shape.kv_heads()) as f64;
         Self {
-            history: heads * row_bytes as f64,
+            history: heads * row_bytes,
             buffer_rows: 0,
             buffer: 0.0,
             sink_rows: 0,

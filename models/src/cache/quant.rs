@@ -270,7 +270,8 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantCache<K, V> {
 
     fn stats(&self) -> Vec<(&'static str, f64)> {
         let d = self.shape.head_dim();
-        let plain = super::Footprint::plain(&self.shape, K::row_bytes(d) + V::row_bytes(d));
+        let plain =
+            super::Footprint::plain(&self.shape, (K::row_bytes(d) + V::row_bytes(d)) as f64);
         plain.with_sink(&self.shape, self.sink.positions).stats()
     }
 

@@ -4,6 +4,8 @@
 //! |---|---|
 //! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,b=N,buffer=f16\|bf16\|f32,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-value-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
+//! | `kivi[:bits=2\|4,group=32,b=128,buffer=f16\|bf16\|f32,rotate=…,sink=N]` | KIVI codes behind a buffer ([`crate::cache::BufferedCache`]) |
+//! | `turbo[:bits=2\|3\|4,b=128,buffer=…,rotate=random:0\|hadamard-signs:S\|…,sink=N]` | TurboQuant-style codes behind a buffer ([`crate::cache::BufferedCache`]) |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
@@ -80,13 +82,15 @@ use kv_sparse::ValueFormat;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, List, ValueKind};
 use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
+use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
+use kv_sparse::turbo::TurboRows;
 use projection::{Basis, BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
 use crate::cache::{
-    BufferedQuantCache, CacheShape, ComponentNorm, DenseCache, Fp8Scale, KeySelect, KvCache,
-    QuantCache, SwanCache, SwanConfig, SwanIndex,
+    BufferedCache, BufferedHistory, BufferedQuantCache, CacheShape, ComponentNorm, DenseCache,
+    Fp8Scale, KeySelect, KvCache, QuantCache, SwanCache, SwanConfig, SwanIndex,
 };
 use crate::error::{Error, Result};
 use crate::llama::Llama;
@@ -307,6 +311,93 @@ fn sink_param(p: &mut Params<'_>) -> Result<usize> {
     }
 }
 
+/// A history format coded past a recent-token buffer (`kivi:` and `turbo:` specs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodedFormat {
+    /// KIVI at `bits` ∈ {2, 4}: keys per channel over groups of `group` tokens, values per
+    /// token over groups of `group` channels ([`kv_sparse::kivi`]).
+    Kivi {
+        /// Bits per code.
+        bits: usize,
+        /// Tokens per key group, channels per value group.
+        group: usize,
+    },
+    /// TurboQuant-style at `bits` ∈ {2, 3, 4}: f16 norm and Lloyd-Max codes of the
+    /// direction's coordinates in a random basis ([`kv_sparse::turbo`]).
+    Turbo {
+        /// Bits per code.
+        bits: usize,
+    },
+}
+
+/// Parameters of a `kivi:` or `turbo:` spec: the coded history behind a buffer
+/// ([`crate::cache::BufferedCache`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CodedSpec {
+    /// The history format (`bits`, `group`).
+    pub format: CodedFormat,
+    /// Recent-token buffer rows (`b`; default 128, both papers' residual).
+    pub buffer: usize,
+    /// The buffer's float format (`buffer=f16|bf16|f32`; default f16).
+    pub buffer_format: ValueFormat,
+    /// The basis q/k and v/o are turned into before coding (`rotate`; KIVI: none by
+    /// default, turbo: `random:0`, the paper's random rotation).
+    pub rotate: Option<BasisKind>,
+    /// Projection file for `rotate=calibrated` (`proj`).
+    pub proj: Option<PathBuf>,
+    /// Positions kept in `f32` before everything else (`sink=N`; default 0).
+    pub sink: usize,
+}
+
+impl CodedSpec {
+    fn parse(p: &mut Params<'_>, kivi: bool) -> Result<Self> {
+        let allowed: &[usize] = if kivi { &[2, 4] } else { &[2, 3, 4] };
+        let bits = p.parse_opt::<usize>("bits")?.unwrap_or(if kivi { 2 } else { 3 });
+        if !allowed.contains(&bits) {
+            return Err(spec_err(p.spec(), format!("bits={bits}: expected one of {allowed:?}")));
+        }
+        let format = if kivi {
+            let group = p.parse_opt::<usize>("group")?.unwrap_or(32);
+            if group == 0 {
+                return Err(spec_err(p.spec(), "group=0: expected a positive group size"));
+            }
+            CodedFormat::Kivi { bits, group }
+        } else {
+            CodedFormat::Turbo { bits }
+        };
+        let rotate = match p.take("rotate") {
+            Some("none") => None,
+            None if kivi => None,
+            None => Some(BasisKind::Random { seed: 0 }),
+            Some(r) => Some(
+                r.parse::<BasisKind>().map_err(|e| spec_err(p.spec(), format!("rotate: {e}")))?,
+            ),
+        };
+        Ok(Self {
+            format,
+            buffer: p.parse_opt::<usize>("b")?.unwrap_or(128),
+            buffer_format: format_param(p, "buffer", &DENSE_FORMATS)?.unwrap_or(ValueFormat::F16),
+            rotate,
+            proj: p.take("proj").map(PathBuf::from),
+            sink: sink_param(p)?,
+        })
+    }
+
+    /// Checks the spec against a head size: a KIVI group must divide it, coded rows must be
+    /// whole bytes.
+    fn check_head_dim(&self, spec: &str, head_dim: usize) -> Result<()> {
+        let checked = match self.format {
+            CodedFormat::Kivi { bits, group } => {
+                kv_sparse::kivi::check_layout("kivi spec", bits, head_dim, group)
+            }
+            CodedFormat::Turbo { bits } => {
+                kv_sparse::turbo::check_layout("turbo spec", bits, head_dim)
+            }
+        };
+        checked.map_err(|e| spec_err(spec, e.to_string()))
+    }
+}
+
 /// What kind of cache a spec names.
 #[derive(Clone, Debug, PartialEq)]
 pub enum CacheKind {
@@ -318,6 +409,8 @@ pub enum CacheKind {
     Tiered(TieredSpec),
     /// SWAN rotation and sparse rows inside the WnW store.
     SwanTiered(SwanSpec, TieredSpec),
+    /// A coded history (KIVI, TurboQuant-style) behind a recent-token buffer.
+    Coded(CodedSpec),
 }
 
 /// A parsed cache specification.
@@ -617,6 +710,8 @@ impl FromStr for CacheSpec {
             "dense" => CacheKind::Dense(DenseSpec::parse(&mut p)?),
             "swan" => CacheKind::Swan(SwanSpec::parse(&mut p)?),
             "tiered" => CacheKind::Tiered(TieredSpec::parse(&mut p)?),
+            "kivi" => CacheKind::Coded(CodedSpec::parse(&mut p, true)?),
+            "turbo" => CacheKind::Coded(CodedSpec::parse(&mut p, false)?),
             "swan+tiered" => {
                 let swan = SwanSpec::parse(&mut p)?;
                 if swan.key_select != KeySelect::Magnitude {
@@ -645,7 +740,9 @@ impl FromStr for CacheSpec {
             other => {
                 return Err(spec_err(
                     text,
-                    format!("unknown cache `{other}` (dense, swan, tiered, swan+tiered)"),
+                    format!(
+                        "unknown cache `{other}` (dense, swan, kivi, turbo, tiered, swan+tiered)"
+                    ),
                 ));
             }
         };
@@ -685,6 +782,9 @@ impl CacheSpec {
             CacheKind::Dense(dense) if dense.rotate.is_some() => {
                 dense.proj.get_or_insert_with(|| path.to_path_buf());
             }
+            CacheKind::Coded(coded) if coded.rotate.is_some() => {
+                coded.proj.get_or_insert_with(|| path.to_path_buf());
+            }
             _ => {}
         }
         self
@@ -718,6 +818,7 @@ impl CacheSpec {
             CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => {
                 DenseStorage::Float(s.buffer_format)
             }
+            CacheKind::Coded(c) => DenseStorage::Float(c.buffer_format),
             CacheKind::Tiered(_) => DenseStorage::Float(ValueFormat::F16),
         })
     }
@@ -730,6 +831,7 @@ impl CacheSpec {
         match &self.kind {
             CacheKind::Dense(d) => d.buffer,
             CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer,
+            CacheKind::Coded(c) => c.buffer,
             CacheKind::Tiered(_) => 0,
         }
     }
@@ -742,6 +844,9 @@ impl CacheSpec {
                 &self.text,
                 format!("b={b} exceeds the model's context of {context} positions"),
             ));
+        }
+        if let CacheKind::Coded(c) = &self.kind {
+            c.check_head_dim(&self.text, model.config().head_dim)?;
         }
         let (model, make) = self.layered_parts(model)?;
         let Some(queries) = self.queries else { return Ok((model, make)) };
@@ -859,6 +964,19 @@ impl CacheSpec {
                 let (m, set) = unrotated()?;
                 (m, Box::new(move || t.build(shape, None, threads)), set)
             }
+            CacheKind::Coded(spec) => match spec.rotate {
+                None => {
+                    let (m, set) = unrotated()?;
+                    (m, Box::new(move || coded(shape, spec, None, threads)), set)
+                }
+                Some(basis) => {
+                    let full = projection_set(basis, spec.proj.as_deref(), model)?;
+                    let (absorbed, whole) = absorb(&full)?;
+                    let set = served(&full)?;
+                    let make = move || coded(shape, spec, Some(set.clone()), threads);
+                    (absorbed, Box::new(make), Some(whole))
+                }
+            },
             CacheKind::SwanTiered(swan, t) => {
                 let full = swan.projection(model)?;
                 let cfg = swan.config(shape.head_dim());
@@ -993,6 +1111,43 @@ fn buffered(
         DenseFormat::Fp8 => with::<Fp8Rows>(shape, spec, rotation, threads),
         DenseFormat::Int8 => with::<Int8Blocks>(shape, spec, rotation, threads),
         DenseFormat::Int4 => with::<Int4Blocks>(shape, spec, rotation, threads),
+    }
+}
+
+/// A buffered cache over a coded history ([`BufferedCache`]) of a `kivi:` or `turbo:` spec.
+fn coded(
+    shape: CacheShape,
+    spec: &CodedSpec,
+    rotation: Option<Arc<ProjectionSet>>,
+    threads: usize,
+) -> Result<Box<dyn KvCache>> {
+    fn with<S: BufferedHistory>(
+        shape: CacheShape,
+        spec: &CodedSpec,
+        group: usize,
+        rotation: Option<Arc<ProjectionSet>>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
+        let (s, r, t, b, g) = (shape, rotation, threads, spec.buffer, group);
+        Ok(match spec.buffer_format {
+            ValueFormat::F32 => {
+                Box::new(BufferedCache::<S, f32>::with_group(s, r, t, b, g)?.with_sink(spec.sink)?)
+            }
+            ValueFormat::Bf16 => {
+                Box::new(BufferedCache::<S, bf16>::with_group(s, r, t, b, g)?.with_sink(spec.sink)?)
+            }
+            _ => {
+                Box::new(BufferedCache::<S, f16>::with_group(s, r, t, b, g)?.with_sink(spec.sink)?)
+            }
+        })
+    }
+    let (s, r, t) = (shape, rotation, threads);
+    match spec.format {
+        CodedFormat::Kivi { bits: 2, group } => with::<KiviRows<2>>(s, spec, group, r, t),
+        CodedFormat::Kivi { group, .. } => with::<KiviRows<4>>(s, spec, group, r, t),
+        CodedFormat::Turbo { bits: 2 } => with::<TurboRows<2>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { bits: 3 } => with::<TurboRows<3>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { .. } => with::<TurboRows<4>>(s, spec, 1, r, t),
     }
 }
 

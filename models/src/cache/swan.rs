@@ -903,7 +903,7 @@ impl<S: SwanRows, D: Value> KvCache for SwanCache<S, D> {
     fn stats(&self) -> Vec<(&'static str, f64)> {
         let d = self.shape.head_dim();
         let (s, c) = (&self.shape, &self.cfg);
-        let plain = super::Footprint::plain(s, c.sparse_token_bytes(d));
+        let plain = super::Footprint::plain(s, c.sparse_token_bytes(d) as f64);
         let buffered = plain.with_buffer(s, c.buffer, 2 * d * c.buffer_format.bytes());
         buffered.with_sink(s, self.sink.positions).stats()
     }
