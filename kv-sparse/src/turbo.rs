@@ -61,7 +61,9 @@ pub fn check_layout(op: &'static str, bits: usize, head_dim: usize) -> Result<()
 /// assert!((cb[3] * 128f32.sqrt() - 1.510).abs() < 0.02);
 /// ```
 pub fn codebook(d: usize, bits: usize) -> Arc<[f32]> {
-    static CACHE: Mutex<Vec<((usize, usize), Arc<[f32]>)>> = Mutex::new(Vec::new());
+    /// Codebooks made so far, by `(d, bits)`.
+    type Made = Vec<((usize, usize), Arc<[f32]>)>;
+    static CACHE: Mutex<Made> = Mutex::new(Vec::new());
     let mut cache = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some((_, cb)) = cache.iter().find(|(k, _)| *k == (d, bits)) {
         return Arc::clone(cb);

@@ -300,6 +300,22 @@ impl FrontierRun {
         Self { buffer: b, ..self }
     }
 
+    /// A KIVI configuration at `bits` (2 or 4), groups of 32, behind `b` buffered positions.
+    fn kivi(bits: &'static str, b: usize) -> Self {
+        Self { family: "kivi", buffer: b, ..Self::dense(bits, "none") }
+    }
+
+    /// A TurboQuant-style configuration at `bits` (2, 3 or 4) in the seeded random basis 0,
+    /// behind `b` buffered positions.
+    fn turbo(bits: &'static str, b: usize) -> Self {
+        Self { family: "turbo", buffer: b, ..Self::dense(bits, "random:0") }
+    }
+
+    /// Whether this is a KIVI or TurboQuant-style configuration (`values` holds its bits).
+    pub fn is_coded(&self) -> bool {
+        matches!(self.family, "kivi" | "turbo")
+    }
+
     /// Whether this is a quantized dense configuration of the equal-footing grid: one
     /// format for keys and values, f32 queries, no sink and the spec's own rings.
     pub fn is_plain_quantized(&self) -> bool {
@@ -371,7 +387,7 @@ impl FrontierRun {
     /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`; the key
     /// rows' when the value rows differ).
     pub fn ring_format(&self) -> &'static str {
-        self.ring.unwrap_or(if self.k.is_some() { "f16" } else { self.values })
+        self.ring.unwrap_or(if self.k.is_some() || self.is_coded() { "f16" } else { self.values })
     }
 
     /// The rings' formats as `--frontier-rings` names them: [`FrontierRun::ring_format`],
@@ -446,6 +462,12 @@ impl FrontierRun {
         let tail = format!("{sink}{ring}{select}{norm}{queries}");
         let v = self.value_rows.map_or(String::new(), |v| format!(" values={v}"));
         let b = if self.buffer > 0 { format!(" b={}", self.buffer) } else { String::new() };
+        if self.family == "kivi" {
+            return format!("kivi{}{b}{tail}", self.values);
+        }
+        if self.family == "turbo" {
+            return format!("turbo{} rotate={}{b}{tail}", self.values, self.rotate);
+        }
         match self.k {
             None if self.rotate == "none" => format!("dense {}{v}{b}{tail}", self.values),
             None => format!("dense {}{v} rotate={}{b}{tail}", self.values, self.rotate),
@@ -476,6 +498,10 @@ impl FrontierRun {
         let norm = self.norm.map_or(String::new(), |n| format!(",norm={n}"));
         let sink = if self.sink > 0 { format!(",sink={}", self.sink) } else { String::new() };
         let spec = match self.k {
+            None if self.is_coded() => format!(
+                "{}:bits={},rotate={},b={}{sink},threads={threads}",
+                self.family, self.values, self.rotate, self.buffer
+            ),
             None => {
                 let p = if self.rotate == "calibrated" {
                     format!(",proj={proj}")
@@ -505,6 +531,9 @@ impl FrontierRun {
     /// `index + values + scale + 2` bytes) plus an 8-byte base per block of sparse rows.
     pub fn head_bytes(&self, d: usize, tokens: usize) -> usize {
         use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks};
+        if self.is_coded() {
+            return self.coded_head_bytes(d, tokens);
+        }
         let Some(k) = self.k else {
             let row = |format: &str| match format {
                 "fp8" => Fp8Rows::row_bytes(d),
@@ -541,6 +570,26 @@ impl FrontierRun {
             + 2 * tokens.min(self.buffer) * 2 * d
             + sparse * cfg.sparse_token_bytes(d)
             + 8 * blocks
+    }
+
+    /// [`FrontierRun::head_bytes`] of a KIVI or TurboQuant-style configuration: f32 sink rows,
+    /// `b` f16 buffer rows, then the codes — KIVI keys in complete groups of 32 tokens (codes
+    /// plus an f16 scale and zero per channel), the incomplete group's keys in f16, KIVI values
+    /// with an f16 scale and zero per 32 channels; TurboQuant-style rows an f16 norm each.
+    fn coded_head_bytes(&self, d: usize, tokens: usize) -> usize {
+        let bits: usize = self.values.parse().unwrap_or(4);
+        let codes = kv_sparse::decoded::packed_bytes(d, bits);
+        let sink = tokens.min(self.sink);
+        let buffered = (tokens - sink).min(self.buffer);
+        let h = tokens - sink - buffered;
+        let history = if self.family == "kivi" {
+            const G: usize = 32;
+            let keys = h / G * (4 * d + G * codes) + h % G * 2 * d;
+            keys + h * (4 * d / G + codes)
+        } else {
+            h * 2 * (2 + codes)
+        };
+        2 * sink * 4 * d + buffered * 2 * 2 * d + history
     }
 
     /// Bytes of one position's key and value in a local layer's ring (per kv-head): a dense
@@ -1020,17 +1069,25 @@ impl SwanGrid {
     }
 }
 
-/// Narrows `runs` to the equal-footing comparison: dense f16, every quantized format with one
-/// format for keys and values (unrotated and Walsh–Hadamard-rotated, at every buffer of the
-/// plan), and the SWAN rows in the paper's form (magnitude selection, unscaled, no sink;
-/// bitmask rows with int8 / int4 values and the paper's index lists with fp8 values),
-/// every one with the same buffer choices and no sink. On a sliding-window model every
-/// configuration keeps f16 rings, so the formats differ on the global layers alone.
+/// Narrows `runs` to the equal-footing comparison and adds the published quantizers: dense
+/// f16; the quantized dense rows with one format for keys and values (int8 and int4 blocks,
+/// unrotated and Walsh–Hadamard-rotated); the SWAN rows in the paper's form (magnitude
+/// selection, unscaled, no sink; bitmask rows with int8 / int4 values and the paper's index
+/// lists with fp8 values); KIVI at 2 and 4 bits and the TurboQuant-style codes at 2, 3 and 4
+/// bits — every family at each buffer the SWAN rows keep (`b` newest positions in f16) and at
+/// no other, without a sink. On a sliding-window model every configuration keeps f16 rings,
+/// so the formats differ on the global layers alone.
 pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
+    let mut buffers: Vec<usize> = runs.iter().filter(|r| r.k.is_some()).map(|r| r.buffer).collect();
+    buffers.sort_unstable();
+    buffers.dedup();
     runs.retain(|r| match r.k {
         None => {
             *r == FrontierRun::dense("f16", "none")
-                || (r.is_plain_quantized() && matches!(r.rotate, "none" | "hadamard"))
+                || (r.is_plain_quantized()
+                    && matches!(r.values, "int8" | "int4")
+                    && matches!(r.rotate, "none" | "hadamard")
+                    && buffers.contains(&r.buffer))
         }
         Some(_) => {
             // Integer codes in bitmask rows (smaller than index lists once k > d_h/8), fp8
@@ -1046,6 +1103,10 @@ pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
                 && r.ring_values.is_none()
         }
     });
+    for &b in &buffers {
+        runs.extend(["2", "4"].map(|bits| FrontierRun::kivi(bits, b)));
+        runs.extend(["2", "3", "4"].map(|bits| FrontierRun::turbo(bits, b)));
+    }
     if windowed {
         for r in runs.iter_mut().filter(|r| r.values != "f16" || r.k.is_some()) {
             r.ring = Some("f16");
@@ -1114,9 +1175,15 @@ impl BudgetRow {
 /// Budgets of the equal-footing table (× dense f16 per token of a 4096-token cache).
 pub const EQUAL_BUDGETS: [f64; 9] = [0.12, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.55];
 
+/// The families the equal-footing table compares, as [`FrontierRun::family`] names them.
+pub const FAMILIES: [&str; 4] = ["dense", "kivi", "turbo", "swan"];
+
+/// A family's best configuration under a budget: (label, bytes / f16, perplexity).
+pub type Best = (String, f64, f64);
+
 /// The best configuration of each family at or under one budget, every one with the same
-/// recent-token buffer `b`, and the gap between the two best with its jackknife standard
-/// error over the windows.
+/// recent-token buffer `b`, and the gap between SWAN's best and the best of the other
+/// families with its jackknife standard error over the windows.
 #[derive(Clone, Debug, Serialize)]
 pub struct EqualFootingRow {
     /// The buffer every configuration of the row keeps (`b`).
@@ -1124,13 +1191,14 @@ pub struct EqualFootingRow {
     /// Budget × dense f16 (per token of a 4096-token cache; the global layers alone on a
     /// sliding-window model, whose rings are f16 in every configuration).
     pub budget: f64,
-    /// Best quantized dense configuration: (label, ratio, perplexity).
-    pub dense: Option<(String, f64, f64)>,
-    /// Best SWAN configuration.
-    pub swan: Option<(String, f64, f64)>,
-    /// SWAN's cost over dense f16 minus dense's (fraction of dense f16's perplexity;
-    /// negative: SWAN better) and its leave-one-window-out jackknife standard error, when
-    /// both were measured in this run on at least two windows.
+    /// Per family of [`FAMILIES`]: its best configuration (label, ratio, perplexity), if one
+    /// fits the budget.
+    pub best: Vec<(&'static str, Option<Best>)>,
+    /// The best configuration of the families other than SWAN.
+    pub other: Option<String>,
+    /// SWAN's cost over dense f16 minus the best other configuration's (fraction of dense
+    /// f16's perplexity; negative: SWAN better) and its leave-one-window-out jackknife
+    /// standard error, when both were measured in this run on at least two windows.
     pub gap: Option<(f64, f64)>,
 }
 
@@ -1139,10 +1207,24 @@ impl EqualFootingRow {
     pub fn resolved(&self) -> Option<bool> {
         self.gap.map(|(g, se)| g.abs() > 2.0 * se)
     }
+
+    /// The best configuration of `family`.
+    pub fn of(&self, family: &str) -> Option<&Best> {
+        self.best.iter().find(|(f, _)| *f == family).and_then(|(_, b)| b.as_ref())
+    }
 }
 
-/// The equal-footing rows of `points`: per buffer both families were run at and per budget,
-/// each family's lowest perplexity at or under it.
+/// Whether `run` belongs to the equal-footing `family`.
+fn in_family(run: &FrontierRun, family: &str) -> bool {
+    match family {
+        "dense" => run.is_plain_quantized(),
+        "swan" => run.k.is_some(),
+        other => run.family == other,
+    }
+}
+
+/// The equal-footing rows of `points`: per buffer SWAN and another family were run at and per
+/// budget, each family's lowest perplexity at or under it.
 fn equal_footing_rows(points: &[FrontierPoint], windowed: bool) -> Vec<EqualFootingRow> {
     let ratio = |p: &FrontierPoint| match windowed {
         true => p.global_long_ratio.unwrap_or(f64::INFINITY),
@@ -1154,27 +1236,28 @@ fn equal_footing_rows(points: &[FrontierPoint], windowed: bool) -> Vec<EqualFoot
     buffers.dedup();
     let mut out = Vec::new();
     for b in buffers {
-        let in_family = |p: &&FrontierPoint, swan: bool| {
-            p.run.buffer == b && if swan { p.run.k.is_some() } else { p.run.is_plain_quantized() }
+        let at = |family: &'static str| {
+            points.iter().filter(move |p| p.run.buffer == b && in_family(&p.run, family))
         };
-        if !points.iter().any(|p| in_family(&p, true))
-            || !points.iter().any(|p| in_family(&p, false))
-        {
+        if at("swan").next().is_none() || FAMILIES[..3].iter().all(|f| at(f).next().is_none()) {
             continue;
         }
         for budget in EQUAL_BUDGETS {
-            let best = |swan: bool| {
-                points
-                    .iter()
-                    .filter(|p| in_family(p, swan) && ratio(p) <= budget)
+            let best = |family: &'static str| {
+                at(family)
+                    .filter(|p| ratio(p) <= budget)
                     .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity))
             };
-            let (d, w) = (best(false), best(true));
-            let gap = match (d, w, f16) {
-                (Some(d), Some(w), Some(f)) => frontier_peer::peer_gap(
+            let swan = best("swan");
+            let other = FAMILIES[..3]
+                .iter()
+                .filter_map(|f| best(f))
+                .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
+            let gap = match (swan, other, f16) {
+                (Some(w), Some(o), Some(f)) => frontier_peer::peer_gap(
                     &w.window_nll,
                     &f.window_nll,
-                    &d.window_nll,
+                    &o.window_nll,
                     &f.window_nll,
                 )
                 .map(|g| (g.gap, g.se)),
@@ -1182,14 +1265,20 @@ fn equal_footing_rows(points: &[FrontierPoint], windowed: bool) -> Vec<EqualFoot
             };
             let cell =
                 |p: Option<&FrontierPoint>| p.map(|p| (p.label.clone(), ratio(p), p.perplexity));
-            out.push(EqualFootingRow { buffer: b, budget, dense: cell(d), swan: cell(w), gap });
+            out.push(EqualFootingRow {
+                buffer: b,
+                budget,
+                best: FAMILIES.iter().map(|&f| (f, cell(best(f)))).collect(),
+                other: other.map(|p| p.label.clone()),
+                gap,
+            });
         }
     }
     out
 }
 
-/// The equal-footing table: per buffer and budget, the best quantized dense and the best SWAN
-/// configuration and the gap between them with its standard error.
+/// The equal-footing table: per buffer and budget, the best configuration of each family and
+/// the gap between SWAN's best and the best other one with its standard error.
 fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Section) {
     if s.equal_footing.is_empty() {
         return;
@@ -1198,11 +1287,11 @@ fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Sectio
     let headers = [
         "b",
         "budget × f16",
-        "best dense (bytes / f16)",
-        "Δ vs f16",
-        "best SWAN (bytes / f16)",
-        "Δ vs f16",
-        "SWAN − dense",
+        "best dense int8/int4",
+        "best KIVI",
+        "best TurboQuant-style",
+        "best SWAN",
+        "SWAN − best other",
         "resolved (> 2 SE)",
     ];
     let mut t = Table::new(
@@ -1210,18 +1299,16 @@ fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Sectio
         &format!("Equal footing: the best of each family at the same buffer ({measure})"),
         &headers,
     );
-    let cell = |c: &Option<(String, f64, f64)>| match c {
+    let cell = |c: Option<&(String, f64, f64)>| match c {
         Some((label, ratio, ppl)) => {
-            [format!("{label} ({})", num(*ratio, 3)), pct(ppl / base - 1.0, 2)]
+            format!("{label} ({}; {})", num(*ratio, 3), pct(ppl / base - 1.0, 2))
         }
-        None => ["—".to_owned(), String::new()],
+        None => "—".to_owned(),
     };
     for r in &s.equal_footing {
-        let [d, dc] = cell(&r.dense);
-        let [w, wc] = cell(&r.swan);
         let (gap, resolved) = match (r.gap, r.resolved()) {
             (Some((g, se)), Some(res)) => {
-                let who = if g < 0.0 { "SWAN" } else { "dense" };
+                let who = if g < 0.0 { "SWAN" } else { "other" };
                 (
                     format!("{:+.2} ± {:.2} pp", 100.0 * g, 100.0 * se),
                     if res { format!("yes: {who} better") } else { "no".to_owned() },
@@ -1229,11 +1316,14 @@ fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: &mut Sectio
             }
             _ => ("—".to_owned(), "—".to_owned()),
         };
-        t.row(vec![r.buffer.to_string(), num(r.budget, 2), d, dc, w, wc, gap, resolved]);
+        let mut row = vec![r.buffer.to_string(), num(r.budget, 2)];
+        row.extend(FAMILIES.iter().map(|f| cell(r.of(f))));
+        row.extend([gap, resolved]);
+        t.row(row);
     }
     let (count, ..) = s.windows;
     t.note(format!(
-        "Every configuration of a row keeps the same b newest positions in f16 and no sink; bytes count the buffer amortized over a {LONG_CACHE}-token cache. The gap is SWAN's cost over dense f16 minus the dense configuration's, in points of dense f16's perplexity, with its leave-one-window-out jackknife standard error over the {count} windows (both measured on the same windows)."
+        "Each cell: the family's lowest perplexity at or under the budget (bytes / f16; Δ vs f16). Every configuration of a row keeps the same b newest positions in f16 and no sink; bytes count everything held, the buffer amortized over a {LONG_CACHE}-token cache. The gap is SWAN's cost over dense f16 minus the best other configuration's, in points of dense f16's perplexity, with its leave-one-window-out jackknife standard error over the {count} windows (both measured on the same windows)."
     ));
     out.table(t);
 }
@@ -2171,13 +2261,16 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         "KV bytes / dense f16",
         "perplexity",
     );
-    let mut rotations: Vec<&str> = Vec::new();
+    let mut rotations: Vec<(&str, usize)> = Vec::new();
     // One line per SWAN encoding, key/value split or not, and ring format.
     let mut encodings: Vec<(&str, &str, bool, String, &str, &str)> = Vec::new();
     for p in &s.points {
         match p.run.k {
-            None if p.run.values != "f16" && !rotations.contains(&p.run.rotate) => {
-                rotations.push(p.run.rotate);
+            None if p.run.family == "dense"
+                && p.run.values != "f16"
+                && !rotations.contains(&(p.run.rotate, p.run.buffer)) =>
+            {
+                rotations.push((p.run.rotate, p.run.buffer));
             }
             Some(_) => {
                 let r = &p.run;
@@ -2196,9 +2289,21 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
             _ => {}
         }
     }
-    for r in rotations {
-        let points = line(&|run| run.k.is_none() && run.values != "f16" && run.rotate == r);
-        plot = plot.series(&format!("dense, rotate={r}"), points);
+    for (r, b) in rotations {
+        let points = line(&|run| {
+            run.family == "dense" && run.values != "f16" && run.rotate == r && run.buffer == b
+        });
+        let buffered = if b > 0 { format!(", b={b}") } else { String::new() };
+        plot = plot.series(&format!("dense, rotate={r}{buffered}"), points);
+    }
+    for (family, name) in [("kivi", "KIVI"), ("turbo", "TurboQuant-style")] {
+        let mut buffers: Vec<usize> =
+            s.points.iter().filter(|p| p.run.family == family).map(|p| p.run.buffer).collect();
+        buffers.dedup();
+        for b in buffers {
+            let points = line(&|run| run.family == family && run.buffer == b);
+            plot = plot.series(&format!("{name}, b={b}"), points);
+        }
     }
     for (index, values, split, ring, select, norm) in encodings {
         let points = line(&|run| {
@@ -2539,8 +2644,20 @@ mod tests {
         }
         let mut runs = full.clone();
         equal_footing(&mut runs, false);
-        let dense: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_none()).collect();
-        assert_eq!(dense.len(), 1 + 3 * 2 * 2, "f16 + 3 formats × none/hadamard × b ∈ {{0, 128}}");
+        let dense: Vec<&FrontierRun> = runs.iter().filter(|r| r.family == "dense").collect();
+        assert_eq!(dense.len(), 1 + 2 * 2 * 2, "f16 + int8/int4 × none/hadamard × b ∈ {{0, 128}}");
+        assert_eq!(runs.iter().filter(|r| r.family == "kivi").count(), 2 * 2);
+        assert_eq!(runs.iter().filter(|r| r.family == "turbo").count(), 3 * 2);
+        let kivi = FrontierRun::kivi("2", 128);
+        assert_eq!(kivi.label(), "kivi2 b=128");
+        assert_eq!(kivi.spec("p", 1), "kivi:bits=2,rotate=none,b=128,threads=1");
+        // 200 tokens: 128 f16 rows, 72 coded: 2 key groups of 32 (16-byte rows + 256 bytes of
+        // parameters), 8 keys waiting in f16, 72 value rows of 16 bytes + 2 × 4 bytes.
+        let h = 2 * (256 + 32 * 16) + 8 * 128 + 72 * (16 + 8);
+        assert_eq!(kivi.head_bytes(64, 200), 128 * 256 + h);
+        let turbo = FrontierRun::turbo("3", 128);
+        assert_eq!(turbo.label(), "turbo3 rotate=random:0 b=128");
+        assert_eq!(turbo.head_bytes(64, 200), 128 * 256 + 72 * 2 * 26);
         assert!(runs.iter().all(|r| r.sink == 0 && r.kv.is_none() && r.queries == "f32"));
         let swan = runs.iter().filter(|r| r.k.is_some()).count();
         assert_eq!(swan, 3 * 2 * 2, "bitmask int8/int4, list fp8 × 2 k × 2 buffers");
@@ -2569,20 +2686,23 @@ mod tests {
             p(FrontierRun::dense("f16", "none"), 1.0, [2.0, 2.1, 2.2]),
             p(FrontierRun::dense("int4", "hadamard").buffered(128), 0.3, [2.10, 2.21, 2.30]),
             p(FrontierRun::dense("int8", "hadamard").buffered(128), 0.55, [2.01, 2.11, 2.21]),
+            p(FrontierRun::kivi("2", 128), 0.2, [2.3, 2.4, 2.5]),
             p(FrontierRun::swan("bitmask", "int8", 32, 128), 0.35, [2.05, 2.14, 2.26]),
             p(FrontierRun::swan("bitmask", "int8", 32, 0), 0.3, [2.5, 2.6, 2.7]),
         ];
         let rows = equal_footing_rows(&points, false);
-        assert!(rows.iter().all(|r| r.buffer == 128), "b = 0 has no dense row");
+        assert!(rows.iter().all(|r| r.buffer == 128), "b = 0 has no other family");
         let at = |budget: f64| rows.iter().find(|r| r.budget == budget).unwrap();
-        assert!(at(0.2).dense.is_none() && at(0.2).gap.is_none());
+        assert!(at(0.15).of("dense").is_none() && at(0.15).gap.is_none());
+        assert_eq!(at(0.2).of("kivi").unwrap().0, "kivi2 b=128");
         let r = at(0.35);
-        assert_eq!(r.dense.as_ref().unwrap().0, "dense int4 rotate=hadamard b=128");
-        assert_eq!(r.swan.as_ref().unwrap().0, "swan bitmask int8 k=32 b=128");
+        assert_eq!(r.of("dense").unwrap().0, "dense int4 rotate=hadamard b=128");
+        assert_eq!(r.of("swan").unwrap().0, "swan bitmask int8 k=32 b=128");
+        assert_eq!(r.other.as_deref(), Some("dense int4 rotate=hadamard b=128"));
         let (gap, se) = r.gap.unwrap();
         assert!(gap < 0.0 && se > 0.0, "SWAN's lower NLL: a negative gap ({gap}, {se})");
         let r = at(0.55);
-        assert_eq!(r.dense.as_ref().unwrap().0, "dense int8 rotate=hadamard b=128");
+        assert_eq!(r.other.as_deref(), Some("dense int8 rotate=hadamard b=128"));
         assert!(r.gap.unwrap().0 > 0.0);
     }
 

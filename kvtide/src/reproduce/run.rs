@@ -271,10 +271,6 @@ fn frontier_leg(
             }
         }
     }
-    if args.frontier_equal_footing {
-        frontier::equal_footing(&mut ctx.plan.frontier, windowed);
-        ctx.log("frontier: equal footing only (--frontier-equal-footing)");
-    }
     let restricted = if args.frontier_grid.is_whole() {
         None
     } else {
@@ -284,6 +280,11 @@ fn frontier_leg(
         ctx.log(&format!("frontier: {line}"));
         Some(line)
     };
+    // After the SWAN grid's restriction: every other family joins at the SWAN rows' buffers.
+    if args.frontier_equal_footing {
+        frontier::equal_footing(&mut ctx.plan.frontier, windowed);
+        ctx.log("frontier: equal footing only (--frontier-equal-footing)");
+    }
     let mut s = frontier::run(
         ctx,
         args.llama_cpp.as_deref(),
