@@ -47,17 +47,18 @@ fn default_caches() -> Vec<CacheSpec> {
 }
 
 /// The demo's configurations, every compressed one on the same footing — the same 128-row
-/// f16 buffer of the newest positions: dense f16; dense int8 and int4 blocks in the
-/// Walsh–Hadamard basis (llama.cpp's rotation) behind the buffer; SWAN's bitmask rows with
-/// int8 values (half the components) and int4 values (every component in that basis), and
-/// the paper's own encoding (u8 index list, fp8 values).
-const DEMO_CACHES: [&str; 6] = [
+/// f16 buffer of the newest positions, no sink: dense f16; dense int8 and int4 blocks in the
+/// Walsh–Hadamard basis (llama.cpp's rotation); KIVI at 2 bits (groups of 32); the
+/// TurboQuant-style 3-bit codes in a seeded random basis; SWAN's bitmask rows with int8
+/// values (half the components) and with int4 values (half the components).
+const DEMO_CACHES: [&str; 7] = [
     "dense:format=f16",
     "dense:format=int8,rotate=hadamard,b=128",
     "dense:format=int4,rotate=hadamard,b=128",
+    "kivi:bits=2,b=128",
+    "turbo:bits=3,b=128",
     "swan:k=32,index=bitmask,value=int8,b=128",
-    "swan:k=64,kv=64,index=bitmask,value=int4,basis=hadamard,b=128",
-    "swan:k=32,index=list,value=fp8,b=128",
+    "swan:k=32,index=bitmask,value=int4,b=128",
 ];
 
 /// Tokens the demo scores, and how many of them libtorch prefills: 384 decode steps per
@@ -246,10 +247,11 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
     Ok(())
 }
 
-/// The no-argument demo: dense vs SWAN settings on the default model and play.
+/// The no-argument demo: dense, KIVI, TurboQuant-style and SWAN caches on equal footing on
+/// the default model and play.
 pub fn demo() -> Result<()> {
     println!(
-        "kvtide {} — dense vs SWAN on the default model and play (see `kvtide --help`)",
+        "kvtide {} — KV formats on equal footing (same 128-row buffer) on the default model and play (see `kvtide --help`)",
         env!("CARGO_PKG_VERSION")
     );
     let ckpt = ModelArgs { model: None }.load()?;
