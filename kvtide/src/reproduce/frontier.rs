@@ -317,14 +317,16 @@ impl FrontierRun {
     }
 
     /// Whether this is a quantized dense configuration of the equal-footing grid: one
-    /// format for keys and values, f32 queries, no sink and the spec's own rings.
+    /// format for keys and values, f32 queries, no sink, and the spec's own rings or the f16
+    /// rings every configuration keeps on equal footing.
     pub fn is_plain_quantized(&self) -> bool {
         self.family == "dense"
             && self.values != "f16"
             && self.value_rows.is_none()
             && self.queries == "f32"
             && self.sink == 0
-            && self.ring.is_none()
+            && matches!(self.ring, None | Some("f16"))
+            && self.ring_values.is_none()
             && !self.is_rotation_draw()
     }
 
@@ -2672,8 +2674,21 @@ mod tests {
         assert_eq!(b.head_bytes(64, 200), 128 * 2 * 2 * 64 + 72 * 2 * 36);
     }
 
+    /// `points` as a windowed model's equal-footing run holds them: f16 rings everywhere and
+    /// the global layers' ratio equal to the whole model's.
+    fn equal_footing_windowed(points: &mut [FrontierPoint]) {
+        for p in points.iter_mut() {
+            if p.run.values != "f16" || p.run.k.is_some() {
+                p.run.ring = Some("f16");
+                p.label = p.run.label();
+            }
+            p.global_long_ratio = Some(p.long_ratio);
+        }
+    }
+
     /// The equal-footing rows pick each family's best at its buffer under each budget and give
-    /// the gap its jackknife error; a buffer only one family ran at gives no row.
+    /// the gap its jackknife error; a buffer only one family ran at gives no row; on a
+    /// windowed model the f16 rings keep every row in its family.
     #[test]
     fn equal_footing_rows_compare_at_one_buffer() {
         let p = |run: FrontierRun, ratio: f64, nll: [f64; 3]| {
@@ -2690,6 +2705,13 @@ mod tests {
             p(FrontierRun::swan("bitmask", "int8", 32, 128), 0.35, [2.05, 2.14, 2.26]),
             p(FrontierRun::swan("bitmask", "int8", 32, 0), 0.3, [2.5, 2.6, 2.7]),
         ];
+        // On a windowed model every configuration keeps f16 rings and the global layers'
+        // bytes decide: the dense rows stay in their family.
+        let mut windowed = points.clone();
+        equal_footing_windowed(&mut windowed);
+        let rows = equal_footing_rows(&windowed, true);
+        let r = rows.iter().find(|r| r.budget == 0.35).unwrap();
+        assert_eq!(r.of("dense").unwrap().0, "dense int4 rotate=hadamard b=128 ring=f16");
         let rows = equal_footing_rows(&points, false);
         assert!(rows.iter().all(|r| r.buffer == 128), "b = 0 has no other family");
         let at = |budget: f64| rows.iter().find(|r| r.budget == budget).unwrap();
