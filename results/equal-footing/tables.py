@@ -6,7 +6,8 @@ same families, budgets, ratios and leave-one-window-out jackknife as
 `kvtide/src/reproduce/frontier.rs::equal_footing_rows` and `frontier_peer.rs::peer_gap`), and
 the table of a run whose binary still left f16-ring dense rows out of the dense family.
 
-Usage: tables.py RESULTS_JSON  (prints the Markdown table)
+Usage: tables.py RESULTS_JSON [--brief]  (prints the Markdown table; --brief: one line per
+budget with the best format overall, SWAN's best and the gap, without the header)
 """
 
 import json
@@ -48,7 +49,7 @@ def gap(a, b, f16):
     return cost(a, f16, lambda i: True) - cost(b, f16, lambda i: True), math.sqrt(var)
 
 
-def main(path):
+def main(path, brief=False):
     data = json.load(open(path))
     (key,) = [k for k in data if k.startswith("frontier")]
     study = data[key]
@@ -57,8 +58,9 @@ def main(path):
     ratio = (lambda p: p["global_long_ratio"]) if windowed else (lambda p: p["long_ratio"])
     f16 = next(p for p in points if p["label"] == "dense f16")
     base = f16["perplexity"]
-    print("| b | budget × f16 | best dense int8/int4 | best KIVI | best TurboQuant-style | best SWAN | SWAN − best other | resolved (> 2 SE) |")
-    print("|---|---|---|---|---|---|---|---|")
+    if not brief:
+        print("| b | budget × f16 | best dense int8/int4 | best KIVI | best TurboQuant-style | best SWAN | SWAN − best other | resolved (> 2 SE) |")
+        print("|---|---|---|---|---|---|---|---|")
     for b in sorted({p["run"]["buffer"] for p in points}):
         at = {f: [p for p in points if p["run"]["buffer"] == b and family(p["run"]) == f] for f in FAMILIES}
         if not at["swan"] or not any(at[f] for f in FAMILIES[:3]):
@@ -81,8 +83,12 @@ def main(path):
                 text = f"{100 * g[0]:+.2f} ± {100 * g[1]:.2f} pp"
             else:
                 verdict = text = "—"
-            print(f"| {b} | {budget:.2f} | " + " | ".join(cells) + f" | {text} | {verdict} |")
+            if brief:
+                short = lambda p: f"{p['label'].replace(' ring=f16', '').replace(' b=128', '')} ({ratio(p):.3f}; {100 * (p['perplexity'] / base - 1):+.2f} %)" if p else "—"
+                print(f"| {budget:.2f} | {short(other)} | {short(best['swan'])} | {text} |")
+            else:
+                print(f"| {b} | {budget:.2f} | " + " | ".join(cells) + f" | {text} | {verdict} |")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--brief" in sys.argv[2:])
