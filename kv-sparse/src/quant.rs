@@ -32,7 +32,6 @@ use half::f16;
 
 use crate::fp8::Fp8E4M3;
 use crate::memory::MemoryReport;
-use crate::value::check_finite;
 use crate::{Error, Result};
 
 mod private {
@@ -447,20 +446,8 @@ impl<C: DenseCodec> QuantRows<C> {
     /// # Errors
     /// [`Error::LengthMismatch`], [`Error::NonFinite`], [`Error::ScaleOverflow`].
     pub fn check(&self, op: &'static str, rows: &[f32]) -> Result<()> {
-        if !rows.len().is_multiple_of(self.head_dim) {
-            let expected = rows.len().div_ceil(self.head_dim) * self.head_dim;
-            return Err(Error::LengthMismatch { op, what: "rows", expected, got: rows.len() });
-        }
-        let max = check_finite(op, rows)?;
-        if max >= C::OVERFLOW_AT {
-            return Err(Error::ScaleOverflow {
-                op,
-                format: C::FORMAT.to_string(),
-                value: max,
-                limit: C::OVERFLOW_AT,
-            });
-        }
-        Ok(())
+        let limit = (C::OVERFLOW_AT, || C::FORMAT.to_string());
+        crate::value::check_rows(op, self.head_dim, rows, limit)
     }
 
     /// Appends whole rows (`rows.len()` a multiple of `head_dim`). All-or-nothing.

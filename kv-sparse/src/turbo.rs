@@ -186,16 +186,8 @@ impl<const BITS: usize> TurboRows<BITS> {
     /// # Errors
     /// [`Error::LengthMismatch`], [`Error::NonFinite`], [`Error::ScaleOverflow`].
     pub fn check(&self, op: &'static str, rows: &[f32]) -> Result<()> {
-        if !rows.len().is_multiple_of(self.head_dim) {
-            let expected = rows.len().div_ceil(self.head_dim) * self.head_dim;
-            return Err(Error::LengthMismatch { op, what: "rows", expected, got: rows.len() });
-        }
-        let max = crate::value::check_finite(op, rows)?;
-        if max >= OVERFLOW_AT {
-            let format = format!("turbo{BITS}");
-            return Err(Error::ScaleOverflow { op, format, value: max, limit: OVERFLOW_AT });
-        }
-        Ok(())
+        let limit = (OVERFLOW_AT, || format!("turbo{BITS}"));
+        crate::value::check_rows(op, self.head_dim, rows, limit)
     }
 
     /// Appends whole rows. All-or-nothing.

@@ -203,6 +203,28 @@ pub(crate) fn max_magnitude_bits(x: &[f32]) -> u32 {
     x.iter().fold(0, |m, v| m.max(v.to_bits() & 0x7fff_ffff))
 }
 
+/// Checks whole rows of `head_dim` (flattened) for a store whose elements must be finite and
+/// below `limit` in magnitude (`format` names the store in the error).
+///
+/// # Errors
+/// [`Error::LengthMismatch`], [`Error::NonFinite`], [`Error::ScaleOverflow`].
+pub(crate) fn check_rows(
+    op: &'static str,
+    head_dim: usize,
+    rows: &[f32],
+    (limit, format): (f32, impl FnOnce() -> String),
+) -> Result<()> {
+    if !rows.len().is_multiple_of(head_dim) {
+        let expected = rows.len().div_ceil(head_dim) * head_dim;
+        return Err(Error::LengthMismatch { op, what: "rows", expected, got: rows.len() });
+    }
+    let max = check_finite(op, rows)?;
+    if max >= limit {
+        return Err(Error::ScaleOverflow { op, format: format(), value: max, limit });
+    }
+    Ok(())
+}
+
 /// Returns the largest magnitude of `x`, or [`Error::NonFinite`] for the first NaN/±∞.
 pub(crate) fn check_finite(op: &'static str, x: &[f32]) -> Result<f32> {
     let max = max_magnitude_bits(x);

@@ -324,6 +324,15 @@ fn check_full_rows(op: &'static str, head_dim: usize, ks: [usize; 2]) -> Result<
     Ok(())
 }
 
+/// Checks a row pushed whole into a dense coded history: every component kept, one row.
+fn check_whole_row(op: &'static str, head_dim: usize, x: &[f32], k: usize) -> Result<()> {
+    check_full_rows(op, head_dim, [k, k])?;
+    if x.len() != head_dim {
+        return Err(Error::LengthMismatch { op, what: "row", expected: head_dim, got: x.len() });
+    }
+    Ok(())
+}
+
 /// A whole row from `(index, value)` entries (zeros elsewhere), checked as a sparse row.
 fn scattered(op: &'static str, d: usize, indices: &[usize], values: &[f32]) -> Result<Vec<f32>> {
     if indices.len() != values.len() {
@@ -381,12 +390,7 @@ impl<const B: usize> RowStore for KiviRows<B> {
     }
 
     fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        const OP: &str = "KiviRows::push_dense";
-        check_full_rows(OP, self.head_dim(), [k, k])?;
-        if x.len() != self.head_dim() {
-            let (expected, got) = (self.head_dim(), x.len());
-            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
-        }
+        check_whole_row("KiviRows::push_dense", self.head_dim(), x, k)?;
         self.push(x)
     }
 
@@ -449,12 +453,7 @@ impl<const B: usize> RowStore for TurboRows<B> {
     }
 
     fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        const OP: &str = "TurboRows::push_dense";
-        check_full_rows(OP, self.head_dim(), [k, k])?;
-        if x.len() != self.head_dim() {
-            let (expected, got) = (self.head_dim(), x.len());
-            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
-        }
+        check_whole_row("TurboRows::push_dense", self.head_dim(), x, k)?;
         self.push(x)
     }
 

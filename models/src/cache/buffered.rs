@@ -22,6 +22,7 @@
 //! [`crate::Error::NotPersistable`].
 
 use attn_kernels::{AttnConfig, CpuAttention, DecodedKv, EncodedAttention, QuantKv, RecentFormat};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, QuantRows};
@@ -106,6 +107,28 @@ impl<C: DenseCodec> BufferedHistory for QuantRows<C> {
     }
 }
 
+/// One decode step over heads whose history rows are read through row decoders (KIVI,
+/// TurboQuant-style): each head's sink, `history` rows and buffer under one softmax.
+fn attend_decoded<'h, S: RowStore, D: RecentFormat, R: DecodeRows>(
+    kernel: &mut CpuAttention,
+    (cfg, q, out): (&AttnConfig, &[f32], &mut [f32]),
+    heads: &'h [Hybrid<S, D>],
+    sink: &[(&'h [f32], &'h [f32])],
+    history: impl Fn(&'h Hybrid<S, D>) -> (R, R),
+) -> attn_kernels::Result<()> {
+    let views: Vec<_> = heads
+        .iter()
+        .zip(sink)
+        .map(|(c, &(sk, sv))| {
+            let (keys, values) = history(c);
+            DecodedKv::new(keys, values)
+                .with_sink(sk, sv)
+                .with_buffer(c.buffer_keys(), c.buffer_values())
+        })
+        .collect();
+    kernel.decoded(cfg, q, &views, out)
+}
+
 impl<const B: usize> BufferedHistory for KiviRows<B> {
     fn name(group: usize) -> String {
         format!("kivi{B} group={group}")
@@ -123,17 +146,7 @@ impl<const B: usize> BufferedHistory for KiviRows<B> {
         sink: &[(&[f32], &[f32])],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let views: Vec<_> = heads
-            .iter()
-            .zip(sink)
-            .map(|(c, &(sk, sv))| {
-                let (keys, values) = c.history();
-                DecodedKv::new(keys, values)
-                    .with_sink(sk, sv)
-                    .with_buffer(c.buffer_keys(), c.buffer_values())
-            })
-            .collect();
-        kernel.decoded(cfg, q, &views, out)
+        attend_decoded(kernel, (cfg, q, out), heads, sink, |c| c.history())
     }
 }
 
@@ -154,17 +167,7 @@ impl<const B: usize> BufferedHistory for TurboRows<B> {
         sink: &[(&[f32], &[f32])],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let views: Vec<_> = heads
-            .iter()
-            .zip(sink)
-            .map(|(c, &(sk, sv))| {
-                let (keys, values) = c.history();
-                DecodedKv::new(keys, values)
-                    .with_sink(sk, sv)
-                    .with_buffer(c.buffer_keys(), c.buffer_values())
-            })
-            .collect();
-        kernel.decoded(cfg, q, &views, out)
+        attend_decoded(kernel, (cfg, q, out), heads, sink, |c| c.history())
     }
 }
 
