@@ -130,13 +130,16 @@ pub trait EncodedAttention {
         out: &mut [f32],
     ) -> Result<()>;
 
-    /// Histories of coded rows read through row decoders ([`DecodedKv`]: KIVI, the
-    /// TurboQuant-style codes): sink rows, the coded rows, then the recent-token buffer,
-    /// under one softmax.
+    /// Histories of coded rows ([`DecodedKv`]: KIVI, the TurboQuant-style codes): sink rows,
+    /// the coded rows, then the recent-token buffer, under one softmax. Rows whose decoder
+    /// names its layout ([`DecodeRows::codes`]) are read in place, scores and value sums
+    /// formed from the codes; others through [`DecodeRows::decode_row`].
     ///
     /// # Errors
     /// As [`DecodeAttention::dense`]; a keys / values row-count mismatch or a malformed
-    /// sink or buffer is [`crate::Error::RowCountMismatch`] / [`crate::Error::RaggedRows`].
+    /// sink or buffer is [`crate::Error::RowCountMismatch`] / [`crate::Error::RaggedRows`];
+    /// a named layout that does not describe the rows is [`crate::Error::Sparse`]
+    /// ([`kv_sparse::Error::InvalidCodeLayout`]).
     fn decoded<K: DecodeRows, V: DecodeRows>(
         &mut self,
         cfg: &AttnConfig,

@@ -197,6 +197,9 @@ pub(crate) fn decoded<K: kv_sparse::decoded::DecodeRows, V: kv_sparse::decoded::
     head_dim(op, kv_head, d, kv.keys.head_dim())?;
     head_dim(op, kv_head, d, kv.values.head_dim())?;
     let mut rows = same_rows(op, kv_head, "coded", kv.keys.num_rows(), kv.values.num_rows())?;
+    for codes in [kv.keys.codes(), kv.values.codes()].into_iter().flatten() {
+        codes.check(op, d, kv.keys.num_rows())?;
+    }
     rows += sink(op, d, kv_head, kv.sink)?;
     if let Some(buffer) = &kv.buffer {
         rows += recent(op, d, kv_head, buffer)?;

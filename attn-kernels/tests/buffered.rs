@@ -450,6 +450,31 @@ fn malformed_decoded_heads_are_typed_errors() {
     }
     let err = Reference.decoded(&cfg, &q, &bad, &mut out).unwrap_err();
     assert!(matches!(err, Error::RowCountMismatch { part: "coded", .. }), "{err}");
+    // A decoder whose in-place layout disagrees with its rows.
+    use kv_sparse::decoded::DecodeRows;
+    struct Lying<'a>(kv_sparse::turbo::TurboView<'a>);
+    impl DecodeRows for Lying<'_> {
+        fn head_dim(&self) -> usize {
+            self.0.head_dim()
+        }
+        fn num_rows(&self) -> usize {
+            self.0.num_rows()
+        }
+        fn decode_row(&self, j: usize, out: &mut [f32]) {
+            self.0.decode_row(j, out);
+        }
+        fn codes(&self) -> Option<kv_sparse::decoded::RowCodes<'_>> {
+            Some(kv_sparse::decoded::RowCodes::Codebook { bits: 4, levels: &[0.0; 16], bytes: &[] })
+        }
+    }
+    let bad = [DecodedKv::new(Lying(k.view()), Lying(k.view()))];
+    for (name, mut e) in engines() {
+        let err = e.decoded(&cfg, &q, &bad, &mut out).unwrap_err();
+        assert!(
+            matches!(err, Error::Sparse(kv_sparse::Error::InvalidCodeLayout { .. })),
+            "{name}: {err}"
+        );
+    }
     let wide = TurboRows::<4>::new(64).unwrap();
     let bad = [DecodedKv::new(wide.view(), wide.view())];
     assert!(matches!(

@@ -3,6 +3,8 @@
 //! KIVI's per-channel key groups and per-token value groups ([`crate::kivi`]) and the
 //! TurboQuant-style unit-vector codes ([`crate::turbo`]) — and the bit packing they share.
 //!
+//! [`RowCodes`] describes where a side's codes lie so that kernels read them in place.
+//!
 //! A decoded row is exact given the stored bytes (the f16 parameters widened, times the
 //! code, plus the zero point), so every kernel and the f64 reference see the same numbers.
 
@@ -51,6 +53,150 @@ pub trait DecodeRows: Sync {
         self.decode_row(j, out);
         Ok(())
     }
+
+    /// Where the rows' codes lie, for kernels that read them in place; `None` (the default)
+    /// has kernels read the rows through [`DecodeRows::decode_row`].
+    fn codes(&self) -> Option<RowCodes<'_>> {
+        None
+    }
+}
+
+/// Where one side's codes lie and how they decode — what a kernel needs to read them in
+/// place (scores and value sums formed from the codes and their shared parameters) instead
+/// of through [`DecodeRows::decode_row`]. Codes are packed LSB-first ([`packed_bytes`]);
+/// parameters are little-endian f16.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum RowCodes<'a> {
+    /// Rows of `[f16 norm][d codes]`; element `c` = `norm · levels[code_c]`
+    /// (TurboQuant-style rows, [`crate::turbo`]).
+    Codebook {
+        /// Bits per code.
+        bits: usize,
+        /// The `2^bits` levels, ascending.
+        levels: &'a [f32],
+        /// The rows.
+        bytes: &'a [u8],
+    },
+    /// Groups of `group` rows, each `[d × (f16 scale, f16 zero)]` then its `group` rows of
+    /// codes; element `c` of a row = `zero_c + scale_c · code_c`; then rows waiting in f16
+    /// (KIVI's keys, per channel over token groups, [`crate::kivi`]).
+    TokenGroups {
+        /// Bits per code.
+        bits: usize,
+        /// Rows per group.
+        group: usize,
+        /// The complete groups.
+        bytes: &'a [u8],
+        /// Rows in `bytes` (a multiple of `group`).
+        coded: usize,
+        /// Rows after the coded ones, exact in f16, row-major.
+        waiting: &'a [half::f16],
+    },
+    /// Rows of `[d/group × (f16 scale, f16 zero)][d codes]`; element `c` =
+    /// `zero_g + scale_g · code_c` with `g = c / group` (KIVI's values, per token over
+    /// channel groups).
+    ChannelGroups {
+        /// Bits per code.
+        bits: usize,
+        /// Channels per group.
+        group: usize,
+        /// The rows.
+        bytes: &'a [u8],
+    },
+}
+
+impl RowCodes<'_> {
+    /// Checks that the layout describes `rows` rows of `head_dim` elements exactly: codes of
+    /// 1–8 bits filling whole bytes per row, `2^bits` levels, groups dividing what they
+    /// group, byte lengths that tile the rows.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCodeLayout`] naming the first violated rule.
+    pub fn check(&self, op: &'static str, head_dim: usize, rows: usize) -> Result<()> {
+        let d = head_dim;
+        let (bits, format) = match *self {
+            Self::Codebook { bits, .. } => (bits, "codebook rows"),
+            Self::TokenGroups { bits, .. } => (bits, "token-group rows"),
+            Self::ChannelGroups { bits, .. } => (bits, "channel-group rows"),
+        };
+        let fail = |reason: String| Err(Error::InvalidCodeLayout { op, format, reason });
+        if !(1..=8).contains(&bits) || d == 0 || d > crate::MAX_HEAD_DIM {
+            return fail(format!("bits = {bits}, head_dim = {d}: expected 1..=8 and 1..=256"));
+        }
+        if !(d * bits).is_multiple_of(8) {
+            return fail(format!("head_dim = {d} at {bits} bits is not a whole number of bytes"));
+        }
+        let cb = packed_bytes(d, bits);
+        let (len, want) = match *self {
+            Self::Codebook { levels, bytes, .. } => {
+                if levels.len() != 1 << bits {
+                    return fail(format!("{} levels, expected {}", levels.len(), 1 << bits));
+                }
+                (bytes.len(), rows.checked_mul(2 + cb))
+            }
+            Self::TokenGroups { group, bytes, coded, waiting, .. } => {
+                if group == 0 || !coded.is_multiple_of(group) {
+                    return fail(format!("{coded} coded rows in groups of {group}"));
+                }
+                if coded.checked_add(waiting.len() / d) != Some(rows)
+                    || !waiting.len().is_multiple_of(d)
+                {
+                    let w = waiting.len();
+                    return fail(format!("{coded} coded + {w} waiting elements ≠ {rows} rows"));
+                }
+                (bytes.len(), (coded / group).checked_mul(4 * d + group * cb))
+            }
+            Self::ChannelGroups { group, bytes, .. } => {
+                if group == 0 || !d.is_multiple_of(group) {
+                    return fail(format!("group = {group} does not divide head_dim = {d}"));
+                }
+                (bytes.len(), rows.checked_mul(4 * (d / group) + cb))
+            }
+        };
+        if want != Some(len) {
+            return fail(format!("{len} bytes, expected {want:?} for {rows} rows"));
+        }
+        Ok(())
+    }
+}
+
+/// Unpacks the first `out.len()` codes of `bits` bits packed LSB-first in `bytes` (whole
+/// bytes per 8 codes at 1, 2, 4 and 8 bits are unpacked a byte at a time).
+///
+/// # Panics
+/// If `bytes` holds fewer than `packed_bytes(out.len(), bits)` bytes or `bits` is not in
+/// `1..=8`.
+#[inline]
+pub fn unpack_row(bytes: &[u8], bits: usize, out: &mut [u8]) {
+    assert!((1..=8).contains(&bits) && bytes.len() >= packed_bytes(out.len(), bits));
+    match bits {
+        8 => out.copy_from_slice(&bytes[..out.len()]),
+        4 => {
+            let (pairs, rest) = out.as_chunks_mut::<2>();
+            for (o, &b) in pairs.iter_mut().zip(bytes) {
+                *o = [b & 0x0F, b >> 4];
+            }
+            if let Some(o) = rest.first_mut() {
+                *o = bytes[pairs.len()] & 0x0F;
+            }
+        }
+        2 => {
+            let (quads, rest) = out.as_chunks_mut::<4>();
+            for (o, &b) in quads.iter_mut().zip(bytes) {
+                *o = [b & 3, (b >> 2) & 3, (b >> 4) & 3, b >> 6];
+            }
+            let base = quads.len() * 4;
+            for (i, o) in rest.iter_mut().enumerate() {
+                *o = unpack(bytes, 2, base + i);
+            }
+        }
+        _ => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = unpack(bytes, bits, i);
+            }
+        }
+    }
 }
 
 /// Bytes of `n` codes of `bits` bits packed LSB-first.
@@ -97,5 +243,48 @@ mod tests {
             assert_eq!(back, codes, "{bits} bits");
         }
         assert_eq!(packed_bytes(64, 3), 24);
+    }
+
+    #[test]
+    fn row_unpacking_matches_code_by_code() {
+        for bits in 1..=8 {
+            for n in [1, 3, 8, 31, 64] {
+                let codes: Vec<u8> = (0..n).map(|i| ((i * 5 + 1) % (1 << bits)) as u8).collect();
+                let mut packed = vec![0; packed_bytes(n, bits)];
+                pack(&codes, bits, &mut packed);
+                let mut out = vec![0xAA; n];
+                unpack_row(&packed, bits, &mut out);
+                assert_eq!(out, codes, "{bits} bits, {n} codes");
+            }
+        }
+    }
+
+    /// The stores' own layouts pass; every broken rule is a typed error.
+    #[test]
+    fn layouts_are_checked_against_the_rows() {
+        use crate::kivi::KiviRows;
+        use crate::turbo::TurboRows;
+        let x: Vec<f32> = (0..40 * 32).map(|i| (i % 17) as f32 - 8.0).collect();
+        let mut t = TurboRows::<3>::new(32).unwrap();
+        t.push(&x).unwrap();
+        let v = t.view();
+        v.codes().unwrap().check("t", 32, 40).unwrap();
+        assert!(v.codes().unwrap().check("t", 32, 39).is_err());
+        assert!(v.codes().unwrap().check("t", 64, 20).is_err());
+        for side in [Side::Keys, Side::Values] {
+            let mut k = KiviRows::<2>::new(side, 32, 8).unwrap();
+            k.push(&x).unwrap();
+            k.view().codes().unwrap().check("k", 32, 40).unwrap();
+            assert!(k.view().codes().unwrap().check("k", 32, 41).is_err());
+        }
+        let bad = [
+            RowCodes::Codebook { bits: 3, levels: &[0.0; 4], bytes: &[] },
+            RowCodes::Codebook { bits: 9, levels: &[], bytes: &[] },
+            RowCodes::TokenGroups { bits: 2, group: 3, bytes: &[], coded: 4, waiting: &[] },
+            RowCodes::ChannelGroups { bits: 2, group: 5, bytes: &[] },
+        ];
+        for b in bad {
+            assert!(matches!(b.check("x", 32, 0), Err(Error::InvalidCodeLayout { .. })), "{b:?}");
+        }
     }
 }

@@ -23,7 +23,7 @@ use half::f16;
 
 pub use crate::decoded::Side;
 
-use crate::decoded::{DecodeRows, pack, packed_bytes, unpack};
+use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes, unpack};
 use crate::memory::MemoryReport;
 use crate::{Error, Result};
 
@@ -407,6 +407,19 @@ impl DecodeRows for KiviView<'_> {
                 }
             }
         }
+    }
+    fn codes(&self) -> Option<RowCodes<'_>> {
+        let (bits, group, bytes) = (self.bits, self.group, self.bytes);
+        Some(match self.side {
+            Side::Keys => RowCodes::TokenGroups {
+                bits,
+                group,
+                bytes,
+                coded: self.coded,
+                waiting: self.pending,
+            },
+            Side::Values => RowCodes::ChannelGroups { bits, group, bytes },
+        })
     }
 }
 

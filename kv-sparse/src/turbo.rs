@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
-use crate::decoded::{DecodeRows, pack, packed_bytes, unpack};
+use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes, unpack};
 use crate::memory::MemoryReport;
 use crate::{Error, Result};
 
@@ -271,6 +271,10 @@ impl DecodeRows for TurboView<'_> {
         for (c, o) in out[..self.head_dim].iter_mut().enumerate() {
             *o = n * self.levels[usize::from(unpack(&row[2..], self.bits, c))];
         }
+    }
+
+    fn codes(&self) -> Option<RowCodes<'_>> {
+        Some(RowCodes::Codebook { bits: self.bits, levels: self.levels, bytes: self.bytes })
     }
 }
 

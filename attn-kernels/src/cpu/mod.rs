@@ -23,6 +23,7 @@ mod engine;
 mod isa;
 mod portable;
 mod qcodes;
+mod rowcodes;
 mod segment;
 mod sources;
 mod tile;

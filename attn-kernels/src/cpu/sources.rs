@@ -16,7 +16,10 @@
 //!   values (int4 widened to the i8 codes it stands for, heads up to 256 wide) each tile's
 //!   rows are placed into per-thread code rows and read by the coded-row kernels, other
 //!   value codes are expanded to `f32` as above; then the dense buffer, under one softmax
-//!   state.
+//!   state;
+//! * decoded — a sink, KIVI / TurboQuant-style codes read in place by [`super::rowcodes`]
+//!   (a decoder that does not name its layout is decoded a tile at a time into per-thread
+//!   scratch), then the recent-token buffer, under one softmax state.
 //!
 //! Rows that lie in order in one buffer are left to the hardware prefetcher; a segment
 //! whose next tile's rows are scattered prefetches them row by row while it computes.
@@ -30,6 +33,7 @@ use kv_sparse::{SparseIndex, Value};
 
 use super::codes::{CodeRow, Codes, Fp8Codes, I8Codes, MaskedRow, Q4Blocks, Q8Blocks, block_scale};
 use super::engine::{Item, ItemSource, Job};
+use super::rowcodes;
 use super::segment::{
     Scratch, SlabRows, Slot, SparsePair, SparseRows, code_tile, dense_segment, masked_tile,
     scaled_queries, sparse_segment, transpose_in, transpose_out, transposed_queries,
@@ -433,11 +437,21 @@ impl<K: DecodeRows, V: DecodeRows> ItemSource for DecodedSrc<'_, '_, K, V> {
         let Some(item) = &sink_segment::<W>(k, job, item, kv.sink, sc, slot) else { return };
         let (coded, recent) = split_item(item, kv.keys.num_rows());
         if let Some(item) = &coded {
-            let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
-                kv.keys.decode_row(j, ko);
-                kv.values.decode_row(j, vo);
-            };
-            decoded_segment::<W>(k, job, item, item.rows.clone(), sc, slot, decode);
+            match (kv.keys.codes(), kv.values.codes()) {
+                // Codes of a layout the in-place kernels read: scores and sums from the codes.
+                (Some(keys), Some(values))
+                    if rowcodes::reads(&keys) && rowcodes::reads(&values) =>
+                {
+                    rowcodes::coded_segment::<W>(k, job, item, (keys, values), sc, slot);
+                }
+                _ => {
+                    let decode = |j: usize, ko: &mut [f32], vo: &mut [f32]| {
+                        kv.keys.decode_row(j, ko);
+                        kv.values.decode_row(j, vo);
+                    };
+                    decoded_segment::<W>(k, job, item, item.rows.clone(), sc, slot, decode);
+                }
+            }
         }
         if let (Some(item), Some(buffer)) = (recent, kv.buffer) {
             recent_rows::<W>(k, job, &item, buffer, sc, slot);

@@ -1,0 +1,314 @@
+//! In-place kernels over histories of codes with shared parameters
+//! ([`kv_sparse::decoded::RowCodes`]): the TurboQuant-style codebook rows (arXiv 2504.19874,
+//! §3.1) and KIVI's per-channel key groups and per-token value groups (arXiv 2402.02750,
+//! §3), the equal-footing formats beside SWAN's sparse rows.
+//!
+//! Nothing is decoded into rows: a row's codes are unpacked (a byte per code, on the stack)
+//! and every code is turned into its value in a register, once for every q-head of the
+//! GQA group (queries and accumulators transposed, `[dim][lane]`, as for sparse rows):
+//! * codebook keys: `s = norm · Σ_c q_c · levels[code_c]` (the norm applied once per row);
+//! * KIVI keys: per token group, `q·z` and `q_c·scale_c` are formed once; a row's score is
+//!   then `q·z + Σ_c (q_c·scale_c) · code_c` — the codes' own integers times prepared
+//!   products;
+//! * codebook values: `acc_c += (p · norm) · levels[code_c]`;
+//! * KIVI values: `acc_c += (p · scale_g) · code_c`, with `p · zero_g` summed per channel
+//!   group and added once per segment.
+//!
+//! The loops are written for the compiler's vectorizer over the `W` lanes and compiled
+//! once per ISA (AVX-512, AVX2 + FMA + F16C, portable), chosen at run time.
+
+use std::ops::Range;
+
+use half::f16;
+use kv_sparse::decoded::{RowCodes, packed_bytes, unpack_row};
+
+use super::engine::{Item, Job};
+use super::segment::{Scratch, Slot, transpose_in, transpose_out, transposed_queries};
+use super::tile::{Kernels, TILE};
+
+/// Widest row the kernels read (a `u8` per code on the stack).
+const MAX_D: usize = kv_sparse::MAX_HEAD_DIM;
+
+/// Whether [`coded_segment`] reads this layout.
+pub(crate) fn reads(codes: &RowCodes<'_>) -> bool {
+    matches!(
+        codes,
+        RowCodes::Codebook { .. } | RowCodes::TokenGroups { .. } | RowCodes::ChannelGroups { .. }
+    )
+}
+
+/// Parameter `i` of a run of little-endian f16 values.
+#[inline(always)]
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32()
+}
+
+/// `acc += q · x`, lane by lane.
+#[inline(always)]
+fn add_scaled<const W: usize>(acc: &mut [f32; W], q: &[f32; W], x: f32) {
+    for (a, q) in acc.iter_mut().zip(q) {
+        *a += q * x;
+    }
+}
+
+/// A codebook's levels in a table every `u8` code indexes (zeros past the codebook).
+fn level_table(codes: &RowCodes<'_>) -> [f32; 256] {
+    let mut table = [0.0; 256];
+    if let RowCodes::Codebook { levels, .. } = codes {
+        let n = levels.len().min(256);
+        table[..n].copy_from_slice(&levels[..n]);
+    }
+    table
+}
+
+/// What one segment reads and where it keeps its per-group products.
+struct Segment<'a, 'b, const W: usize> {
+    keys: RowCodes<'a>,
+    values: RowCodes<'a>,
+    d: usize,
+    /// Scaled transposed queries.
+    qt: &'b [[f32; W]],
+    /// Transposed accumulators.
+    acc: &'b mut [[f32; W]],
+    /// Token-group keys: `q_c · scale_c` of the prepared group.
+    qs: &'b mut [[f32; W]],
+    /// Channel-group values: `Σ p · zero_g` per group.
+    zs: &'b mut [[f32; W]],
+    /// Token-group keys: the prepared group and its `q · zero`.
+    group: usize,
+    qz: [f32; W],
+    key_levels: [f32; 256],
+    value_levels: [f32; 256],
+    codes: [u8; MAX_D],
+}
+
+impl<const W: usize> Segment<'_, '_, W> {
+    /// Log2-domain scores of key row `j`.
+    #[inline(always)]
+    fn score(&mut self, j: usize) -> [f32; W] {
+        let d = self.d;
+        let mut s = [0.0f32; W];
+        match self.keys {
+            RowCodes::Codebook { bits, bytes, .. } => {
+                let rb = 2 + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[2..], bits, &mut self.codes[..d]);
+                for (q, &c) in self.qt[..d].iter().zip(&self.codes[..d]) {
+                    add_scaled(&mut s, q, self.key_levels[usize::from(c)]);
+                }
+                let norm = f16_at(row, 0);
+                s.iter_mut().for_each(|x| *x *= norm);
+            }
+            RowCodes::TokenGroups { bits, group, bytes, coded, waiting } => {
+                if j >= coded {
+                    let row = &waiting[(j - coded) * d..(j - coded + 1) * d];
+                    for (q, x) in self.qt[..d].iter().zip(row) {
+                        add_scaled(&mut s, q, x.to_f32());
+                    }
+                    return s;
+                }
+                let cb = packed_bytes(d, bits);
+                let unit = 4 * d + group * cb;
+                let g = j / group;
+                let base = &bytes[g * unit..(g + 1) * unit];
+                if self.group != g {
+                    self.qz = [0.0; W];
+                    for (c, (qs, q)) in self.qs[..d].iter_mut().zip(&self.qt[..d]).enumerate() {
+                        let (scale, zero) = (f16_at(base, 2 * c), f16_at(base, 2 * c + 1));
+                        for ((o, z), q) in qs.iter_mut().zip(self.qz.iter_mut()).zip(q) {
+                            *o = q * scale;
+                            *z += q * zero;
+                        }
+                    }
+                    self.group = g;
+                }
+                unpack_row(&base[4 * d + (j % group) * cb..][..cb], bits, &mut self.codes[..d]);
+                s = self.qz;
+                for (q, &c) in self.qs[..d].iter().zip(&self.codes[..d]) {
+                    add_scaled(&mut s, q, f32::from(c));
+                }
+            }
+            RowCodes::ChannelGroups { bits, group, bytes } => {
+                let params = 4 * (d / group);
+                let rb = params + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[params..], bits, &mut self.codes[..d]);
+                let groups = self.qt[..d].chunks(group).zip(self.codes[..d].chunks(group));
+                for (g, (qg, cg)) in groups.enumerate() {
+                    let (scale, zero) = (f16_at(row, 2 * g), f16_at(row, 2 * g + 1));
+                    for (q, &c) in qg.iter().zip(cg) {
+                        add_scaled(&mut s, q, zero + scale * f32::from(c));
+                    }
+                }
+            }
+            _ => unreachable!("coded_segment runs only layouts `reads` accepts"),
+        }
+        s
+    }
+
+    /// Adds value row `j` weighted by `p` to the accumulators.
+    #[inline(always)]
+    fn accumulate(&mut self, j: usize, p: &[f32; W]) {
+        let d = self.d;
+        match self.values {
+            RowCodes::Codebook { bits, bytes, .. } => {
+                let rb = 2 + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[2..], bits, &mut self.codes[..d]);
+                let norm = f16_at(row, 0);
+                let w = p.map(|x| x * norm);
+                for (a, &c) in self.acc[..d].iter_mut().zip(&self.codes[..d]) {
+                    add_scaled(a, &w, self.value_levels[usize::from(c)]);
+                }
+            }
+            RowCodes::ChannelGroups { bits, group, bytes } => {
+                let params = 4 * (d / group);
+                let rb = params + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[params..], bits, &mut self.codes[..d]);
+                let groups = self.acc[..d].chunks_mut(group).zip(self.codes[..d].chunks(group));
+                for (g, ((ag, cg), zs)) in groups.zip(self.zs.iter_mut()).enumerate() {
+                    let (scale, zero) = (f16_at(row, 2 * g), f16_at(row, 2 * g + 1));
+                    add_scaled(zs, p, zero);
+                    let w = p.map(|x| x * scale);
+                    for (a, &c) in ag.iter_mut().zip(cg) {
+                        add_scaled(a, &w, f32::from(c));
+                    }
+                }
+            }
+            RowCodes::TokenGroups { bits, group, bytes, coded, waiting } => {
+                if j >= coded {
+                    let row = &waiting[(j - coded) * d..(j - coded + 1) * d];
+                    for (a, x) in self.acc[..d].iter_mut().zip(row) {
+                        add_scaled(a, p, x.to_f32());
+                    }
+                    return;
+                }
+                let cb = packed_bytes(d, bits);
+                let base = &bytes[(j / group) * (4 * d + group * cb)..];
+                unpack_row(&base[4 * d + (j % group) * cb..][..cb], bits, &mut self.codes[..d]);
+                for (c, (a, &code)) in self.acc[..d].iter_mut().zip(&self.codes[..d]).enumerate() {
+                    let (scale, zero) = (f16_at(base, 2 * c), f16_at(base, 2 * c + 1));
+                    add_scaled(a, p, zero + scale * f32::from(code));
+                }
+            }
+            _ => unreachable!("coded_segment runs only layouts `reads` accepts"),
+        }
+    }
+
+    /// Streams rows `range` through the online softmax of `slot`.
+    #[inline(always)]
+    fn run(&mut self, k: Kernels, range: Range<usize>, slot: &mut Slot) {
+        let mut s = [[0.0f32; W]; TILE];
+        let mut r = range.start;
+        while r < range.end {
+            let n = TILE.min(range.end - r);
+            for (t, st) in s[..n].iter_mut().enumerate() {
+                *st = self.score(r + t);
+            }
+            let (m, l) = slot.lanes::<W>();
+            let factor = k.softmax_update(m, l, &mut s[..n]);
+            for a in self.acc[..self.d].iter_mut().chain(self.zs.iter_mut()) {
+                a.iter_mut().zip(&factor).for_each(|(x, f)| *x *= f);
+            }
+            for (t, p) in s[..n].iter().enumerate() {
+                self.accumulate(r + t, p);
+            }
+            r += n;
+        }
+    }
+}
+
+/// [`Segment::run`] compiled for AVX-512 (F, BW) with AVX2, FMA and F16C.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+unsafe fn run_avx512<const W: usize>(
+    seg: &mut Segment<'_, '_, W>,
+    k: Kernels,
+    range: Range<usize>,
+    slot: &mut Slot,
+) {
+    seg.run(k, range, slot);
+}
+
+/// [`Segment::run`] compiled for AVX2, FMA and F16C.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<const W: usize>(
+    seg: &mut Segment<'_, '_, W>,
+    k: Kernels,
+    range: Range<usize>,
+    slot: &mut Slot,
+) {
+    seg.run(k, range, slot);
+}
+
+/// Streams `item.rows` of coded keys and values (layouts [`reads`] accepts, checked
+/// against the head by the input validation) through `slot`, continuing its softmax state.
+pub(crate) fn coded_segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    (keys, values): (RowCodes<'_>, RowCodes<'_>),
+    sc: &mut Scratch,
+    slot: &mut Slot,
+) {
+    let d = job.cfg.head_dim();
+    let Scratch { qt, acc_t, kval, vval, .. } = sc;
+    let q = job.queries(item.kv, item.block);
+    let qt = transposed_queries::<u8, W>(q, d, job.logit_scale(), qt);
+    let acc = transpose_in::<u8, W>(slot, d, acc_t);
+    let groups = match values {
+        RowCodes::ChannelGroups { group, .. } => d / group,
+        _ => 0,
+    };
+    for (buf, len) in [(&mut *kval, d * W), (&mut *vval, groups * W)] {
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+    }
+    let (qs, _) = kval[..d * W].as_chunks_mut::<W>();
+    let (zs, _) = vval[..groups * W].as_chunks_mut::<W>();
+    zs.fill([0.0; W]);
+    let mut seg = Segment {
+        keys,
+        values,
+        d,
+        qt,
+        acc,
+        qs,
+        zs,
+        group: usize::MAX,
+        qz: [0.0; W],
+        key_levels: level_table(&keys),
+        value_levels: level_table(&values),
+        codes: [0; MAX_D],
+    };
+    let range = item.rows.clone();
+    match k {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
+        // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
+        Kernels::Avx2(t) if t.avx512() => unsafe { run_avx512(&mut seg, k, range, slot) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an AVX2 token exists only after `is_available()` confirmed AVX2, FMA and
+        // F16C.
+        Kernels::Avx2(_) => unsafe { run_avx2(&mut seg, k, range, slot) },
+        _ => seg.run(k, range, slot),
+    }
+    if let RowCodes::ChannelGroups { group, .. } = values {
+        for (ag, z) in seg.acc[..d].chunks_mut(group).zip(seg.zs.iter()) {
+            for a in ag {
+                a.iter_mut().zip(z).for_each(|(x, z)| *x += z);
+            }
+        }
+    }
+    let acc = seg.acc;
+    transpose_out::<W>(acc, d, slot);
+}
