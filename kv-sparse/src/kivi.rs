@@ -329,6 +329,71 @@ impl<const BITS: usize> KiviRows<BITS> {
         packed_bytes(head_dim, BITS) as f64 + param_bytes(head_dim) as f64 / group as f64
     }
 
+    /// The coded groups (keys) or rows (values), as held.
+    pub fn coded_bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The key rows waiting for their group, exact in f16, row-major (empty for values).
+    pub fn waiting_rows(&self) -> &[f16] {
+        &self.pending
+    }
+
+    /// A side rebuilt from its coded bytes and waiting rows (as [`KiviRows::coded_bytes`]
+    /// and [`KiviRows::waiting_rows`] give them), checked as untrusted input: whole units,
+    /// fewer than `group` waiting keys (none for values), every parameter and waiting
+    /// element a finite f16 below [`OVERFLOW_AT`]. A rollback into the last coded group
+    /// then restores its rows from their codes (the exact rows are not persisted).
+    ///
+    /// # Errors
+    /// As [`check_layout`]; [`Error::Corrupt`] for input that breaks a rule above.
+    pub fn from_parts(
+        side: Side,
+        head_dim: usize,
+        group: usize,
+        bytes: &[u8],
+        waiting: &[f16],
+    ) -> Result<Self> {
+        let mut rows = Self::new(side, head_dim, group)?;
+        let unit = rows.unit_bytes();
+        let corrupt = |reason: String| Err(Error::Corrupt { reason });
+        if !bytes.len().is_multiple_of(unit) {
+            return corrupt(format!(
+                "{} bytes are not whole kivi{BITS} units of {unit}",
+                bytes.len()
+            ));
+        }
+        let max_waiting = if side == Side::Keys { group - 1 } else { 0 };
+        if !waiting.len().is_multiple_of(head_dim) || waiting.len() / head_dim > max_waiting {
+            let n = waiting.len();
+            return corrupt(format!(
+                "{n} waiting elements, expected whole rows, at most {max_waiting}"
+            ));
+        }
+        let params = match side {
+            Side::Keys => param_bytes(head_dim),
+            Side::Values => param_bytes(head_dim / group),
+        };
+        let ok = |x: f16| x.is_finite() && x.to_f32().abs() < OVERFLOW_AT;
+        for (u, chunk) in bytes.chunks_exact(unit).enumerate() {
+            let bad =
+                chunk[..params].chunks_exact(2).position(|b| !ok(f16::from_le_bytes([b[0], b[1]])));
+            if let Some(i) = bad {
+                return corrupt(format!("unit {u}: parameter {i} is not a finite f16"));
+            }
+        }
+        if let Some(i) = waiting.iter().position(|&x| !ok(x)) {
+            return corrupt(format!("waiting element {i} is not a finite f16"));
+        }
+        rows.coded = match side {
+            Side::Keys => bytes.len() / unit * group,
+            Side::Values => bytes.len() / unit,
+        };
+        rows.bytes = bytes.to_vec();
+        rows.pending = waiting.to_vec();
+        Ok(rows)
+    }
+
     /// Borrowed view of every row (what kernels read).
     pub fn view(&self) -> KiviView<'_> {
         KiviView {

@@ -233,6 +233,33 @@ impl<const BITS: usize> TurboRows<BITS> {
         }
     }
 
+    /// The rows' bytes, as held (`[f16 norm][packed codes]` each).
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Rows from their bytes (as [`TurboRows::bytes`] gives them), checked as untrusted
+    /// input: whole rows, every norm a finite non-negative f16.
+    ///
+    /// # Errors
+    /// As [`check_layout`]; [`Error::Corrupt`] for a partial row or a bad norm.
+    pub fn from_bytes(head_dim: usize, bytes: &[u8]) -> Result<Self> {
+        let mut rows = Self::new(head_dim)?;
+        let rb = Self::row_bytes(head_dim);
+        if !bytes.len().is_multiple_of(rb) {
+            let reason = format!("{} bytes are not whole turbo{BITS} rows of {rb}", bytes.len());
+            return Err(Error::Corrupt { reason });
+        }
+        for (j, row) in bytes.chunks_exact(rb).enumerate() {
+            let norm = f16::from_le_bytes([row[0], row[1]]);
+            if !norm.is_finite() || norm.is_sign_negative() && norm.to_f32() != 0.0 {
+                return Err(Error::Corrupt { reason: format!("row {j}: norm {norm}") });
+            }
+        }
+        rows.bytes = bytes.to_vec();
+        Ok(rows)
+    }
+
     /// Borrowed view of every row (what kernels read).
     pub fn view(&self) -> TurboView<'_> {
         TurboView { bits: BITS, head_dim: self.head_dim, levels: &self.levels, bytes: &self.bytes }

@@ -126,6 +126,20 @@ fn reopened_caches_continue_exactly_as_in_memory_on_the_tiny_models() {
     }
     round_trip(&gqa, "swan:k=6,kv=4,value=fp8,scale=auto,buffer=f32,b=0,basis=random:1", &p, 6);
     round_trip(&wide, "swan:k=16,index=bitmask,value=int8,b=3,basis=hadamard", &p, 6);
+    // The whole-row histories behind a buffer: the decode steps evict reopened buffer rows
+    // onto the reopened history; KIVI's groups of 8 leave keys waiting across the reopen.
+    for spec in [
+        "dense:format=int8,rotate=hadamard,b=4",
+        "dense:format=int4,b=5,buffer=bf16",
+        "dense:format=fp8,b=3,buffer=f32",
+        "kivi:bits=2,group=8,b=4",
+        "kivi:bits=4,group=16,b=6,rotate=hadamard",
+        "turbo:bits=3,b=4",
+        "turbo:bits=2,b=0,rotate=hadamard",
+        "turbo:bits=4,b=4,buffer=f32",
+    ] {
+        round_trip(&wide, spec, &p, 8);
+    }
 }
 
 /// A history longer than one block (256 rows at d = 16): the reopened SWAN cache attends
@@ -205,6 +219,15 @@ fn a_cache_for_another_model_projection_or_format_is_a_typed_error() {
     assert!(matches!(e, Error::CacheMismatch { what: "format", .. }), "{e}");
     let e = resume_err(&gqa, "dense:rotate=hadamard", &dense);
     assert!(matches!(e, Error::CacheMismatch { what: "projection" | "format", .. }), "{e}");
+    // A file of one whole-row history read by a cache of another.
+    let kivi = std::fs::read(saved(&gqa, "kivi:bits=2,group=8,b=4", dir.path())).unwrap();
+    for other in ["kivi:bits=4,group=8,b=4", "turbo:bits=2,b=4", "dense:format=fp8,b=4"] {
+        let e = resume_err(&gqa, other, &kivi);
+        assert!(
+            matches!(e, Error::CacheMismatch { what: "format" | "projection", .. }),
+            "{other}: {e}"
+        );
+    }
     // Truncations and a flipped byte are kv-sparse's typed errors.
     for len in [0, 100, bytes.len() / 2, bytes.len() - 1] {
         let e = resume_err(&gqa, swan, &bytes[..len]);
@@ -257,6 +280,10 @@ fn a_failed_load_keeps_everything_the_cache_held() {
         ),
         ("swan:k=8,value=fp8,b=4,basis=random:5", "dense"),
         ("dense", "dense:format=f32"),
+        ("kivi:bits=2,group=8,b=4", "turbo:bits=2,b=4"),
+        ("turbo:bits=3,b=4", "kivi:bits=2,group=8,b=4"),
+        ("kivi:bits=2,group=8,b=4", "kivi:bits=2,group=8,b=6"),
+        ("dense:format=fp8,b=4", "dense:format=fp8"),
     ] {
         let build = || {
             let spec: CacheSpec = spec.parse().unwrap();

@@ -12,7 +12,7 @@
 use super::buffer::DenseBuffer;
 use super::history::SparseHistory;
 use super::input::{check_limits, sanitize_into, scan};
-use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore};
+use super::{CodedHybridView, HybridConfig, HybridView, NonFinitePolicy, RowStore, WholeRowStore};
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
 use crate::csr::{CsrStore, CsrView};
 use crate::decoded::Side;
@@ -530,6 +530,45 @@ impl<const B: usize, D: Value> Hybrid<TurboRows<B>, D> {
     /// The TurboQuant-style history rows (keys, values), oldest first.
     pub fn history(&self) -> (TurboView<'_>, TurboView<'_>) {
         (self.sparse.keys.view(), self.sparse.values.view())
+    }
+}
+
+impl<S: WholeRowStore, D: Value> Hybrid<S, D> {
+    /// The history's key and value stores (rows older than the buffer, oldest first).
+    pub fn history_stores(&self) -> (&S, &S) {
+        (&self.sparse.keys, &self.sparse.values)
+    }
+
+    /// A cache rebuilt from its history stores and its buffer rows in token order (as a
+    /// persisted file holds them), checked against `cfg`.
+    ///
+    /// # Errors
+    /// Config errors; [`Error::ShapeMismatch`] when a store's head_dim, the key and value
+    /// row counts or the buffer rows do not fit `cfg`; [`Error::LengthMismatch`] for buffer
+    /// slices that are not whole rows.
+    pub fn from_history(
+        cfg: HybridConfig,
+        (keys, values): (S, S),
+        buffer_keys: &[D],
+        buffer_values: &[D],
+    ) -> Result<Self> {
+        const OP: &str = "Hybrid::from_history";
+        let d = cfg.head_dim;
+        let rows = buffer_keys.len() / d.max(1);
+        if !buffer_keys.len().is_multiple_of(d.max(1)) || buffer_values.len() != buffer_keys.len() {
+            let (expected, got) = (rows * d, buffer_values.len());
+            return Err(Error::LengthMismatch { op: OP, what: "buffer rows", expected, got });
+        }
+        let shape = (keys.head_dim(), [cfg.rows_per_block; 2], rows, cfg.scales());
+        check_rebuild::<S, D>(OP, &cfg, shape)?;
+        let checks =
+            [("value head_dim", d, values.head_dim()), ("value rows", keys.len(), values.len())];
+        for (what, expected, got) in checks {
+            if expected != got {
+                return Err(Error::ShapeMismatch { op: OP, what, expected, got });
+            }
+        }
+        Ok(Self::rebuilt(cfg, keys, values, (buffer_keys, &[]), (buffer_values, &[]), rows))
     }
 }
 

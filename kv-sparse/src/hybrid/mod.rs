@@ -26,7 +26,7 @@ mod view;
 pub use cache::{CodedHybridCache, Hybrid, HybridCache, QuantHybridCache};
 pub use config::{HybridConfig, NonFinitePolicy};
 pub use multi::{CodedMultiHeadCache, MultiHead, MultiHeadCache};
-pub use store::RowStore;
+pub use store::{HistoryFormat, RowStore, WholeRowStore};
 pub use view::{CodedHybridView, HybridView};
 
 pub(crate) use input::check_limits;

@@ -481,3 +481,153 @@ impl<const B: usize> RowStore for TurboRows<B> {
         TurboRows::memory(self)
     }
 }
+
+/// The history format of a hybrid cache whose history keeps every component of a row
+/// ([`WholeRowStore`]): what a persisted file names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HistoryFormat {
+    /// Dense quantized rows ([`QuantRows`]).
+    Quant(crate::quant::DenseFormat),
+    /// KIVI codes at `bits` bits ([`KiviRows`]).
+    Kivi {
+        /// 2 or 4.
+        bits: usize,
+    },
+    /// TurboQuant-style codes at `bits` bits ([`TurboRows`]).
+    Turbo {
+        /// 2, 3 or 4.
+        bits: usize,
+    },
+}
+
+impl std::fmt::Display for HistoryFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HistoryFormat::Quant(format) => write!(f, "{format} rows"),
+            HistoryFormat::Kivi { bits } => write!(f, "kivi{bits}"),
+            HistoryFormat::Turbo { bits } => write!(f, "turbo{bits}"),
+        }
+    }
+}
+
+impl HistoryFormat {
+    /// Rows held by `bytes` coded bytes of one side (`rows_per_block` the KIVI group),
+    /// `None` when they are not whole units.
+    pub fn coded_rows(
+        &self,
+        side: Side,
+        head_dim: usize,
+        rows_per_block: usize,
+        bytes: usize,
+    ) -> Option<usize> {
+        let codes = |bits: usize| crate::decoded::packed_bytes(head_dim, bits);
+        let (unit, rows) = match *self {
+            HistoryFormat::Quant(format) => (format.row_bytes(head_dim), 1),
+            HistoryFormat::Turbo { bits } => (2 + codes(bits), 1),
+            HistoryFormat::Kivi { bits } => match side {
+                Side::Keys => (4 * head_dim + rows_per_block * codes(bits), rows_per_block),
+                Side::Values => (4 * (head_dim / rows_per_block.max(1)) + codes(bits), 1),
+            },
+        };
+        (unit > 0 && bytes.is_multiple_of(unit)).then(|| bytes / unit * rows)
+    }
+}
+
+/// A history that keeps every component of a row in codes of whole rows — dense quantized
+/// rows, KIVI, TurboQuant-style — as [`crate::persist`] writes and reads it: its format,
+/// its coded bytes and (KIVI keys) the rows waiting uncoded in f16, and the way back.
+pub trait WholeRowStore: RowStore {
+    /// The format a persisted file names.
+    const HISTORY: HistoryFormat;
+
+    /// The coded bytes, as held.
+    fn coded_bytes(&self) -> &[u8];
+
+    /// Rows waiting uncoded in f16, row-major (KIVI keys; empty otherwise).
+    fn waiting_rows(&self) -> &[half::f16] {
+        &[]
+    }
+
+    /// One side rebuilt from its coded bytes and waiting rows, checked as untrusted input.
+    ///
+    /// # Errors
+    /// The store's layout errors; [`Error::Corrupt`] for bytes that are not whole rows or
+    /// hold a non-finite or zero scale; waiting rows for a store that keeps none.
+    fn from_parts(
+        side: Side,
+        head_dim: usize,
+        rows_per_block: usize,
+        bytes: &[u8],
+        waiting: &[half::f16],
+    ) -> Result<Self>;
+}
+
+/// Whole-row stores without waiting rows refuse them.
+fn no_waiting(what: &str, waiting: &[half::f16]) -> Result<()> {
+    if waiting.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Corrupt { reason: format!("{} waiting elements for {what}", waiting.len()) })
+}
+
+impl<C: DenseCodec> WholeRowStore for QuantRows<C> {
+    const HISTORY: HistoryFormat = HistoryFormat::Quant(C::FORMAT);
+
+    fn coded_bytes(&self) -> &[u8] {
+        self.view().bytes()
+    }
+
+    fn from_parts(
+        _side: Side,
+        head_dim: usize,
+        _rows_per_block: usize,
+        bytes: &[u8],
+        waiting: &[half::f16],
+    ) -> Result<Self> {
+        no_waiting("quantized rows", waiting)?;
+        let view = crate::quant::QuantView::<C>::from_bytes(head_dim, bytes)?;
+        Ok(QuantRows::from_view(view))
+    }
+}
+
+impl<const B: usize> WholeRowStore for KiviRows<B> {
+    const HISTORY: HistoryFormat = HistoryFormat::Kivi { bits: B };
+
+    fn coded_bytes(&self) -> &[u8] {
+        KiviRows::coded_bytes(self)
+    }
+
+    fn waiting_rows(&self) -> &[half::f16] {
+        KiviRows::waiting_rows(self)
+    }
+
+    fn from_parts(
+        side: Side,
+        head_dim: usize,
+        rows_per_block: usize,
+        bytes: &[u8],
+        waiting: &[half::f16],
+    ) -> Result<Self> {
+        KiviRows::from_parts(side, head_dim, rows_per_block, bytes, waiting)
+    }
+}
+
+impl<const B: usize> WholeRowStore for TurboRows<B> {
+    const HISTORY: HistoryFormat = HistoryFormat::Turbo { bits: B };
+
+    fn coded_bytes(&self) -> &[u8] {
+        TurboRows::bytes(self)
+    }
+
+    fn from_parts(
+        _side: Side,
+        head_dim: usize,
+        _rows_per_block: usize,
+        bytes: &[u8],
+        waiting: &[half::f16],
+    ) -> Result<Self> {
+        no_waiting("turbo rows", waiting)?;
+        TurboRows::from_bytes(head_dim, bytes)
+    }
+}

@@ -13,7 +13,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::coded::{IndexKind, ValueKind};
-use crate::hybrid::{HybridConfig, NonFinitePolicy, RowStore};
+use crate::hybrid::{HistoryFormat, HybridConfig, NonFinitePolicy, RowStore};
 use crate::quant::DenseFormat;
 use crate::{Error, Result, ValueFormat};
 
@@ -118,6 +118,15 @@ pub enum CacheLayout {
         /// Row codec.
         format: DenseFormat,
     },
+    /// A hybrid cache whose history keeps every component of a row in codes of whole
+    /// rows ([`crate::hybrid::WholeRowStore`]: dense quantized rows, KIVI,
+    /// TurboQuant-style) behind a dense buffer.
+    Rows {
+        /// The history's format.
+        history: HistoryFormat,
+        /// Dense buffer format.
+        dense: ValueFormat,
+    },
 }
 
 impl std::fmt::Display for CacheLayout {
@@ -131,6 +140,7 @@ impl std::fmt::Display for CacheLayout {
             }
             CacheLayout::Dense { format } => write!(f, "dense {format}"),
             CacheLayout::Quant { format } => write!(f, "quantized {format}"),
+            CacheLayout::Rows { history, dense } => write!(f, "{history} buffer {dense}"),
         }
     }
 }
@@ -139,6 +149,26 @@ const LAYOUT_CSR: u32 = 0;
 const LAYOUT_CODED: u32 = 1;
 const LAYOUT_DENSE: u32 = 2;
 const LAYOUT_QUANT: u32 = 3;
+const LAYOUT_ROWS: u32 = 4;
+
+/// `(family, parameter)` codes of a whole-row history: quantized rows 1 with the row
+/// format's code, KIVI 2 and TurboQuant-style 3 with their bits.
+fn history_codes(history: HistoryFormat) -> [u32; 2] {
+    match history {
+        HistoryFormat::Quant(format) => [1, quant_code(format)],
+        HistoryFormat::Kivi { bits } => [2, bits as u32],
+        HistoryFormat::Turbo { bits } => [3, bits as u32],
+    }
+}
+
+fn quant_format(code: u32) -> Result<DenseFormat> {
+    Ok(match code {
+        0 => DenseFormat::Int8,
+        1 => DenseFormat::Int4,
+        2 => DenseFormat::Fp8,
+        other => return Err(unknown("quantized row format", other)),
+    })
+}
 
 fn index_kind_code(kind: IndexKind) -> u32 {
     match kind {
@@ -184,6 +214,10 @@ impl CacheLayout {
             }
             CacheLayout::Dense { format } => [LAYOUT_DENSE, 0, 0, format.code()],
             CacheLayout::Quant { format } => [LAYOUT_QUANT, 0, 0, quant_code(format)],
+            CacheLayout::Rows { history, dense } => {
+                let [family, param] = history_codes(history);
+                [LAYOUT_ROWS, family, param, dense.code()]
+            }
         }
     }
 
@@ -223,15 +257,18 @@ impl CacheLayout {
             LAYOUT_QUANT => {
                 unused("quantized index code", index)?;
                 unused("quantized value code", value)?;
-                CacheLayout::Quant {
-                    format: match dense {
-                        0 => DenseFormat::Int8,
-                        1 => DenseFormat::Int4,
-                        2 => DenseFormat::Fp8,
-                        other => return Err(unknown("quantized row format", other)),
-                    },
-                }
+                CacheLayout::Quant { format: quant_format(dense)? }
             }
+            LAYOUT_ROWS => CacheLayout::Rows {
+                history: match (index, value) {
+                    (1, code) => HistoryFormat::Quant(quant_format(code)?),
+                    (2, bits @ (2 | 4)) => HistoryFormat::Kivi { bits: bits as usize },
+                    (3, bits @ 2..=4) => HistoryFormat::Turbo { bits: bits as usize },
+                    (1..=3, bits) => return Err(unknown("whole-row history bits", bits)),
+                    (family, _) => return Err(unknown("whole-row history family", family)),
+                },
+                dense: value_format("dense buffer format", dense)?,
+            },
             other => return Err(unknown("layout", other)),
         })
     }
@@ -247,7 +284,10 @@ impl CacheLayout {
 
     /// Whether heads hold a hybrid cache (a config and a sparse history).
     pub(crate) fn is_hybrid(&self) -> bool {
-        matches!(self, CacheLayout::Csr { .. } | CacheLayout::Coded { .. })
+        matches!(
+            self,
+            CacheLayout::Csr { .. } | CacheLayout::Coded { .. } | CacheLayout::Rows { .. }
+        )
     }
 }
 
@@ -464,7 +504,9 @@ impl HeadEntry {
             corrupt(format!("unknown non-finite policy code {}", self.non_finite))
         })?;
         let dense = match format.layout {
-            CacheLayout::Csr { dense, .. } | CacheLayout::Coded { dense, .. } => dense,
+            CacheLayout::Csr { dense, .. }
+            | CacheLayout::Coded { dense, .. }
+            | CacheLayout::Rows { dense, .. } => dense,
             other => return Err(corrupt(format!("{other} heads have no hybrid config"))),
         };
         let scales = (self.key_scale, self.value_scale);

@@ -58,4 +58,27 @@ macro_rules! with_codec {
     }};
 }
 
-pub(crate) use {with_codec, with_coded, with_value};
+/// Calls `$func::<S>($args…)` with the [`crate::hybrid::WholeRowStore`] `$history`
+/// ([`crate::hybrid::HistoryFormat`]) names; bits outside a family's set are
+/// [`crate::Error::Corrupt`] (the header parser admits none).
+macro_rules! with_history {
+    ($history:expr, $func:ident ( $($arg:expr),* )) => {{
+        use $crate::hybrid::HistoryFormat;
+        use $crate::kivi::KiviRows;
+        use $crate::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+        use $crate::turbo::TurboRows;
+        match $history {
+            HistoryFormat::Quant(DenseFormat::Int8) => $func::<QuantRows<Int8Blocks>>($($arg),*),
+            HistoryFormat::Quant(DenseFormat::Int4) => $func::<QuantRows<Int4Blocks>>($($arg),*),
+            HistoryFormat::Quant(DenseFormat::Fp8) => $func::<QuantRows<Fp8Rows>>($($arg),*),
+            HistoryFormat::Kivi { bits: 2 } => $func::<KiviRows<2>>($($arg),*),
+            HistoryFormat::Kivi { bits: 4 } => $func::<KiviRows<4>>($($arg),*),
+            HistoryFormat::Turbo { bits: 2 } => $func::<TurboRows<2>>($($arg),*),
+            HistoryFormat::Turbo { bits: 3 } => $func::<TurboRows<3>>($($arg),*),
+            HistoryFormat::Turbo { bits: 4 } => $func::<TurboRows<4>>($($arg),*),
+            other => Err($crate::Error::Corrupt { reason: format!("unknown history {other}") }),
+        }
+    }};
+}
+
+pub(crate) use {with_codec, with_coded, with_history, with_value};

@@ -9,7 +9,9 @@
 //!   rows ("Memory footprint") and dense buffer (Algorithm 1) one-to-one;
 //! * coded hybrid: key rows (block bases u64, row offsets u16, row bytes), value rows
 //!   (same three), buffer keys, buffer values;
-//! * dense or quantized rows: key rows, value rows.
+//! * dense or quantized rows: key rows, value rows;
+//! * whole-row hybrid: key codes, keys waiting in f16 (KIVI), value codes, buffer keys,
+//!   buffer values.
 //!
 //! Before the heads, after the directory: the head-checksum table (version 3 on: one
 //! little-endian `u32` CRC-32 per head), the identity block and the extra block. Head `h`'s
@@ -23,6 +25,8 @@ use super::header::{
     CacheLayout, ENTRY_BYTES, FileFormat, HEADER_BYTES, HeadEntry, SECTION_ALIGN, corrupt,
 };
 use crate::Result;
+use crate::decoded::Side;
+use crate::hybrid::HistoryFormat;
 
 /// Where the metadata after the header lies: directory, head-checksum table and blocks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +96,7 @@ impl HeadLayout {
                 CacheLayout::Coded { .. } => {
                     out.extend([&s.bases, &s.offsets, &s.values].map(Clone::clone))
                 }
+                CacheLayout::Rows { .. } => out.extend([&s.values, &s.indices].map(Clone::clone)),
                 _ => {}
             }
         }
@@ -149,6 +154,46 @@ impl Placer {
         Ok(RowSections { bases, offsets, indices: values.start..values.start, values })
     }
 
+    /// A whole-row history: key codes, the keys waiting in f16 (their count is what the
+    /// key codes leave of the history rows), value codes (all of its rows). Coded rows
+    /// keep their bytes in `values`; waiting keys lie in the key side's `indices` (the
+    /// value side's is empty, at the end of its codes).
+    fn whole_rows(
+        &mut self,
+        entry: &HeadEntry,
+        history: HistoryFormat,
+        d: usize,
+    ) -> Result<(RowSections, RowSections)> {
+        let rpb = entry.rows_per_block as usize;
+        let rows = |side, bytes: u64, what| {
+            usize::try_from(bytes)
+                .ok()
+                .and_then(|b| history.coded_rows(side, d, rpb, b))
+                .ok_or_else(|| {
+                    corrupt(format!("{bytes} {what} bytes are not whole {history} units"))
+                })
+        };
+        let coded = rows(Side::Keys, entry.key_nnz, "key")? as u64;
+        let waiting = entry.sparse_rows.checked_sub(coded).ok_or_else(|| {
+            corrupt(format!("{coded} coded key rows exceed {} history rows", entry.sparse_rows))
+        })?;
+        if rows(Side::Values, entry.value_nnz, "value")? as u64 != entry.sparse_rows {
+            return Err(corrupt(format!(
+                "value codes do not hold the {} history rows",
+                entry.sparse_rows
+            )));
+        }
+        let key_codes = self.place("key codes", entry.key_nnz, 1)?;
+        let waiting = waiting
+            .checked_mul(d as u64)
+            .ok_or_else(|| corrupt(format!("{waiting} waiting rows overflow")))?;
+        let waiting = self.place("waiting keys", waiting, 2)?;
+        let value_codes = self.place("value codes", entry.value_nnz, 1)?;
+        let keys = RowSections { indices: waiting, values: key_codes, ..RowSections::default() };
+        let end = value_codes.end..value_codes.end;
+        Ok((keys, RowSections { indices: end, values: value_codes, ..RowSections::default() }))
+    }
+
     fn rows(&mut self, what: [&str; 2], rows: u64, row_bytes: u64) -> Result<[Range<usize>; 2]> {
         Ok([self.place(what[0], rows, row_bytes)?, self.place(what[1], rows, row_bytes)?])
     }
@@ -189,6 +234,10 @@ pub(crate) fn place_head(
         CacheLayout::Quant { format: f } => {
             let rb = f.row_bytes(format.head_dim) as u64;
             (RowSections::default(), RowSections::default(), (entry.buffer_rows, rb))
+        }
+        CacheLayout::Rows { history, dense } => {
+            let (keys, values) = p.whole_rows(entry, history, format.head_dim)?;
+            (keys, values, dense_row(entry.buffer_rows, dense.bytes())?)
         }
     };
     let what = if format.layout.is_hybrid() {

@@ -13,14 +13,15 @@ use memmap2::Mmap;
 use super::header::{
     CacheLayout, ENTRY_BYTES, FileFormat, FileHeader, HEADER_BYTES, HeadEntry, corrupt,
 };
-use super::kinds::{with_codec, with_coded, with_value};
+use super::kinds::{with_codec, with_coded, with_history, with_value};
 use super::layout::{HeadLayout, MetaLayout, RowSections, place_head, place_meta};
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode, ValueKind};
 use crate::csr::{CsrStore, CsrView};
+use crate::decoded::Side;
 use crate::fp8::Fp8E4M3;
 use crate::hybrid::{
-    CodedHybridCache, CodedHybridView, CodedMultiHeadCache, HybridCache, HybridConfig, HybridView,
-    MultiHeadCache, check_limits,
+    CodedHybridCache, CodedHybridView, CodedMultiHeadCache, Hybrid, HybridCache, HybridConfig,
+    HybridView, MultiHeadCache, WholeRowStore, check_limits,
 };
 use crate::quant::{DenseCodec, QuantRows, QuantView};
 use crate::{Error, Result, SparseIndex, Value, ValueFormat};
@@ -284,6 +285,12 @@ impl MappedCache {
         ) -> Result<HybridConfig> {
             entry.config::<CodedStore<X, Y>>(format)
         }
+        fn rows_config<S: WholeRowStore>(
+            entry: &HeadEntry,
+            format: &FileFormat,
+        ) -> Result<HybridConfig> {
+            entry.config::<S>(format)
+        }
         let limit = bytes.len() as u64;
         let entries = bytes[meta.directory.clone()].chunks_exact(ENTRY_BYTES);
         let mut crcs = bytes[meta.head_crcs.clone()]
@@ -301,6 +308,9 @@ impl MappedCache {
                 CacheLayout::Csr { .. } => Some(entry.config::<CsrStore<u16, f32>>(format)),
                 CacheLayout::Coded { index, value, .. } => {
                     Some(with_coded!(index, value, coded_config(&entry, format)))
+                }
+                CacheLayout::Rows { history, .. } => {
+                    Some(with_history!(history, rows_config(&entry, format)))
                 }
                 _ => {
                     entry.check_rows_only().map_err(context)?;
@@ -358,6 +368,9 @@ impl MappedCache {
             }
             Ok(())
         }
+        fn rows<S: WholeRowStore>(c: &MappedCache, h: usize, dense: ValueFormat) -> Result<()> {
+            c.check_rows::<S>(h, dense)
+        }
         fn quant<C: DenseCodec>(c: &MappedCache, h: usize) -> Result<()> {
             let layout = &c.heads[h].layout;
             for range in [&layout.dense_keys, &layout.dense_values] {
@@ -375,7 +388,36 @@ impl MappedCache {
             }
             CacheLayout::Dense { format } => with_value!(format, dense(self, h)),
             CacheLayout::Quant { format } => with_codec!(format, quant(self, h)),
+            CacheLayout::Rows { history, dense } => with_history!(history, rows(self, h, dense)),
         }
+    }
+
+    /// Whole-row histories rebuilt from their checked parts, finite buffers that fit the
+    /// history once evicted.
+    fn check_rows<S: WholeRowStore>(&self, h: usize, dense: ValueFormat) -> Result<()> {
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        self.whole_stores::<S>(cfg, layout)?;
+        self.check_buffers(h, dense)?;
+        self.check_buffers_fit::<S>(h, dense)
+    }
+
+    /// Both sides of a whole-row history, rebuilt from the file's sections.
+    fn whole_stores<S: WholeRowStore>(
+        &self,
+        cfg: &HybridConfig,
+        layout: &HeadLayout,
+    ) -> Result<(S, S)> {
+        let (d, rpb) = (self.format.head_dim, cfg.rows_per_block);
+        let keys = S::from_parts(
+            Side::Keys,
+            d,
+            rpb,
+            self.section(&layout.keys.values)?,
+            self.section(&layout.keys.indices)?,
+        )?;
+        let values =
+            S::from_parts(Side::Values, d, rpb, self.section(&layout.values.values)?, &[])?;
+        Ok((keys, values))
     }
 
     fn config_of(&self, h: usize) -> Result<&HybridConfig> {
@@ -703,6 +745,30 @@ impl MappedCache {
     ) -> Result<(QuantRows<C>, QuantRows<C>)> {
         let (k, v) = self.quant_rows::<C>(layer, kv_head)?;
         Ok((QuantRows::from_view(k), QuantRows::from_view(v)))
+    }
+
+    /// Copies (layer, kv_head) of a whole-row file ([`CacheImage::rows`]) into an owned
+    /// hybrid cache to keep appending (prefix reuse).
+    ///
+    /// # Errors
+    /// [`Error::FormatMismatch`] when the file holds another layout, history format or
+    /// buffer format; [`Error::OutOfRange`]; [`Error::BadHead`] when the head's contents
+    /// fail their check (first use).
+    ///
+    /// [`CacheImage::rows`]: super::CacheImage::rows
+    pub fn load_rows<S: WholeRowStore, D: Value>(
+        &self,
+        layer: usize,
+        kv_head: usize,
+    ) -> Result<Hybrid<S, D>> {
+        self.check_layout(CacheLayout::Rows { history: S::HISTORY, dense: D::FORMAT })?;
+        let h = self.head_index(layer, kv_head)?;
+        self.checked("MappedCache::load_rows", h)?;
+        let (cfg, layout) = (self.config_of(h)?, &self.heads[h].layout);
+        let stores = self.whole_stores::<S>(cfg, layout)?;
+        let (keys, values) =
+            (self.section(&layout.dense_keys)?, self.section(&layout.dense_values)?);
+        Hybrid::from_history(*cfg, stores, keys, values)
     }
 
     /// Checks the file's shape against what the caller's model expects.

@@ -17,7 +17,8 @@ use super::layout::{HeadLayout, MetaLayout, place_head, place_meta};
 use crate::coded::{CodedStore, CodedView, IndexCode, ValueCode};
 use crate::csr::{CsrStore, CsrView};
 use crate::hybrid::{
-    CodedHybridView, HybridCache, HybridConfig, HybridView, MultiHeadCache, RowStore,
+    CodedHybridView, Hybrid, HybridCache, HybridConfig, HybridView, MultiHeadCache, RowStore,
+    WholeRowStore,
 };
 use crate::quant::{DenseCodec, QuantView};
 use crate::{Error, Result, SparseIndex, Value};
@@ -312,6 +313,60 @@ impl<'a> CacheImage<'a> {
                 parts.push(pair(older.map_or(&[][..], |o| o.bytes()), rows.bytes()));
             }
             for (a, b) in [view.buffer_keys, view.buffer_values] {
+                parts.push(pair(bytes_of(a), bytes_of(b)));
+            }
+            image.parts.push(parts);
+        }
+        Ok(image)
+    }
+
+    /// Hybrid heads whose history keeps whole rows ([`WholeRowStore`]: dense quantized
+    /// rows, KIVI, TurboQuant-style), layer-major: per head its key codes, the keys
+    /// waiting in f16, its value codes and its buffer, exactly as held.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] when the head count is wrong or a head's head_dim or config
+    /// differs from the first head's shape; config errors.
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::hybrid::{Hybrid, HybridConfig};
+    /// use kv_sparse::kivi::KiviRows;
+    /// use kv_sparse::persist::{CacheImage, MappedCache};
+    /// let cfg = HybridConfig::new(32, 4, 32).for_store::<KiviRows<2>>();
+    /// let mut head = Hybrid::<KiviRows<2>, half::f16>::new(cfg)?;
+    /// for t in 0..12 {
+    ///     head.append(&[t as f32; 32], &[0.5; 32])?;
+    /// }
+    /// let bytes = CacheImage::rows(1, 1, &[&head])?.encode()?;
+    /// let file = MappedCache::from_bytes(&bytes)?;
+    /// let back = file.load_rows::<KiviRows<2>, half::f16>(0, 0)?;
+    /// assert_eq!((back.sparse_len(), back.buffer_len()), (8, 4));
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn rows<S: WholeRowStore, D: Value>(
+        num_layers: usize,
+        kv_heads: usize,
+        heads: &[&'a Hybrid<S, D>],
+    ) -> Result<Self> {
+        check_count(num_layers, kv_heads, heads.len())?;
+        let head_dim = heads[0].head_dim();
+        let layout = CacheLayout::Rows { history: S::HISTORY, dense: D::FORMAT };
+        let mut image = Self::new(layout, num_layers, kv_heads, head_dim);
+        for head in heads {
+            let cfg = head.config();
+            let rpb = [cfg.rows_per_block; 2];
+            check_hybrid::<S, D>(head_dim, cfg, head.head_dim(), rpb, cfg.scales())?;
+            let (keys, values) = head.history_stores();
+            let nnz = (keys.coded_bytes().len(), values.coded_bytes().len());
+            image.entries.push(HeadEntry::hybrid(cfg, head.sparse_len(), nnz, head.buffer_len()));
+            let mut parts = vec![
+                one(keys.coded_bytes()),
+                one(bytes_of(keys.waiting_rows())),
+                one(values.coded_bytes()),
+                one(&[]),
+            ];
+            for (a, b) in [head.buffer_keys(), head.buffer_values()] {
                 parts.push(pair(bytes_of(a), bytes_of(b)));
             }
             image.parts.push(parts);

@@ -17,14 +17,18 @@
 //! Lossless setting: with `b` at least the sequence length and an `f32` buffer, no row is
 //! ever quantized and the attention is the dense `f32` cache's bit for bit (tested).
 //! Optionally the first `sink` positions stay in `f32` before everything else, as
-//! [`super::QuantCache::with_sink`] keeps them. Not persisted (the file format holds
-//! unbuffered quantized rows only): saving or loading one is
-//! [`crate::Error::NotPersistable`].
+//! [`super::QuantCache::with_sink`] keeps them. Persisted as kv-sparse's whole-row hybrid
+//! layout ([`kv_sparse::persist::CacheImage::rows`]: codes, KIVI's waiting keys and the buffer
+//! exactly as held) and reloaded to continue; a cache with a sink is not persisted
+//! ([`crate::Error::NotPersistable`]: the file holds no `f32` rows).
 
 use attn_kernels::{AttnConfig, CpuAttention, DecodedKv, EncodedAttention, QuantKv, RecentFormat};
 use kv_sparse::decoded::DecodeRows;
-use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore};
+use std::sync::Arc;
+
+use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore, WholeRowStore};
 use kv_sparse::kivi::KiviRows;
+use kv_sparse::persist::{CacheImage, MappedCache};
 use kv_sparse::quant::{DenseCodec, QuantRows};
 use kv_sparse::turbo::TurboRows;
 
@@ -35,7 +39,7 @@ use crate::error::{Result, invalid};
 
 /// A history format of a [`BufferedCache`]: a kv-sparse row store and the kernel that reads
 /// it. Sealed to kv-sparse's whole-row stores ([`QuantRows`], [`KiviRows`], [`TurboRows`]).
-pub trait BufferedHistory: RowStore + private::Sealed {
+pub trait BufferedHistory: WholeRowStore + private::Sealed {
     /// The format as labels name it (`dense int4`, `kivi2 group=32`, `turbo3`), for a history of
     /// rows grouped by `group` (KIVI's group; ignored by the others).
     fn name(group: usize) -> String;
@@ -414,5 +418,47 @@ impl<S: BufferedHistory, D: RecentFormat> KvCache for BufferedCache<S, D> {
 
     fn projection(&self) -> Option<&projection::ProjectionSet> {
         self.rotation.as_ref().map(QkRotation::set)
+    }
+
+    /// Every head's history codes, waiting keys and buffer as held. A cache with a sink is
+    /// not persisted (the file holds no `f32` rows).
+    fn image(&self) -> Result<CacheImage<'_>> {
+        if self.sink.positions > 0 {
+            return Err(crate::Error::NotPersistable { op: "save cache", cache: self.label() });
+        }
+        let heads: Vec<&Hybrid<S, D>> = self.caches.heads().iter().collect();
+        Ok(CacheImage::rows(self.shape.layers, self.shape.kv_heads(), &heads)?)
+    }
+
+    /// Rebuilds every head from `file` (copied: the history keeps growing in memory). Every
+    /// head is checked — format, shape, buffer and group equal to this cache's — before the
+    /// cache changes.
+    fn load_image(&mut self, file: &Arc<MappedCache>) -> Result<()> {
+        const OP: &str = "buffered cache load";
+        if self.sink.positions > 0 {
+            return Err(crate::Error::NotPersistable { op: "load cache", cache: self.label() });
+        }
+        let s = self.shape;
+        file.check_shape(s.layers, s.kv_heads(), s.head_dim())?;
+        super::persist::common_tokens(OP, file)?;
+        let mut heads = Vec::with_capacity(s.layers * s.kv_heads());
+        for l in 0..s.layers {
+            for h in 0..s.kv_heads() {
+                let head = file.load_rows::<S, D>(l, h)?;
+                let cfg = head.config();
+                if (cfg.buffer, cfg.rows_per_block) != (self.buffer, self.group) {
+                    return Err(invalid(
+                        OP,
+                        format!(
+                            "layer {l} head {h} holds b={} group={}, this cache b={} group={}",
+                            cfg.buffer, cfg.rows_per_block, self.buffer, self.group
+                        ),
+                    ));
+                }
+                heads.push(head);
+            }
+        }
+        self.caches = MultiHead::from_heads(s.layers, s.kv_heads(), heads)?;
+        Ok(())
     }
 }
