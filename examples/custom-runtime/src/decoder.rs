@@ -3,17 +3,117 @@
 //!
 //! 1. `projection` rotates the RoPE'd query and key by `P_QK` ([`ProjectionSet::rotate_qk_into`]);
 //!    values come out of `Ŵ_V = W_V·P_VO` already rotated.
-//! 2. `kv-sparse` appends `k̂, v̂` to each kv-head's [`HybridCache`]: the newest `b` rows stay
-//!    dense, older ones become top-k CSR rows.
-//! 3. `attn-kernels` runs one softmax over every kv-head's sparse history and dense buffer
-//!    ([`DecodeAttention::hybrid`]), GQA-aware, and the rotated output `ô` goes into `Ŵ_O`.
+//! 2. `kv-sparse` appends `k̂, v̂` to each kv-head's [`Hybrid`] cache: the newest `b` rows stay
+//!    dense, older ones go to the history — SWAN's top-k CSR rows ([`Decoder`]), or any other
+//!    whole-row history behind the same buffer ([`HistoryDecoder`]: dense `q8_0` / `q4_0` /
+//!    fp8 rows, KIVI, TurboQuant-style codes, whose random rotation is the set's basis).
+//! 3. `attn-kernels` runs one softmax over every kv-head's history and dense buffer
+//!    ([`DecodeAttention::hybrid`], [`EncodedAttention::quantized`],
+//!    [`EncodedAttention::decoded`]), GQA-aware, and the rotated output `ô` goes into `Ŵ_O`.
+//!
+//! [`ProjectionSet::rotate_qk_into`]: projection::ProjectionSet::rotate_qk_into
 
-use attn_kernels::{AttnConfig, CpuAttention, DecodeAttention};
-use kv_sparse::hybrid::{HybridCache, HybridConfig};
+use attn_kernels::{
+    AttnConfig, CpuAttention, DecodeAttention, DecodedKv, EncodedAttention, QuantKv, RecentFormat,
+};
+use kv_sparse::csr::CsrStore;
+use kv_sparse::hybrid::{Hybrid, HybridConfig, RowStore};
+use kv_sparse::kivi::KiviRows;
+use kv_sparse::quant::{DenseCodec, QuantRows};
+use kv_sparse::turbo::TurboRows;
 use kv_sparse::{SparseIndex, Value};
 
 use crate::error::{Error, Result};
 use crate::model::{Llama, linear, mlp, rms_norm, rope};
+
+/// A history a [`HistoryDecoder`] runs: a kv-sparse row store behind a `D` buffer and the
+/// attn-kernels entry point that reads a layer of such caches.
+pub trait History<D>: RowStore {
+    /// One decode step of a layer: `q` (rotated) against every kv-head's cache.
+    ///
+    /// # Errors
+    /// The kernel's input errors.
+    fn attend(
+        attention: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()>;
+}
+
+/// SWAN's CSR rows: the hybrid kernel.
+impl<I: SparseIndex, V: Value, D: Value> History<D> for CsrStore<I, V> {
+    fn attend(
+        attention: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        attention.hybrid(cfg, q, heads, out)
+    }
+}
+
+/// Dense quantized rows: the quantized kernel, the buffer after the history.
+impl<C: DenseCodec, D: RecentFormat> History<D> for QuantRows<C> {
+    fn attend(
+        attention: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let kv: Vec<_> = heads
+            .iter()
+            .map(|c| {
+                let (k, v) = c.history();
+                QuantKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        attention.quantized(cfg, q, &kv, out)
+    }
+}
+
+/// KIVI codes: read in place by the decoded-rows kernel.
+impl<const B: usize, D: RecentFormat> History<D> for KiviRows<B> {
+    fn attend(
+        attention: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let kv: Vec<_> = heads
+            .iter()
+            .map(|c| {
+                let (k, v) = c.history();
+                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        attention.decoded(cfg, q, &kv, out)
+    }
+}
+
+/// TurboQuant-style codes: read in place by the decoded-rows kernel.
+impl<const B: usize, D: RecentFormat> History<D> for TurboRows<B> {
+    fn attend(
+        attention: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        let kv: Vec<_> = heads
+            .iter()
+            .map(|c| {
+                let (k, v) = c.history();
+                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+            })
+            .collect();
+        attention.decoded(cfg, q, &kv, out)
+    }
+}
 
 /// Per-step buffers, allocated once.
 #[derive(Debug)]
@@ -32,21 +132,26 @@ struct Scratch {
     logits: Vec<f32>,
 }
 
-/// A decoding session over a [`Llama`]: one SWAN hybrid cache per (layer, kv-head), with
-/// `I` indices, `V` sparse values and a `D` dense buffer.
+/// A decoding session over a [`Llama`]: one cache per (layer, kv-head), history `S` behind
+/// a `D` dense buffer.
 #[derive(Debug)]
-pub struct Decoder<I, V, D> {
+pub struct HistoryDecoder<S, D> {
     model: Llama,
     attn_cfg: AttnConfig,
     attention: CpuAttention,
-    caches: Vec<Vec<HybridCache<I, V, D>>>,
+    caches: Vec<Vec<Hybrid<S, D>>>,
     scratch: Scratch,
     position: usize,
 }
 
-impl<I: SparseIndex, V: Value, D: Value> Decoder<I, V, D> {
-    /// A session whose caches all use `cache` (its `head_dim` must be the model's), with the
-    /// attention kernels on `threads` threads.
+/// SWAN's decoder: CSR rows with `I` indices and `V` sparse values behind a `D` buffer.
+pub type Decoder<I, V, D> = HistoryDecoder<CsrStore<I, V>, D>;
+
+impl<S: History<D>, D: Value> HistoryDecoder<S, D> {
+    /// A session whose caches all use `cache` (its `head_dim` must be the model's; for a
+    /// whole-row history every component kept, e.g. [`HybridConfig::lossless`] with the
+    /// buffer, `rows_per_block` the KIVI group), with the attention kernels on `threads`
+    /// threads.
     ///
     /// # Errors
     /// [`Error::Attention`] for the head layout or thread count; [`Error::Sparse`] for a cache
@@ -55,7 +160,7 @@ impl<I: SparseIndex, V: Value, D: Value> Decoder<I, V, D> {
         let c = &model.config;
         let attn_cfg = c.attn()?;
         let caches = (0..c.layers)
-            .map(|_| (0..c.kv_heads).map(|_| HybridCache::new(cache)).collect())
+            .map(|_| (0..c.kv_heads).map(|_| Hybrid::new(cache)).collect())
             .collect::<kv_sparse::Result<Vec<Vec<_>>>>()?;
         let (qd, kvd) = (c.q_heads * c.head_dim, c.kv_heads * c.head_dim);
         let scratch = Scratch {
@@ -82,7 +187,7 @@ impl<I: SparseIndex, V: Value, D: Value> Decoder<I, V, D> {
     }
 
     /// The caches of one layer, one per kv-head.
-    pub fn layer_caches(&self, layer: usize) -> &[HybridCache<I, V, D>] {
+    pub fn layer_caches(&self, layer: usize) -> &[Hybrid<S, D>] {
         &self.caches[layer]
     }
 
@@ -123,7 +228,7 @@ impl<I: SparseIndex, V: Value, D: Value> Decoder<I, V, D> {
         for (head, cache) in caches.iter_mut().enumerate() {
             cache.append(&s.k_hat[head * d..][..d], &s.v[head * d..][..d])?;
         }
-        self.attention.hybrid(&self.attn_cfg, &s.q_hat, caches.as_slice(), &mut s.o_hat)?;
+        S::attend(&mut self.attention, &self.attn_cfg, &s.q_hat, caches.as_slice(), &mut s.o_hat)?;
         linear(&w.wo, &s.o_hat, &mut s.proj); // Ŵ_O = W_O with P_VOᵀ folded in
         s.x.iter_mut().zip(&s.proj).for_each(|(x, p)| *x += p);
         Ok(())

@@ -7,7 +7,9 @@
 //!
 //! * [`config`], [`weights`]: a Hugging Face checkpoint (`config.json` + safetensors).
 //! * [`model`]: the decoder's weights with `P_VO` absorbed, and its plain per-token math.
-//! * [`decoder`]: the runtime loop — rotate, append to the hybrid caches, attend.
+//! * [`decoder`]: the runtime loop — rotate, append to the hybrid caches, attend; SWAN's
+//!   sparse rows ([`Decoder`]) or any whole-row history behind the same buffer
+//!   ([`HistoryDecoder`]: dense quantized rows, KIVI, TurboQuant-style).
 //!
 //! In the lossless setting (`k = head_dim`, `f32` storage) its logits equal the dense
 //! model's, whatever orthogonal bases are used; the tests check them against the
@@ -38,6 +40,6 @@ pub mod model;
 pub mod weights;
 
 pub use config::LlamaConfig;
-pub use decoder::Decoder;
+pub use decoder::{Decoder, History, HistoryDecoder};
 pub use error::{Error, Result};
 pub use model::Llama;

@@ -4,10 +4,13 @@
 //! 1e-4 — with no rotation, with Haar-random bases and with a shuffle ablation, and with a
 //! dense buffer shorter than the prompt so most rows are read from the CSR history. A lossy
 //! SWAN cache (fp8, k < head_dim) decodes finitely and holds exactly `2k+2` bytes per row.
+//! The whole-row histories (dense int8/int4, KIVI, TurboQuant-style) behind the same buffer:
+//! with an `f32` buffer holding every token they match too; with a short buffer they decode
+//! finitely, close to the reference, and their history holds the rows older than the buffer.
 
 use std::path::PathBuf;
 
-use custom_runtime::{Decoder, Llama, LlamaConfig};
+use custom_runtime::{Decoder, History, HistoryDecoder, Llama, LlamaConfig};
 use kv_sparse::ValueFormat;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::HybridConfig;
@@ -40,10 +43,9 @@ fn reference(name: &str) -> (Vec<u32>, Vec<f32>) {
 }
 
 /// The largest |Δ| over all positions of decoding `ids` with `decoder`.
-fn worst_error<I, V, D>(decoder: &mut Decoder<I, V, D>, ids: &[u32], want: &[f32]) -> f32
+fn worst_error<S, D>(decoder: &mut HistoryDecoder<S, D>, ids: &[u32], want: &[f32]) -> f32
 where
-    I: kv_sparse::SparseIndex,
-    V: kv_sparse::Value,
+    S: History<D>,
     D: kv_sparse::Value,
 {
     let vocab = want.len() / ids.len();
@@ -104,6 +106,43 @@ fn lossy_swan_cache_is_finite_and_holds_2k_plus_2_bytes_per_row() {
             assert_eq!(c.memory().sparse_formula_bytes(), 2 * c.sparse_len() * per_row);
         }
     }
+}
+
+/// Every whole-row history through the same runtime loop: lossless with a buffer holding
+/// every token; with a buffer of 4 lossy, and less so at more bits of the same family.
+#[test]
+fn whole_row_histories_run_in_the_same_loop() {
+    use kv_sparse::kivi::KiviRows;
+    use kv_sparse::quant::{Int4Blocks, Int8Blocks, QuantRows};
+    use kv_sparse::turbo::TurboRows;
+    /// The worst |Δ| with a 4-row buffer, after checking the lossless setting.
+    fn lossy<S: History<f32>>(name: &str, group: usize) -> f32 {
+        let what = std::any::type_name::<S>();
+        let (ids, want) = reference(name);
+        let dims = LlamaConfig::load(&fixture(name)).unwrap().dims().unwrap();
+        let set = ProjectionSet::random(dims, name, 11).unwrap();
+        let model = Llama::load(&fixture(name), set).unwrap();
+        let d = model.config.head_dim;
+        let all = HybridConfig { rows_per_block: group, ..HybridConfig::lossless(d, ids.len()) };
+        let mut decoder = HistoryDecoder::<S, f32>::new(model.clone(), all, 1).unwrap();
+        let err = worst_error(&mut decoder, &ids, &want);
+        assert!(err <= TOL, "{name} {what}: buffer holds everything, max |Δ| {err:e}");
+        let short = HybridConfig { rows_per_block: group, ..HybridConfig::lossless(d, 4) };
+        let mut decoder = HistoryDecoder::<S, f32>::new(model, short, 1).unwrap();
+        let err = worst_error(&mut decoder, &ids, &want);
+        assert!(err > TOL, "{name} {what}: b=4 must be lossy, max |Δ| {err:e}");
+        assert_eq!(decoder.layer_caches(1)[0].sparse_len(), ids.len() - 4);
+        err
+    }
+    let name = "llama-mha";
+    let (int8, int4) =
+        (lossy::<QuantRows<Int8Blocks>>(name, 1), lossy::<QuantRows<Int4Blocks>>(name, 1));
+    assert!(int8 < int4, "int8 {int8} vs int4 {int4}");
+    let (kivi4, kivi2) = (lossy::<KiviRows<4>>(name, 8), lossy::<KiviRows<2>>(name, 8));
+    assert!(kivi4 < kivi2, "kivi4 {kivi4} vs kivi2 {kivi2}");
+    let (turbo4, turbo2) = (lossy::<TurboRows<4>>(name, 1), lossy::<TurboRows<2>>(name, 1));
+    assert!(turbo4 < turbo2, "turbo4 {turbo4} vs turbo2 {turbo2}");
+    lossy::<TurboRows<3>>("llama-gqa", 1);
 }
 
 #[test]
