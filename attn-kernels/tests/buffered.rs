@@ -20,7 +20,7 @@ use kv_sparse::decoded::Side;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, QuantHybridCache};
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
-use kv_sparse::turbo::TurboRows;
+use kv_sparse::turbo::{TurboQjlRows, TurboRows};
 
 fn bound(x: &[f32]) -> f32 {
     x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
@@ -326,6 +326,28 @@ fn decoded_case(layout: (usize, usize), d: usize, (sink, rows, recent): (usize, 
                 })
                 .collect();
             check(&cfg, &q, &kv, max, &format!("turbo{} {layout:?} d={d}", $b));
+            // The QJL-keyed form: sketched keys read in place, MSE values.
+            let stores: Vec<(TurboQjlRows<$b>, TurboQjlRows<$b>)> = heads
+                .iter()
+                .map(|h| {
+                    let mut k = TurboQjlRows::<$b>::new(Side::Keys, d).unwrap();
+                    let mut v = TurboQjlRows::<$b>::new(Side::Values, d).unwrap();
+                    k.push(&h[2]).unwrap();
+                    v.push(&h[3]).unwrap();
+                    (k, v)
+                })
+                .collect();
+            let kv: Vec<_> = stores
+                .iter()
+                .zip(&heads)
+                .zip(&recent)
+                .map(|(((k, v), h), (bk, bv))| {
+                    DecodedKv::new(k.view(), v.view())
+                        .with_sink(&h[0], &h[1])
+                        .with_buffer((&bk[..], &[]), (&bv[..], &[]))
+                })
+                .collect();
+            check(&cfg, &q, &kv, max, &format!("turbo{} qjl {layout:?} d={d}", $b));
         }};
     }
     turbo!(2);

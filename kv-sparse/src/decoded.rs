@@ -78,6 +78,19 @@ pub enum RowCodes<'a> {
         /// The rows.
         bytes: &'a [u8],
     },
+    /// Rows of `[f16 norm][f16 γ][d codes][d sign bits]`; element `c` =
+    /// `norm · (levels[code_c] + √(π/2)/d · γ · Σ_i sketch[i][c] · sign_i)`, `sign_i = ±1`
+    /// (TurboQuant's inner-product keys with the QJL sketch, [`crate::turbo::TurboQjlRows`]).
+    CodebookSketch {
+        /// Bits per code.
+        bits: usize,
+        /// The `2^bits` levels, ascending.
+        levels: &'a [f32],
+        /// The `d × d` sketch matrix, row-major.
+        sketch: &'a [f32],
+        /// The rows.
+        bytes: &'a [u8],
+    },
     /// Groups of `group` rows, each `[d × (f16 scale, f16 zero)]` then its `group` rows of
     /// codes; element `c` of a row = `zero_c + scale_c · code_c`; then rows waiting in f16
     /// (KIVI's keys, per channel over token groups, [`crate::kivi`]).
@@ -117,6 +130,7 @@ impl RowCodes<'_> {
         let d = head_dim;
         let (bits, format) = match *self {
             Self::Codebook { bits, .. } => (bits, "codebook rows"),
+            Self::CodebookSketch { bits, .. } => (bits, "sketched codebook rows"),
             Self::TokenGroups { bits, .. } => (bits, "token-group rows"),
             Self::ChannelGroups { bits, .. } => (bits, "channel-group rows"),
         };
@@ -134,6 +148,17 @@ impl RowCodes<'_> {
                     return fail(format!("{} levels, expected {}", levels.len(), 1 << bits));
                 }
                 (bytes.len(), rows.checked_mul(2 + cb))
+            }
+            Self::CodebookSketch { levels, sketch, bytes, .. } => {
+                if levels.len() != 1 << bits || sketch.len() != d * d || !d.is_multiple_of(8) {
+                    let (l, s) = (levels.len(), sketch.len());
+                    return fail(format!(
+                        "{l} levels, a sketch of {s}, head_dim {d}: expected {}, {}, a multiple of 8",
+                        1 << bits,
+                        d * d
+                    ));
+                }
+                (bytes.len(), rows.checked_mul(4 + cb + d / 8))
             }
             Self::TokenGroups { group, bytes, coded, waiting, .. } => {
                 if group == 0 || !coded.is_multiple_of(group) {

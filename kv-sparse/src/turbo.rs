@@ -9,12 +9,20 @@
 //! Haar-random or randomized Hadamard basis: queries and keys are turned once per step, the
 //! value turn is absorbed into `W_V`/`W_O`), so attention reads codes in rotated
 //! coordinates and the output is turned back by the absorbed `W_O` — the query rotated once
-//! per step and the value sum turned back once, as the paper's kernel does. The optional
-//! 1-bit residual sketch (QJL) for unbiased inner products is not implemented.
+//! per step and the value sum turned back once, as the paper's kernel does.
 //!
 //! Bytes per row: `2 + ⌈d·bits/8⌉`. Lossless setting: none; a buffered cache whose buffer
 //! holds every token never reaches these codes. Decoding is exact given the bytes
 //! (`f32(norm)·codebook[code]`).
+//!
+//! [`TurboQjlRows`] is the paper's inner-product stage (§3.2, `Q_prod`) for keys: the
+//! direction `u` is coded at `bits − 1` bits, and the residual `r = u − û` by its norm `γ`
+//! (f16) and the signs of `S·r` (`d` bits, `S` a seeded `d × d` matrix of i.i.d. standard
+//! normals, the QJL sketch). A key then reads back as `norm · (û + √(π/2)/d · γ · Sᵀ·sign)`,
+//! whose inner product with any query is unbiased; the kernel forms it as
+//! `norm · (q·û + √(π/2)/d · γ · (S·q)·sign)`, `S·q` once per step. Values keep the MSE codes
+//! at `bits` bits (their sum, not their inner products, is what attention needs). Key bytes
+//! per row: `4 + ⌈d·(bits − 1)/8⌉ + d/8`.
 
 use std::sync::{Arc, Mutex};
 
@@ -346,6 +354,73 @@ mod tests {
         assert!((0.007..0.012).contains(&m4), "4 bits: {m4}");
     }
 
+    /// The QJL-keyed rows' inner products are unbiased over the sketch: with keys leaning
+    /// towards `q` (so that shrinkage shows), the mean error of `q·k̃` over 32 sketch draws
+    /// (200 keys each) is within 4 standard errors of 0 and a small fraction of the bias of
+    /// the 1-bit codes the sketched keys spend on codes; the stored bytes follow the formula.
+    #[test]
+    fn sketched_keys_give_unbiased_inner_products() {
+        use crate::decoded::Side;
+        let (d, n) = (64, 200);
+        let mut state = 99u64;
+        let mut gauss = || {
+            let mut u = || {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+            };
+            let (a, b) = (u(), u());
+            ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+        };
+        let q: Vec<f32> = (0..d).map(|_| gauss()).collect();
+        let x: Vec<f32> = (0..n * d).map(|i| gauss() + 0.5 * q[i % d]).collect();
+        let dot =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| f64::from(x * y)).sum::<f64>();
+        let mut out = vec![0.0; d];
+        let per_draw: Vec<f64> = (0..32)
+            .map(|seed| {
+                let mut keys = TurboQjlRows::<2>::new(Side::Keys, d).unwrap();
+                keys.sketch = seeded_sketch(d, seed + 1);
+                keys.push(&x).unwrap();
+                let total: f64 = (0..n)
+                    .map(|j| {
+                        keys.view().decode_row(j, &mut out);
+                        dot(&q, &out) - dot(&q, &x[j * d..(j + 1) * d])
+                    })
+                    .sum();
+                total / n as f64
+            })
+            .collect();
+        let k = per_draw.len() as f64;
+        let mean = per_draw.iter().sum::<f64>() / k;
+        let var = per_draw.iter().map(|e| (e - mean).powi(2)).sum::<f64>() / (k - 1.0);
+        let se = (var / k).sqrt();
+        assert!(mean.abs() < 4.0 * se, "QJL keys: mean error {mean} ± {se}");
+        // The 1-bit codes alone shrink every inner product.
+        let levels = codebook(d, 1);
+        let bias = (0..n)
+            .map(|j| {
+                let row = &x[j * d..(j + 1) * d];
+                let norm = row.iter().map(|v| f64::from(v * v)).sum::<f64>().sqrt() as f32;
+                let coded: Vec<f32> = row
+                    .iter()
+                    .map(|&v| norm * levels[usize::from(nearest(&levels, v / norm))])
+                    .collect();
+                dot(&q, &coded) - dot(&q, row)
+            })
+            .sum::<f64>()
+            / n as f64;
+        assert!(
+            bias < -10.0 * se && mean.abs() < 0.2 * bias.abs(),
+            "1-bit codes: {bias}, QJL {mean}"
+        );
+        let mut values = TurboQjlRows::<2>::new(Side::Values, d).unwrap();
+        values.push(&x[..d]).unwrap();
+        assert_eq!(values.memory().held_bytes(), 2 + 16);
+        let mut keys = TurboQjlRows::<2>::new(Side::Keys, d).unwrap();
+        keys.push(&x).unwrap();
+        assert_eq!(keys.memory().held_bytes(), n * (4 + 8 + 8));
+    }
+
     #[test]
     fn zero_rows_and_bad_input() {
         let mut rows = TurboRows::<2>::new(32).unwrap();
@@ -358,5 +433,331 @@ mod tests {
         assert!(matches!(rows.push(&[f32::INFINITY; 32]), Err(Error::NonFinite { .. })));
         assert!(matches!(rows.push(&[5000.0; 32]), Err(Error::ScaleOverflow { .. })));
         assert_eq!(rows.len(), 1);
+    }
+}
+
+/// The QJL sketch matrix for `d` dimensions: `d × d` i.i.d. standard normals, row-major,
+/// from a fixed seed (the same for every store of that width), made once and shared.
+pub fn sketch(d: usize) -> Arc<[f32]> {
+    type Made = Vec<(usize, Arc<[f32]>)>;
+    static CACHE: Mutex<Made> = Mutex::new(Vec::new());
+    let mut cache = CACHE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, s)) = cache.iter().find(|(k, _)| *k == d) {
+        return Arc::clone(s);
+    }
+    let m = seeded_sketch(d, 0);
+    cache.push((d, Arc::clone(&m)));
+    m
+}
+
+/// A `d × d` matrix of i.i.d. standard normals from `seed`.
+fn seeded_sketch(d: usize, seed: u64) -> Arc<[f32]> {
+    // SplitMix64 and Box–Muller: reproducible on every platform.
+    let mut state = 0x5157_4A4C_0000_0000u64 ^ d as u64 ^ seed.rotate_left(32);
+    let mut uniform = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    (0..d * d)
+        .map(|_| {
+            let (a, b) = (uniform(), uniform());
+            ((-2.0 * a.ln()).sqrt() * (std::f64::consts::TAU * b).cos()) as f32
+        })
+        .collect()
+}
+
+/// `√(π/2) / d`: the QJL sketch's scale.
+pub fn sketch_scale(d: usize) -> f32 {
+    ((std::f64::consts::PI / 2.0).sqrt() / d as f64) as f32
+}
+
+/// TurboQuant's inner-product rows at `BITS` bits (2, 3 or 4) for keys — the direction's
+/// codes at `BITS − 1` bits plus the QJL sign sketch of the residual — and the MSE rows at
+/// `BITS` bits for values (the side is chosen when the store is made). See the module docs.
+#[derive(Clone, Debug)]
+pub struct TurboQjlRows<const BITS: usize> {
+    side: crate::decoded::Side,
+    head_dim: usize,
+    /// Key rows: `[f16 norm][f16 γ][codes at BITS − 1][d sign bits]`; value rows as
+    /// [`TurboRows`].
+    bytes: Vec<u8>,
+    levels: Arc<[f32]>,
+    sketch: Arc<[f32]>,
+    codes: Vec<u8>,
+    scratch: Vec<f32>,
+}
+
+impl<const BITS: usize> TurboQjlRows<BITS> {
+    /// No rows of one side, for vectors of `head_dim` elements (a multiple of 8).
+    ///
+    /// # Errors
+    /// As [`check_layout`]; [`Error::InvalidCodeLayout`] for a `head_dim` that is not a
+    /// multiple of 8 (the signs fill whole bytes).
+    ///
+    /// # Examples
+    /// ```
+    /// use kv_sparse::decoded::{DecodeRows, Side};
+    /// use kv_sparse::turbo::TurboQjlRows;
+    /// let mut keys = TurboQjlRows::<3>::new(Side::Keys, 64)?;
+    /// let x: Vec<f32> = (0..64).map(|i| ((i * 37) % 19) as f32 - 9.0).collect();
+    /// keys.push(&x)?;
+    /// // norm, γ, 64 codes of 2 bits, 64 sign bits.
+    /// assert_eq!(keys.memory().held_bytes(), 4 + 16 + 8);
+    /// let mut back = vec![0.0; 64];
+    /// keys.view().decode_row(0, &mut back);
+    /// let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    /// let q: Vec<f32> = (0..64).map(|i| (i % 5) as f32 - 2.0).collect();
+    /// assert!((dot(&q, &back) - dot(&q, &x)).abs() < 0.2 * dot(&x, &x).sqrt() * dot(&q, &q).sqrt());
+    /// # Ok::<(), kv_sparse::Error>(())
+    /// ```
+    pub fn new(side: crate::decoded::Side, head_dim: usize) -> Result<Self> {
+        const OP: &str = "TurboQjlRows::new";
+        check_layout(OP, BITS, head_dim)?;
+        if !head_dim.is_multiple_of(8) {
+            let reason = format!("head_dim = {head_dim} is not a multiple of 8 (sign bits)");
+            return Err(Error::InvalidCodeLayout { op: OP, format: "turbo qjl", reason });
+        }
+        let keys = side == crate::decoded::Side::Keys;
+        let (levels, sketch) = if keys {
+            (codebook(head_dim, BITS - 1), sketch(head_dim))
+        } else {
+            (codebook(head_dim, BITS), Arc::from(Vec::new()))
+        };
+        Ok(Self {
+            side,
+            head_dim,
+            bytes: Vec::new(),
+            levels,
+            sketch,
+            codes: vec![0; head_dim],
+            scratch: vec![0.0; head_dim],
+        })
+    }
+
+    /// Bytes of one row of `side`.
+    pub const fn row_bytes(side: crate::decoded::Side, head_dim: usize) -> usize {
+        match side {
+            crate::decoded::Side::Keys => 4 + packed_bytes(head_dim, BITS - 1) + head_dim / 8,
+            crate::decoded::Side::Values => TurboRows::<BITS>::row_bytes(head_dim),
+        }
+    }
+
+    fn rb(&self) -> usize {
+        Self::row_bytes(self.side, self.head_dim)
+    }
+
+    /// Which side this store holds.
+    pub fn side(&self) -> crate::decoded::Side {
+        self.side
+    }
+
+    /// Rows held.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.rb()
+    }
+
+    /// True when no row is held.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Elements per row.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Checks rows (flattened) without storing them.
+    ///
+    /// # Errors
+    /// [`Error::LengthMismatch`], [`Error::NonFinite`], [`Error::ScaleOverflow`].
+    pub fn check(&self, op: &'static str, rows: &[f32]) -> Result<()> {
+        let limit = (OVERFLOW_AT, || format!("turbo{BITS} qjl"));
+        crate::value::check_rows(op, self.head_dim, rows, limit)
+    }
+
+    /// Appends whole rows. All-or-nothing.
+    ///
+    /// # Errors
+    /// As [`TurboQjlRows::check`].
+    pub fn push(&mut self, rows: &[f32]) -> Result<()> {
+        self.check("TurboQjlRows::push", rows)?;
+        let (d, rb) = (self.head_dim, self.rb());
+        let keys = self.side == crate::decoded::Side::Keys;
+        let bits = if keys { BITS - 1 } else { BITS };
+        for x in rows.chunks_exact(d) {
+            let norm = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
+            let stored = f16::from_f64(norm);
+            let n = stored.to_f32();
+            for ((c, r), &v) in self.codes.iter_mut().zip(self.scratch.iter_mut()).zip(x) {
+                let u = if n > 0.0 { v / n } else { 0.0 };
+                *c = nearest(&self.levels, u);
+                *r = u - self.levels[usize::from(*c)];
+            }
+            let start = self.bytes.len();
+            self.bytes.resize(start + rb, 0);
+            let row = &mut self.bytes[start..start + rb];
+            row[..2].copy_from_slice(&stored.to_le_bytes());
+            if !keys {
+                pack(&self.codes, bits, &mut row[2..]);
+                continue;
+            }
+            let gamma = self.scratch.iter().map(|&r| f64::from(r).powi(2)).sum::<f64>().sqrt();
+            row[2..4].copy_from_slice(&f16::from_f64(gamma).to_le_bytes());
+            let cb = packed_bytes(d, bits);
+            pack(&self.codes, bits, &mut row[4..4 + cb]);
+            let signs = &mut row[4 + cb..];
+            for (i, s_row) in self.sketch.chunks_exact(d).enumerate() {
+                let proj: f32 = s_row.iter().zip(&self.scratch).map(|(a, b)| a * b).sum();
+                if proj >= 0.0 {
+                    signs[i / 8] |= 1 << (i % 8);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Keeps the first `rows` rows.
+    pub fn truncate(&mut self, rows: usize) {
+        let rb = self.rb();
+        self.bytes.truncate(rows * rb);
+    }
+
+    /// Reserves room for `rows` more rows.
+    pub fn reserve(&mut self, rows: usize) {
+        let rb = self.rb();
+        self.bytes.reserve(rows * rb);
+    }
+
+    /// Bytes held: codes and signs as `dense_bytes`, norms (and `γ`) as `scale_bytes`.
+    pub fn memory(&self) -> MemoryReport {
+        let per_row = if self.side == crate::decoded::Side::Keys { 4 } else { 2 };
+        let scales = per_row * self.len();
+        MemoryReport {
+            dense_bytes: self.bytes.len() - scales,
+            scale_bytes: scales,
+            capacity_slack_bytes: self.bytes.capacity() - self.bytes.len()
+                + self.codes.capacity()
+                + 4 * self.scratch.capacity(),
+            ..MemoryReport::default()
+        }
+    }
+
+    /// The rows' bytes, as held.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Rows of `side` from their bytes, checked as untrusted input: whole rows, every norm
+    /// and `γ` a finite non-negative f16.
+    ///
+    /// # Errors
+    /// As [`TurboQjlRows::new`]; [`Error::Corrupt`] for a partial row or a bad norm.
+    pub fn from_bytes(side: crate::decoded::Side, head_dim: usize, bytes: &[u8]) -> Result<Self> {
+        let mut rows = Self::new(side, head_dim)?;
+        let rb = rows.rb();
+        if !bytes.len().is_multiple_of(rb) {
+            let reason =
+                format!("{} bytes are not whole turbo{BITS} qjl rows of {rb}", bytes.len());
+            return Err(Error::Corrupt { reason });
+        }
+        let scales = if side == crate::decoded::Side::Keys { 2 } else { 1 };
+        for (j, row) in bytes.chunks_exact(rb).enumerate() {
+            for b in row[..2 * scales].chunks_exact(2) {
+                let x = f16::from_le_bytes([b[0], b[1]]);
+                if !x.is_finite() || x.to_f32() < 0.0 {
+                    return Err(Error::Corrupt { reason: format!("row {j}: norm {x}") });
+                }
+            }
+        }
+        rows.bytes = bytes.to_vec();
+        Ok(rows)
+    }
+
+    /// Borrowed view of every row (what kernels read).
+    pub fn view(&self) -> TurboQjlView<'_> {
+        TurboQjlView {
+            side: self.side,
+            bits: BITS,
+            head_dim: self.head_dim,
+            levels: &self.levels,
+            sketch: &self.sketch,
+            bytes: &self.bytes,
+        }
+    }
+}
+
+/// Borrowed rows of a [`TurboQjlRows`] side.
+#[derive(Clone, Copy, Debug)]
+pub struct TurboQjlView<'a> {
+    side: crate::decoded::Side,
+    bits: usize,
+    head_dim: usize,
+    levels: &'a [f32],
+    sketch: &'a [f32],
+    bytes: &'a [u8],
+}
+
+impl DecodeRows for TurboQjlView<'_> {
+    fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    fn num_rows(&self) -> usize {
+        let rb = match self.side {
+            crate::decoded::Side::Keys => {
+                4 + packed_bytes(self.head_dim, self.bits - 1) + self.head_dim / 8
+            }
+            crate::decoded::Side::Values => 2 + packed_bytes(self.head_dim, self.bits),
+        };
+        self.bytes.len() / rb
+    }
+
+    /// Keys: `norm · (û + √(π/2)/d · γ · Sᵀ·sign)` (the unbiased read-back); values:
+    /// `norm · levels[code]`.
+    fn decode_row(&self, j: usize, out: &mut [f32]) {
+        let d = self.head_dim;
+        let out = &mut out[..d];
+        if self.side == crate::decoded::Side::Values {
+            let rb = 2 + packed_bytes(d, self.bits);
+            let row = &self.bytes[j * rb..(j + 1) * rb];
+            let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
+            for (c, o) in out.iter_mut().enumerate() {
+                *o = n * self.levels[usize::from(unpack(&row[2..], self.bits, c))];
+            }
+            return;
+        }
+        let cb = packed_bytes(d, self.bits - 1);
+        let rb = 4 + cb + d / 8;
+        let row = &self.bytes[j * rb..(j + 1) * rb];
+        let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
+        let gamma = f16::from_le_bytes([row[2], row[3]]).to_f32();
+        let (codes, signs) = row[4..].split_at(cb);
+        let k = sketch_scale(d) * gamma;
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = self.levels[usize::from(unpack(codes, self.bits - 1, c))];
+        }
+        for (i, s_row) in self.sketch.chunks_exact(d).enumerate() {
+            let sign = if signs[i / 8] >> (i % 8) & 1 == 1 { k } else { -k };
+            out.iter_mut().zip(s_row).for_each(|(o, s)| *o += sign * s);
+        }
+        out.iter_mut().for_each(|o| *o *= n);
+    }
+
+    fn codes(&self) -> Option<RowCodes<'_>> {
+        Some(match self.side {
+            crate::decoded::Side::Keys => RowCodes::CodebookSketch {
+                bits: self.bits - 1,
+                levels: self.levels,
+                sketch: self.sketch,
+                bytes: self.bytes,
+            },
+            crate::decoded::Side::Values => {
+                RowCodes::Codebook { bits: self.bits, levels: self.levels, bytes: self.bytes }
+            }
+        })
     }
 }

@@ -15,7 +15,7 @@ use kv_sparse::hybrid::{Hybrid, HybridConfig, WholeRowStore};
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::persist::{self, CacheImage, MappedCache};
 use kv_sparse::quant::{Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
-use kv_sparse::turbo::TurboRows;
+use kv_sparse::turbo::{TurboQjlRows, TurboRows};
 use kv_sparse::{Error, Value};
 use proptest::prelude::*;
 
@@ -93,6 +93,8 @@ fn every_whole_row_format_round_trips_and_continues() {
     round_trip::<TurboRows<2>, f16>(32, "turbo2");
     round_trip::<TurboRows<3>, f16>(64, "turbo3");
     round_trip::<TurboRows<4>, f32>(32, "turbo4");
+    round_trip::<TurboQjlRows<3>, f16>(32, "turbo3 qjl");
+    round_trip::<TurboQjlRows<2>, f32>(64, "turbo2 qjl");
 }
 
 #[test]

@@ -134,6 +134,7 @@ fn bad_specs_are_typed_errors() {
         "turbo:bits=1",
         "turbo:rotate=spiral",
         "turbo:group=32",
+        "turbo:qjl=yes",
     ] {
         assert!(matches!(bad.parse::<CacheSpec>(), Err(Error::CacheSpec { .. })), "{bad} parsed");
     }
@@ -255,6 +256,13 @@ fn coded_histories_keep_their_bytes_and_labels() {
     let (turbo, _) = run(&wide, "turbo:b=16");
     assert_eq!(turbo.cache().bytes().total() as f64, pairs * (47.0 * 2.0 * 14.0 + buffer));
     assert_eq!(turbo.cache().label(), "turbo3 rotate=random:0 b=16 (f16)");
+    // QJL keys at 3 bits: norm, γ, 32 codes of 2 bits, 32 sign bits; values 14 bytes.
+    let (qjl, _) = run(&wide, "turbo:qjl=on,b=16");
+    let want = pairs * (47.0 * ((4.0 + 8.0 + 4.0) + 14.0) + buffer);
+    assert_eq!(qjl.cache().bytes().total() as f64, want);
+    assert_eq!(qjl.cache().label(), "turbo3 qjl rotate=random:0 b=16 (f16)");
+    let footprint = models::cache::Footprint::from_stats(&qjl.cache().stats()).unwrap();
+    assert_eq!(footprint.history, pairs * 30.0);
     let (sunk, _) = run(&wide, "turbo:bits=2,rotate=none,b=16,sink=1");
     assert_eq!(sunk.cache().label(), "turbo2 b=16 (f16) sink=1");
     assert!(matches!(sunk.cache().image(), Err(Error::NotPersistable { .. })));

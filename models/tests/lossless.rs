@@ -146,6 +146,7 @@ fn tiny_coded_caches_holding_every_position_are_dense_bit_for_bit() {
         ("turbo:bits=2", &random),
         ("turbo:bits=3", &random),
         ("turbo:bits=4,rotate=none", &plain),
+        ("turbo:bits=3,qjl=on", &random),
     ] {
         let full = format!("{spec},b=48,buffer=f32,threads=1");
         let got = logits(&ckpt, &full, &ids, 1);

@@ -137,6 +137,7 @@ fn reopened_caches_continue_exactly_as_in_memory_on_the_tiny_models() {
         "turbo:bits=3,b=4",
         "turbo:bits=2,b=0,rotate=hadamard",
         "turbo:bits=4,b=4,buffer=f32",
+        "turbo:bits=3,qjl=on,b=4",
     ] {
         round_trip(&wide, spec, &p, 8);
     }

@@ -7,6 +7,8 @@
 //! and every code is turned into its value in a register, once for every q-head of the
 //! GQA group (queries and accumulators transposed, `[dim][lane]`, as for sparse rows):
 //! * codebook keys: `s = norm · Σ_c q_c · levels[code_c]` (the norm applied once per row);
+//! * sketched codebook keys (QJL): the same plus `norm · γ · Σ_i (√(π/2)/d · S·q)_i · sign_i`,
+//!   `S·q` formed once per segment;
 //! * KIVI keys: per token group, `q·z` and `q_c·scale_c` are formed once; a row's score is
 //!   then `q·z + Σ_c (q_c·scale_c) · code_c` — the codes' own integers times prepared
 //!   products;
@@ -29,8 +31,20 @@ use super::tile::{Kernels, TILE};
 /// Widest row the kernels read (a `u8` per code on the stack).
 const MAX_D: usize = kv_sparse::MAX_HEAD_DIM;
 
-/// Whether [`coded_segment`] reads this layout.
-pub(crate) fn reads(codes: &RowCodes<'_>) -> bool {
+/// Whether [`coded_segment`] reads this layout as keys.
+pub(crate) fn reads_keys(codes: &RowCodes<'_>) -> bool {
+    matches!(
+        codes,
+        RowCodes::Codebook { .. }
+            | RowCodes::CodebookSketch { .. }
+            | RowCodes::TokenGroups { .. }
+            | RowCodes::ChannelGroups { .. }
+    )
+}
+
+/// Whether [`coded_segment`] reads this layout as values (a sketched value row would cost
+/// `d²` a row: such rows go through the decoder instead).
+pub(crate) fn reads_values(codes: &RowCodes<'_>) -> bool {
     matches!(
         codes,
         RowCodes::Codebook { .. } | RowCodes::TokenGroups { .. } | RowCodes::ChannelGroups { .. }
@@ -54,7 +68,7 @@ fn add_scaled<const W: usize>(acc: &mut [f32; W], q: &[f32; W], x: f32) {
 /// A codebook's levels in a table every `u8` code indexes (zeros past the codebook).
 fn level_table(codes: &RowCodes<'_>) -> [f32; 256] {
     let mut table = [0.0; 256];
-    if let RowCodes::Codebook { levels, .. } = codes {
+    if let RowCodes::Codebook { levels, .. } | RowCodes::CodebookSketch { levels, .. } = codes {
         let n = levels.len().min(256);
         table[..n].copy_from_slice(&levels[..n]);
     }
@@ -74,6 +88,8 @@ struct Segment<'a, 'b, const W: usize> {
     qs: &'b mut [[f32; W]],
     /// Channel-group values: `Σ p · zero_g` per group.
     zs: &'b mut [[f32; W]],
+    /// Sketched keys: `√(π/2)/d · S·q`, transposed.
+    sq: &'b [[f32; W]],
     /// Token-group keys: the prepared group and its `q · zero`.
     group: usize,
     qz: [f32; W],
@@ -98,6 +114,25 @@ impl<const W: usize> Segment<'_, '_, W> {
                 }
                 let norm = f16_at(row, 0);
                 s.iter_mut().for_each(|x| *x *= norm);
+            }
+            RowCodes::CodebookSketch { bits, bytes, .. } => {
+                let cb = packed_bytes(d, bits);
+                let rb = 4 + cb + d / 8;
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[4..4 + cb], bits, &mut self.codes[..d]);
+                for (q, &c) in self.qt[..d].iter().zip(&self.codes[..d]) {
+                    add_scaled(&mut s, q, self.key_levels[usize::from(c)]);
+                }
+                let mut sketched = [0.0f32; W];
+                let signs = &row[4 + cb..];
+                for (i, sq) in self.sq[..d].iter().enumerate() {
+                    let sign = if signs[i / 8] >> (i % 8) & 1 == 1 { 1.0 } else { -1.0 };
+                    add_scaled(&mut sketched, sq, sign);
+                }
+                let (norm, gamma) = (f16_at(row, 0), f16_at(row, 1));
+                for (x, k) in s.iter_mut().zip(&sketched) {
+                    *x = norm * (*x + gamma * k);
+                }
             }
             RowCodes::TokenGroups { bits, group, bytes, coded, waiting } => {
                 if j >= coded {
@@ -141,7 +176,7 @@ impl<const W: usize> Segment<'_, '_, W> {
                     }
                 }
             }
-            _ => unreachable!("coded_segment runs only layouts `reads` accepts"),
+            _ => unreachable!("coded_segment runs only layouts `reads_keys` accepts"),
         }
         s
     }
@@ -192,7 +227,7 @@ impl<const W: usize> Segment<'_, '_, W> {
                     add_scaled(a, p, zero + scale * f32::from(code));
                 }
             }
-            _ => unreachable!("coded_segment runs only layouts `reads` accepts"),
+            _ => unreachable!("coded_segment runs only layouts `reads_values` accepts"),
         }
     }
 
@@ -249,7 +284,29 @@ unsafe fn run_avx2<const W: usize>(
     seg.run(k, range, slot);
 }
 
-/// Streams `item.rows` of coded keys and values (layouts [`reads`] accepts, checked
+/// `√(π/2)/d · S·q` of the transposed queries, transposed (`d` rows), in `buf`.
+fn sketched_queries<'b, const W: usize>(
+    sketch: &[f32],
+    qt: &[[f32; W]],
+    d: usize,
+    buf: &'b mut Vec<f32>,
+) -> &'b [[f32; W]] {
+    if buf.len() < d * W {
+        buf.resize(d * W, 0.0);
+    }
+    let (out, _) = buf[..d * W].as_chunks_mut::<W>();
+    let scale = kv_sparse::turbo::sketch_scale(d);
+    for (o, s_row) in out.iter_mut().zip(sketch.chunks_exact(d)) {
+        *o = [0.0; W];
+        for (q, &s) in qt[..d].iter().zip(s_row) {
+            add_scaled(o, q, s * scale);
+        }
+    }
+    out
+}
+
+/// Streams `item.rows` of coded keys and values (layouts [`reads_keys`] and
+/// [`reads_values`] accept, checked
 /// against the head by the input validation) through `slot`, continuing its softmax state.
 pub(crate) fn coded_segment<const W: usize>(
     k: Kernels,
@@ -260,7 +317,7 @@ pub(crate) fn coded_segment<const W: usize>(
     slot: &mut Slot,
 ) {
     let d = job.cfg.head_dim();
-    let Scratch { qt, acc_t, kval, vval, .. } = sc;
+    let Scratch { qt, acc_t, kval, vval, sq, .. } = sc;
     let q = job.queries(item.kv, item.block);
     let qt = transposed_queries::<u8, W>(q, d, job.logit_scale(), qt);
     let acc = transpose_in::<u8, W>(slot, d, acc_t);
@@ -276,6 +333,10 @@ pub(crate) fn coded_segment<const W: usize>(
     let (qs, _) = kval[..d * W].as_chunks_mut::<W>();
     let (zs, _) = vval[..groups * W].as_chunks_mut::<W>();
     zs.fill([0.0; W]);
+    let sketched = match keys {
+        RowCodes::CodebookSketch { sketch, .. } => sketched_queries::<W>(sketch, qt, d, sq),
+        _ => &[],
+    };
     let mut seg = Segment {
         keys,
         values,
@@ -284,6 +345,7 @@ pub(crate) fn coded_segment<const W: usize>(
         acc,
         qs,
         zs,
+        sq: sketched,
         group: usize::MAX,
         qz: [0.0; W],
         key_levels: level_table(&keys),

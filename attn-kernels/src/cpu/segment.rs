@@ -67,6 +67,8 @@ pub(crate) struct Scratch {
     pub vcode: Vec<u8>,
     /// The current lane block's queries as int8 codes, for integer score products.
     pub qi: QueryCodes,
+    /// Sketched queries `[dim][lane]` (QJL keys: `S·q` per lane).
+    pub sq: Vec<f32>,
 }
 
 impl Scratch {
@@ -82,6 +84,7 @@ impl Scratch {
             (&mut self.acc_t, table),
             (&mut self.kval, TILE * d),
             (&mut self.vval, TILE * d),
+            (&mut self.sq, lanes * d),
         ] {
             buf.reserve(len.saturating_sub(buf.len()));
         }

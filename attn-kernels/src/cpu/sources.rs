@@ -440,7 +440,7 @@ impl<K: DecodeRows, V: DecodeRows> ItemSource for DecodedSrc<'_, '_, K, V> {
             match (kv.keys.codes(), kv.values.codes()) {
                 // Codes of a layout the in-place kernels read: scores and sums from the codes.
                 (Some(keys), Some(values))
-                    if rowcodes::reads(&keys) && rowcodes::reads(&values) =>
+                    if rowcodes::reads_keys(&keys) && rowcodes::reads_values(&values) =>
                 {
                     rowcodes::coded_segment::<W>(k, job, item, (keys, values), sc, slot);
                 }

@@ -19,7 +19,7 @@ use crate::decoded::Side;
 use crate::kivi::{KiviRows, KiviView};
 use crate::memory::MemoryReport;
 use crate::quant::{DenseCodec, QuantRows, QuantView};
-use crate::turbo::{TurboRows, TurboView};
+use crate::turbo::{TurboQjlRows, TurboQjlView, TurboRows, TurboView};
 use crate::{Error, Result, SparseIndex, Value};
 
 /// Hybrid cache of one (layer, kv-head): sparse history in two [`RowStore`]s `S` (keys,
@@ -522,6 +522,13 @@ impl<const B: usize, D: Value> Hybrid<KiviRows<B>, D> {
     /// The KIVI history rows (keys, values), oldest first; keys of an incomplete group
     /// last, exact in f16.
     pub fn history(&self) -> (KiviView<'_>, KiviView<'_>) {
+        (self.sparse.keys.view(), self.sparse.values.view())
+    }
+}
+
+impl<const B: usize, D: Value> Hybrid<TurboQjlRows<B>, D> {
+    /// The history rows (QJL-sketched keys, MSE values), oldest first.
+    pub fn history(&self) -> (TurboQjlView<'_>, TurboQjlView<'_>) {
         (self.sparse.keys.view(), self.sparse.values.view())
     }
 }

@@ -13,7 +13,7 @@ use crate::index::check_head_dim;
 use crate::kivi::KiviRows;
 use crate::memory::MemoryReport;
 use crate::quant::{DenseCodec, QuantRows};
-use crate::turbo::TurboRows;
+use crate::turbo::{TurboQjlRows, TurboRows};
 use crate::value::check_overflow;
 use crate::{Error, Result, SparseIndex, Value};
 
@@ -25,6 +25,7 @@ mod private {
     impl<C> Sealed for crate::quant::QuantRows<C> {}
     impl<const B: usize> Sealed for crate::kivi::KiviRows<B> {}
     impl<const B: usize> Sealed for crate::turbo::TurboRows<B> {}
+    impl<const B: usize> Sealed for crate::turbo::TurboQjlRows<B> {}
 }
 
 /// Storage of one side (keys or values) of a hybrid cache's history. Sealed: [`CsrStore`],
@@ -499,6 +500,12 @@ pub enum HistoryFormat {
         /// 2, 3 or 4.
         bits: usize,
     },
+    /// TurboQuant's inner-product keys at `bits` bits (`bits − 1` of codes plus the QJL
+    /// sign sketch) and MSE values at `bits` bits ([`TurboQjlRows`]).
+    TurboQjl {
+        /// 2, 3 or 4.
+        bits: usize,
+    },
 }
 
 impl std::fmt::Display for HistoryFormat {
@@ -507,6 +514,7 @@ impl std::fmt::Display for HistoryFormat {
             HistoryFormat::Quant(format) => write!(f, "{format} rows"),
             HistoryFormat::Kivi { bits } => write!(f, "kivi{bits}"),
             HistoryFormat::Turbo { bits } => write!(f, "turbo{bits}"),
+            HistoryFormat::TurboQjl { bits } => write!(f, "turbo{bits} qjl"),
         }
     }
 }
@@ -525,6 +533,10 @@ impl HistoryFormat {
         let (unit, rows) = match *self {
             HistoryFormat::Quant(format) => (format.row_bytes(head_dim), 1),
             HistoryFormat::Turbo { bits } => (2 + codes(bits), 1),
+            HistoryFormat::TurboQjl { bits } => match side {
+                Side::Keys => (4 + codes(bits.saturating_sub(1)) + head_dim / 8, 1),
+                Side::Values => (2 + codes(bits), 1),
+            },
             HistoryFormat::Kivi { bits } => match side {
                 Side::Keys => (4 * head_dim + rows_per_block * codes(bits), rows_per_block),
                 Side::Values => (4 * (head_dim / rows_per_block.max(1)) + codes(bits), 1),
@@ -629,5 +641,96 @@ impl<const B: usize> WholeRowStore for TurboRows<B> {
     ) -> Result<Self> {
         no_waiting("turbo rows", waiting)?;
         TurboRows::from_bytes(head_dim, bytes)
+    }
+}
+
+/// TurboQuant's inner-product keys (QJL sketch) and MSE values as a history: every
+/// component kept; no blocks; the side decides the code.
+impl<const B: usize> RowStore for TurboQjlRows<B> {
+    fn default_rows_per_block(_head_dim: usize) -> usize {
+        1
+    }
+
+    fn check_config(
+        op: &'static str,
+        head_dim: usize,
+        rows_per_block: usize,
+        ks: [usize; 2],
+    ) -> Result<()> {
+        TurboQjlRows::<B>::new(Side::Keys, head_dim).map_err(|e| match e {
+            Error::InvalidCodeLayout { format, reason, .. } => {
+                Error::InvalidCodeLayout { op, format, reason }
+            }
+            other => other,
+        })?;
+        check_full_rows(op, head_dim, ks)?;
+        if rows_per_block == 0 {
+            return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max: 1 });
+        }
+        Ok(())
+    }
+
+    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+        if max_abs >= crate::turbo::OVERFLOW_AT {
+            let (format, limit) = (format!("turbo{B} qjl"), crate::turbo::OVERFLOW_AT);
+            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
+        }
+        Ok(())
+    }
+
+    fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
+        TurboQjlRows::new(Side::Keys, head_dim)
+    }
+
+    fn empty_side(side: Side, head_dim: usize, _rows_per_block: usize) -> Result<Self> {
+        TurboQjlRows::new(side, head_dim)
+    }
+
+    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+        check_whole_row("TurboQjlRows::push_dense", self.head_dim(), x, k)?;
+        self.push(x)
+    }
+
+    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+        self.push(&scattered("TurboQjlRows::push_sparse", self.head_dim(), indices, values)?)
+    }
+
+    fn len(&self) -> usize {
+        TurboQjlRows::len(self)
+    }
+
+    fn head_dim(&self) -> usize {
+        TurboQjlRows::head_dim(self)
+    }
+
+    fn truncate(&mut self, rows: usize) {
+        TurboQjlRows::truncate(self, rows);
+    }
+
+    fn reserve(&mut self, rows: usize, _nnz: usize) {
+        TurboQjlRows::reserve(self, rows);
+    }
+
+    fn memory(&self) -> MemoryReport {
+        TurboQjlRows::memory(self)
+    }
+}
+
+impl<const B: usize> WholeRowStore for TurboQjlRows<B> {
+    const HISTORY: HistoryFormat = HistoryFormat::TurboQjl { bits: B };
+
+    fn coded_bytes(&self) -> &[u8] {
+        TurboQjlRows::bytes(self)
+    }
+
+    fn from_parts(
+        side: Side,
+        head_dim: usize,
+        _rows_per_block: usize,
+        bytes: &[u8],
+        waiting: &[half::f16],
+    ) -> Result<Self> {
+        no_waiting("turbo qjl rows", waiting)?;
+        TurboQjlRows::from_bytes(side, head_dim, bytes)
     }
 }

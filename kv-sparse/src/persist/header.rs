@@ -152,12 +152,13 @@ const LAYOUT_QUANT: u32 = 3;
 const LAYOUT_ROWS: u32 = 4;
 
 /// `(family, parameter)` codes of a whole-row history: quantized rows 1 with the row
-/// format's code, KIVI 2 and TurboQuant-style 3 with their bits.
+/// format's code, KIVI 2, TurboQuant-style 3 and its QJL-keyed form 4 with their bits.
 fn history_codes(history: HistoryFormat) -> [u32; 2] {
     match history {
         HistoryFormat::Quant(format) => [1, quant_code(format)],
         HistoryFormat::Kivi { bits } => [2, bits as u32],
         HistoryFormat::Turbo { bits } => [3, bits as u32],
+        HistoryFormat::TurboQjl { bits } => [4, bits as u32],
     }
 }
 
@@ -264,7 +265,8 @@ impl CacheLayout {
                     (1, code) => HistoryFormat::Quant(quant_format(code)?),
                     (2, bits @ (2 | 4)) => HistoryFormat::Kivi { bits: bits as usize },
                     (3, bits @ 2..=4) => HistoryFormat::Turbo { bits: bits as usize },
-                    (1..=3, bits) => return Err(unknown("whole-row history bits", bits)),
+                    (4, bits @ 2..=4) => HistoryFormat::TurboQjl { bits: bits as usize },
+                    (1..=4, bits) => return Err(unknown("whole-row history bits", bits)),
                     (family, _) => return Err(unknown("whole-row history family", family)),
                 },
                 dense: value_format("dense buffer format", dense)?,

@@ -66,7 +66,7 @@ macro_rules! with_history {
         use $crate::hybrid::HistoryFormat;
         use $crate::kivi::KiviRows;
         use $crate::quant::{DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
-        use $crate::turbo::TurboRows;
+        use $crate::turbo::{TurboQjlRows, TurboRows};
         match $history {
             HistoryFormat::Quant(DenseFormat::Int8) => $func::<QuantRows<Int8Blocks>>($($arg),*),
             HistoryFormat::Quant(DenseFormat::Int4) => $func::<QuantRows<Int4Blocks>>($($arg),*),
@@ -76,6 +76,9 @@ macro_rules! with_history {
             HistoryFormat::Turbo { bits: 2 } => $func::<TurboRows<2>>($($arg),*),
             HistoryFormat::Turbo { bits: 3 } => $func::<TurboRows<3>>($($arg),*),
             HistoryFormat::Turbo { bits: 4 } => $func::<TurboRows<4>>($($arg),*),
+            HistoryFormat::TurboQjl { bits: 2 } => $func::<TurboQjlRows<2>>($($arg),*),
+            HistoryFormat::TurboQjl { bits: 3 } => $func::<TurboQjlRows<3>>($($arg),*),
+            HistoryFormat::TurboQjl { bits: 4 } => $func::<TurboQjlRows<4>>($($arg),*),
             other => Err($crate::Error::Corrupt { reason: format!("unknown history {other}") }),
         }
     }};

@@ -23,7 +23,7 @@
 //! | coded hybrid (1) | list-u8 1 / list-u16 2 / bitmask 3; f32 0, f16 1, bf16 2, fp8 3, int8 16, int4 17; buffer format | key rows (block bases `u64`, row offsets `u16`, row bytes — index part then value part with its f16 row scale), value rows (same), buffer keys, buffer values |
 //! | dense (2) | 0, 0, element format | key rows, value rows (`[rows][head_dim]`) |
 //! | quantized (3) | 0, 0, int8 0 / int4 1 / fp8 2 | key rows, value rows ([`crate::quant::DenseCodec`] rows, scales inside) |
-//! | whole-row hybrid (4) | history family: quantized 1 / KIVI 2 / TurboQuant-style 3; its row format (int8 0 / int4 1 / fp8 2) or bits; buffer format | key codes, keys waiting in f16 (KIVI), value codes ([`crate::hybrid::WholeRowStore`] bytes as held), buffer keys, buffer values |
+//! | whole-row hybrid (4) | history family: quantized 1 / KIVI 2 / TurboQuant-style 3 / its QJL-keyed form 4; its row format (int8 0 / int4 1 / fp8 2) or bits; buffer format | key codes, keys waiting in f16 (KIVI), value codes ([`crate::hybrid::WholeRowStore`] bytes as held), buffer keys, buffer values |
 //!
 //! Checksums: the header CRC-32 covers the header (with its own field zeroed); the
 //! metadata CRC-32 covers the bytes from the header's end to the end of the extra block;

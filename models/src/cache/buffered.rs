@@ -26,11 +26,12 @@ use attn_kernels::{AttnConfig, CpuAttention, DecodedKv, EncodedAttention, QuantK
 use kv_sparse::decoded::DecodeRows;
 use std::sync::Arc;
 
+use kv_sparse::decoded::Side;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, MultiHead, RowStore, WholeRowStore};
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::persist::{CacheImage, MappedCache};
 use kv_sparse::quant::{DenseCodec, QuantRows};
-use kv_sparse::turbo::TurboRows;
+use kv_sparse::turbo::{TurboQjlRows, TurboRows};
 
 use super::rotation::QkRotation;
 use super::sink::SinkRows;
@@ -74,6 +75,7 @@ mod private {
     impl<C> Sealed for kv_sparse::quant::QuantRows<C> {}
     impl<const B: usize> Sealed for kv_sparse::kivi::KiviRows<B> {}
     impl<const B: usize> Sealed for kv_sparse::turbo::TurboRows<B> {}
+    impl<const B: usize> Sealed for kv_sparse::turbo::TurboQjlRows<B> {}
 }
 
 impl<C: DenseCodec> BufferedHistory for QuantRows<C> {
@@ -140,6 +142,28 @@ impl<const B: usize> BufferedHistory for KiviRows<B> {
 
     fn token_bytes(head_dim: usize, group: usize) -> f64 {
         2.0 * KiviRows::<B>::row_bytes(head_dim, group)
+    }
+
+    fn attend<D: RecentFormat>(
+        kernel: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        heads: &[Hybrid<Self, D>],
+        sink: &[(&[f32], &[f32])],
+        out: &mut [f32],
+    ) -> attn_kernels::Result<()> {
+        attend_decoded(kernel, (cfg, q, out), heads, sink, |c| c.history())
+    }
+}
+
+impl<const B: usize> BufferedHistory for TurboQjlRows<B> {
+    fn name(_group: usize) -> String {
+        format!("turbo{B} qjl")
+    }
+
+    fn token_bytes(head_dim: usize, _group: usize) -> f64 {
+        (TurboQjlRows::<B>::row_bytes(Side::Keys, head_dim)
+            + TurboQjlRows::<B>::row_bytes(Side::Values, head_dim)) as f64
     }
 
     fn attend<D: RecentFormat>(

@@ -5,7 +5,7 @@
 //! | `dense[:format=f16\|bf16\|f32\|fp8\|int8\|int4,b=N,buffer=f16\|bf16\|f32,values=fp8\|int8\|int4,rotate=none\|hadamard\|hadamard-v\|hadamard-signs[:seed]\|hadamard-value-signs[:seed]\|hadamard-jitter[:seed]\|random[:seed]\|calibrated,proj=PATH,sink=N]` | [`DenseCache`] (f16/bf16/f32; default f16), [`crate::cache::QuantCache`] (fp8 with a per-token scale, int8 = `q8_0` blocks, int4 = `q4_0` blocks) |
 //! | `swan[:k=32,kv=32,b=128,index=list\|bitmask,value=fp8\|f16\|bf16\|f32\|int8\|int4,buffer=f16\|bf16\|f32,scale=auto\|none,select=magnitude\|query,norm=none\|eigen,sink=N,basis=…,proj=PATH]` | [`SwanCache`] |
 //! | `kivi[:bits=2\|4,group=32,b=128,buffer=f16\|bf16\|f32,rotate=…,sink=N]` | KIVI codes behind a buffer ([`crate::cache::BufferedCache`]) |
-//! | `turbo[:bits=2\|3\|4,b=128,buffer=…,rotate=random:0\|hadamard-signs:S\|…,sink=N]` | TurboQuant-style codes behind a buffer ([`crate::cache::BufferedCache`]) |
+//! | `turbo[:bits=2\|3\|4,qjl=off\|on,b=128,buffer=…,rotate=random:0\|hadamard-signs:S\|…,sink=N]` | TurboQuant-style codes behind a buffer ([`crate::cache::BufferedCache`]); `qjl=on`: keys in the inner-product form (QJL sketch of the residual) |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
 //!
@@ -84,7 +84,7 @@ use kv_sparse::csr::CsrStore;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, DenseFormat, Fp8Rows, Int4Blocks, Int8Blocks};
-use kv_sparse::turbo::TurboRows;
+use kv_sparse::turbo::{TurboQjlRows, TurboRows};
 use projection::{Basis, BasisKind, ModelDims, ProjectionSet, Stream};
 
 use crate::cache::TieredSpec;
@@ -327,6 +327,10 @@ pub enum CodedFormat {
     Turbo {
         /// Bits per code.
         bits: usize,
+        /// Keys in the paper's inner-product form (`qjl=on`): `bits − 1` bits of codes plus
+        /// the 1-bit QJL sketch of the residual, unbiased scores
+        /// ([`kv_sparse::turbo::TurboQjlRows`]); values stay at `bits`.
+        qjl: bool,
     },
 }
 
@@ -363,7 +367,14 @@ impl CodedSpec {
             }
             CodedFormat::Kivi { bits, group }
         } else {
-            CodedFormat::Turbo { bits }
+            let qjl = match p.take("qjl") {
+                None | Some("off") => false,
+                Some("on") => true,
+                Some(other) => {
+                    return Err(spec_err(p.spec(), format!("qjl={other}: expected on or off")));
+                }
+            };
+            CodedFormat::Turbo { bits, qjl }
         };
         let rotate = match p.take("rotate") {
             Some("none") => None,
@@ -390,8 +401,16 @@ impl CodedSpec {
             CodedFormat::Kivi { bits, group } => {
                 kv_sparse::kivi::check_layout("kivi spec", bits, head_dim, group)
             }
-            CodedFormat::Turbo { bits } => {
+            CodedFormat::Turbo { bits, qjl: false } => {
                 kv_sparse::turbo::check_layout("turbo spec", bits, head_dim)
+            }
+            CodedFormat::Turbo { bits, qjl: true } => {
+                use kv_sparse::decoded::Side;
+                match bits {
+                    2 => TurboQjlRows::<2>::new(Side::Keys, head_dim).map(drop),
+                    3 => TurboQjlRows::<3>::new(Side::Keys, head_dim).map(drop),
+                    _ => TurboQjlRows::<4>::new(Side::Keys, head_dim).map(drop),
+                }
             }
         };
         checked.map_err(|e| spec_err(spec, e.to_string()))
@@ -1145,9 +1164,12 @@ fn coded(
     match spec.format {
         CodedFormat::Kivi { bits: 2, group } => with::<KiviRows<2>>(s, spec, group, r, t),
         CodedFormat::Kivi { group, .. } => with::<KiviRows<4>>(s, spec, group, r, t),
-        CodedFormat::Turbo { bits: 2 } => with::<TurboRows<2>>(s, spec, 1, r, t),
-        CodedFormat::Turbo { bits: 3 } => with::<TurboRows<3>>(s, spec, 1, r, t),
-        CodedFormat::Turbo { .. } => with::<TurboRows<4>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { bits: 2, qjl: false } => with::<TurboRows<2>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { bits: 3, qjl: false } => with::<TurboRows<3>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { qjl: false, .. } => with::<TurboRows<4>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { bits: 2, qjl: true } => with::<TurboQjlRows<2>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { bits: 3, qjl: true } => with::<TurboQjlRows<3>>(s, spec, 1, r, t),
+        CodedFormat::Turbo { qjl: true, .. } => with::<TurboQjlRows<4>>(s, spec, 1, r, t),
     }
 }
 
