@@ -129,6 +129,30 @@ fn nearest(levels: &[f32], u: f32) -> u8 {
     best as u8
 }
 
+/// Codes `x`'s direction (`x / ‖x‖` with the norm as stored in f16) into `codes` with the
+/// nearest of `levels`, the residual `u − levels[code]` into `residual` when given; returns
+/// the stored norm.
+fn code_direction(
+    x: &[f32],
+    levels: &[f32],
+    codes: &mut [u8],
+    residual: Option<&mut [f32]>,
+) -> f16 {
+    let norm = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
+    let stored = f16::from_f64(norm);
+    let n = stored.to_f32();
+    let unit = |v: f32| if n > 0.0 { v / n } else { 0.0 };
+    for (c, &v) in codes.iter_mut().zip(x) {
+        *c = nearest(levels, unit(v));
+    }
+    if let Some(r) = residual {
+        for ((r, &c), &v) in r.iter_mut().zip(codes.iter()).zip(x) {
+            *r = unit(v) - levels[usize::from(c)];
+        }
+    }
+    stored
+}
+
 /// TurboQuant-style rows at `BITS` bits (2, 3 or 4): `[f16 norm][packed codes]` each.
 #[derive(Clone, Debug)]
 pub struct TurboRows<const BITS: usize> {
@@ -206,12 +230,7 @@ impl<const BITS: usize> TurboRows<BITS> {
         self.check("TurboRows::push", rows)?;
         let rb = Self::row_bytes(self.head_dim);
         for x in rows.chunks_exact(self.head_dim) {
-            let norm = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
-            let stored = f16::from_f64(norm);
-            let n = stored.to_f32();
-            for (c, &v) in self.codes.iter_mut().zip(x) {
-                *c = nearest(&self.levels, if n > 0.0 { v / n } else { 0.0 });
-            }
+            let stored = code_direction(x, &self.levels, &mut self.codes, None);
             let start = self.bytes.len();
             self.bytes.resize(start + rb, 0);
             self.bytes[start..start + 2].copy_from_slice(&stored.to_le_bytes());
@@ -589,14 +608,7 @@ impl<const BITS: usize> TurboQjlRows<BITS> {
         let keys = self.side == crate::decoded::Side::Keys;
         let bits = if keys { BITS - 1 } else { BITS };
         for x in rows.chunks_exact(d) {
-            let norm = x.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt();
-            let stored = f16::from_f64(norm);
-            let n = stored.to_f32();
-            for ((c, r), &v) in self.codes.iter_mut().zip(self.scratch.iter_mut()).zip(x) {
-                let u = if n > 0.0 { v / n } else { 0.0 };
-                *c = nearest(&self.levels, u);
-                *r = u - self.levels[usize::from(*c)];
-            }
+            let stored = code_direction(x, &self.levels, &mut self.codes, Some(&mut self.scratch));
             let start = self.bytes.len();
             self.bytes.resize(start + rb, 0);
             let row = &mut self.bytes[start..start + rb];

@@ -17,6 +17,7 @@ use attn_kernels::{
     AttnConfig, CpuAttention, DecodeAttention, DecodedKv, EncodedAttention, QuantKv, RecentFormat,
 };
 use kv_sparse::csr::CsrStore;
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::hybrid::{Hybrid, HybridConfig, RowStore};
 use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, QuantRows};
@@ -75,7 +76,25 @@ impl<C: DenseCodec, D: RecentFormat> History<D> for QuantRows<C> {
     }
 }
 
-/// KIVI codes: read in place by the decoded-rows kernel.
+/// One decode step over caches whose history is read by the decoded-rows kernel (KIVI and
+/// TurboQuant-style codes, in place): `history` borrows a cache's key and value rows.
+fn decoded_step<'h, S: RowStore, D: RecentFormat, R: DecodeRows>(
+    attention: &mut CpuAttention,
+    (cfg, q, out): (&AttnConfig, &[f32], &mut [f32]),
+    heads: &'h [Hybrid<S, D>],
+    history: impl Fn(&'h Hybrid<S, D>) -> (R, R),
+) -> attn_kernels::Result<()> {
+    let kv: Vec<_> = heads
+        .iter()
+        .map(|c| {
+            let (k, v) = history(c);
+            DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+        })
+        .collect();
+    attention.decoded(cfg, q, &kv, out)
+}
+
+/// KIVI codes.
 impl<const B: usize, D: RecentFormat> History<D> for KiviRows<B> {
     fn attend(
         attention: &mut CpuAttention,
@@ -84,18 +103,11 @@ impl<const B: usize, D: RecentFormat> History<D> for KiviRows<B> {
         heads: &[Hybrid<Self, D>],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let kv: Vec<_> = heads
-            .iter()
-            .map(|c| {
-                let (k, v) = c.history();
-                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
-            })
-            .collect();
-        attention.decoded(cfg, q, &kv, out)
+        decoded_step(attention, (cfg, q, out), heads, |c| c.history())
     }
 }
 
-/// TurboQuant-style codes: read in place by the decoded-rows kernel.
+/// TurboQuant-style codes.
 impl<const B: usize, D: RecentFormat> History<D> for TurboRows<B> {
     fn attend(
         attention: &mut CpuAttention,
@@ -104,14 +116,7 @@ impl<const B: usize, D: RecentFormat> History<D> for TurboRows<B> {
         heads: &[Hybrid<Self, D>],
         out: &mut [f32],
     ) -> attn_kernels::Result<()> {
-        let kv: Vec<_> = heads
-            .iter()
-            .map(|c| {
-                let (k, v) = c.history();
-                DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
-            })
-            .collect();
-        attention.decoded(cfg, q, &kv, out)
+        decoded_step(attention, (cfg, q, out), heads, |c| c.history())
     }
 }
 

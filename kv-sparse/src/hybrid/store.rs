@@ -357,6 +357,52 @@ fn scattered(op: &'static str, d: usize, indices: &[usize], values: &[f32]) -> R
     Ok(row)
 }
 
+/// The [`RowStore`] methods every whole-row code store shares: whole rows checked and pushed
+/// through the store's own `push` (sparse rows scattered into zeros first), overflow checked
+/// against the format's limit, the rest delegated to the store's inherent methods of the
+/// same names.
+macro_rules! whole_row_methods {
+    ($store:literal, $limit:expr, $format:expr) => {
+        fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+            if max_abs >= $limit {
+                let (format, limit) = ($format, $limit);
+                return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
+            }
+            Ok(())
+        }
+
+        fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+            check_whole_row(concat!($store, "::push_dense"), self.head_dim(), x, k)?;
+            self.push(x)
+        }
+
+        fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+            let op = concat!($store, "::push_sparse");
+            self.push(&scattered(op, self.head_dim(), indices, values)?)
+        }
+
+        fn len(&self) -> usize {
+            Self::len(self)
+        }
+
+        fn head_dim(&self) -> usize {
+            Self::head_dim(self)
+        }
+
+        fn truncate(&mut self, rows: usize) {
+            Self::truncate(self, rows);
+        }
+
+        fn reserve(&mut self, rows: usize, _nnz: usize) {
+            Self::reserve(self, rows);
+        }
+
+        fn memory(&self) -> MemoryReport {
+            Self::memory(self)
+        }
+    };
+}
+
 /// KIVI rows as a history: every component kept; `rows_per_block` is the group (tokens per
 /// key group, channels per value group); the side decides the grouping.
 impl<const B: usize> RowStore for KiviRows<B> {
@@ -374,14 +420,6 @@ impl<const B: usize> RowStore for KiviRows<B> {
         check_full_rows(op, head_dim, ks)
     }
 
-    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
-        if max_abs >= crate::kivi::OVERFLOW_AT {
-            let (format, limit) = (format!("kivi{B}"), crate::kivi::OVERFLOW_AT);
-            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
-        }
-        Ok(())
-    }
-
     fn empty(head_dim: usize, rows_per_block: usize) -> Result<Self> {
         KiviRows::new(Side::Keys, head_dim, rows_per_block)
     }
@@ -390,34 +428,7 @@ impl<const B: usize> RowStore for KiviRows<B> {
         KiviRows::new(side, head_dim, rows_per_block)
     }
 
-    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        check_whole_row("KiviRows::push_dense", self.head_dim(), x, k)?;
-        self.push(x)
-    }
-
-    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-        self.push(&scattered("KiviRows::push_sparse", self.head_dim(), indices, values)?)
-    }
-
-    fn len(&self) -> usize {
-        KiviRows::len(self)
-    }
-
-    fn head_dim(&self) -> usize {
-        KiviRows::head_dim(self)
-    }
-
-    fn truncate(&mut self, rows: usize) {
-        KiviRows::truncate(self, rows);
-    }
-
-    fn reserve(&mut self, rows: usize, _nnz: usize) {
-        KiviRows::reserve(self, rows);
-    }
-
-    fn memory(&self) -> MemoryReport {
-        KiviRows::memory(self)
-    }
+    whole_row_methods!("KiviRows", crate::kivi::OVERFLOW_AT, format!("kivi{B}"));
 }
 
 /// TurboQuant-style rows as a history: every component kept; no blocks (any positive
@@ -441,46 +452,11 @@ impl<const B: usize> RowStore for TurboRows<B> {
         Ok(())
     }
 
-    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
-        if max_abs >= crate::turbo::OVERFLOW_AT {
-            let (format, limit) = (format!("turbo{B}"), crate::turbo::OVERFLOW_AT);
-            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
-        }
-        Ok(())
-    }
-
     fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
         TurboRows::new(head_dim)
     }
 
-    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        check_whole_row("TurboRows::push_dense", self.head_dim(), x, k)?;
-        self.push(x)
-    }
-
-    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-        self.push(&scattered("TurboRows::push_sparse", self.head_dim(), indices, values)?)
-    }
-
-    fn len(&self) -> usize {
-        TurboRows::len(self)
-    }
-
-    fn head_dim(&self) -> usize {
-        TurboRows::head_dim(self)
-    }
-
-    fn truncate(&mut self, rows: usize) {
-        TurboRows::truncate(self, rows);
-    }
-
-    fn reserve(&mut self, rows: usize, _nnz: usize) {
-        TurboRows::reserve(self, rows);
-    }
-
-    fn memory(&self) -> MemoryReport {
-        TurboRows::memory(self)
-    }
+    whole_row_methods!("TurboRows", crate::turbo::OVERFLOW_AT, format!("turbo{B}"));
 }
 
 /// The history format of a hybrid cache whose history keeps every component of a row
@@ -670,14 +646,6 @@ impl<const B: usize> RowStore for TurboQjlRows<B> {
         Ok(())
     }
 
-    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
-        if max_abs >= crate::turbo::OVERFLOW_AT {
-            let (format, limit) = (format!("turbo{B} qjl"), crate::turbo::OVERFLOW_AT);
-            return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
-        }
-        Ok(())
-    }
-
     fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
         TurboQjlRows::new(Side::Keys, head_dim)
     }
@@ -686,34 +654,7 @@ impl<const B: usize> RowStore for TurboQjlRows<B> {
         TurboQjlRows::new(side, head_dim)
     }
 
-    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        check_whole_row("TurboQjlRows::push_dense", self.head_dim(), x, k)?;
-        self.push(x)
-    }
-
-    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-        self.push(&scattered("TurboQjlRows::push_sparse", self.head_dim(), indices, values)?)
-    }
-
-    fn len(&self) -> usize {
-        TurboQjlRows::len(self)
-    }
-
-    fn head_dim(&self) -> usize {
-        TurboQjlRows::head_dim(self)
-    }
-
-    fn truncate(&mut self, rows: usize) {
-        TurboQjlRows::truncate(self, rows);
-    }
-
-    fn reserve(&mut self, rows: usize, _nnz: usize) {
-        TurboQjlRows::reserve(self, rows);
-    }
-
-    fn memory(&self) -> MemoryReport {
-        TurboQjlRows::memory(self)
-    }
+    whole_row_methods!("TurboQjlRows", crate::turbo::OVERFLOW_AT, format!("turbo{B} qjl"));
 }
 
 impl<const B: usize> WholeRowStore for TurboQjlRows<B> {
