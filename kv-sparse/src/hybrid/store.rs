@@ -236,6 +236,52 @@ impl<X: IndexCode, Y: ValueCode> RowStore for CodedStore<X, Y> {
     }
 }
 
+/// The [`RowStore`] methods every whole-row code store shares: whole rows checked and pushed
+/// through the store's own `push` (sparse rows scattered into zeros first), overflow checked
+/// against the format's limit, the rest delegated to the store's inherent methods of the
+/// same names.
+macro_rules! whole_row_methods {
+    ($store:literal, $limit:expr, $format:expr) => {
+        fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
+            if max_abs >= $limit {
+                let (format, limit) = ($format, $limit);
+                return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
+            }
+            Ok(())
+        }
+
+        fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
+            check_whole_row(concat!($store, "::push_dense"), self.head_dim(), x, k)?;
+            self.push(x)
+        }
+
+        fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
+            let op = concat!($store, "::push_sparse");
+            self.push(&scattered(op, self.head_dim(), indices, values)?)
+        }
+
+        fn len(&self) -> usize {
+            Self::len(self)
+        }
+
+        fn head_dim(&self) -> usize {
+            Self::head_dim(self)
+        }
+
+        fn truncate(&mut self, rows: usize) {
+            Self::truncate(self, rows);
+        }
+
+        fn reserve(&mut self, rows: usize, _nnz: usize) {
+            Self::reserve(self, rows);
+        }
+
+        fn memory(&self) -> MemoryReport {
+            Self::memory(self)
+        }
+    };
+}
+
 /// Dense quantized rows as a history: every component of an evicted row is kept (`k` must be
 /// `head_dim`), encoded by the codec `C`. Rows per block are not a notion of this storage:
 /// any positive value is accepted and ignored.
@@ -258,58 +304,11 @@ impl<C: DenseCodec> RowStore for QuantRows<C> {
         Ok(())
     }
 
-    fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
-        if max_abs >= C::OVERFLOW_AT {
-            return Err(Error::ScaleOverflow {
-                op,
-                format: C::FORMAT.to_string(),
-                value: max_abs,
-                limit: C::OVERFLOW_AT,
-            });
-        }
-        Ok(())
-    }
-
     fn empty(head_dim: usize, _rows_per_block: usize) -> Result<Self> {
         QuantRows::new(head_dim)
     }
 
-    fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-        const OP: &str = "QuantRows::push_dense";
-        if k != self.head_dim() {
-            return Err(Error::PartialDenseRow { op: OP, k, head_dim: self.head_dim() });
-        }
-        if x.len() != self.head_dim() {
-            let (expected, got) = (self.head_dim(), x.len());
-            return Err(Error::LengthMismatch { op: OP, what: "row", expected, got });
-        }
-        self.push(x)
-    }
-
-    /// Scatters the entries into a row of zeros and appends it whole.
-    fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-        self.push(&scattered("QuantRows::push_sparse", self.head_dim(), indices, values)?)
-    }
-
-    fn len(&self) -> usize {
-        QuantRows::len(self)
-    }
-
-    fn head_dim(&self) -> usize {
-        QuantRows::head_dim(self)
-    }
-
-    fn truncate(&mut self, rows: usize) {
-        QuantRows::truncate(self, rows);
-    }
-
-    fn reserve(&mut self, rows: usize, _nnz: usize) {
-        QuantRows::reserve(self, rows);
-    }
-
-    fn memory(&self) -> MemoryReport {
-        QuantRows::memory(self)
-    }
+    whole_row_methods!("QuantRows", C::OVERFLOW_AT, C::FORMAT.to_string());
 }
 
 /// Every component of a row must be kept by a dense coded history.
@@ -355,52 +354,6 @@ fn scattered(op: &'static str, d: usize, indices: &[usize], values: &[f32]) -> R
         row[i] = x;
     }
     Ok(row)
-}
-
-/// The [`RowStore`] methods every whole-row code store shares: whole rows checked and pushed
-/// through the store's own `push` (sparse rows scattered into zeros first), overflow checked
-/// against the format's limit, the rest delegated to the store's inherent methods of the
-/// same names.
-macro_rules! whole_row_methods {
-    ($store:literal, $limit:expr, $format:expr) => {
-        fn check_overflow(op: &'static str, max_abs: f32) -> Result<()> {
-            if max_abs >= $limit {
-                let (format, limit) = ($format, $limit);
-                return Err(Error::ScaleOverflow { op, format, value: max_abs, limit });
-            }
-            Ok(())
-        }
-
-        fn push_dense(&mut self, x: &[f32], k: usize) -> Result<()> {
-            check_whole_row(concat!($store, "::push_dense"), self.head_dim(), x, k)?;
-            self.push(x)
-        }
-
-        fn push_sparse(&mut self, indices: &[usize], values: &[f32]) -> Result<()> {
-            let op = concat!($store, "::push_sparse");
-            self.push(&scattered(op, self.head_dim(), indices, values)?)
-        }
-
-        fn len(&self) -> usize {
-            Self::len(self)
-        }
-
-        fn head_dim(&self) -> usize {
-            Self::head_dim(self)
-        }
-
-        fn truncate(&mut self, rows: usize) {
-            Self::truncate(self, rows);
-        }
-
-        fn reserve(&mut self, rows: usize, _nnz: usize) {
-            Self::reserve(self, rows);
-        }
-
-        fn memory(&self) -> MemoryReport {
-            Self::memory(self)
-        }
-    };
 }
 
 /// KIVI rows as a history: every component kept; `rows_per_block` is the group (tokens per
