@@ -32,7 +32,7 @@ suites=(
     "kv-sparse:lib|-p kv-sparse --lib|"
     "attn-kernels:kernels|-p attn-kernels --test kernels|"
     "attn-kernels:errors|-p attn-kernels --test errors|"
-    "projection:lib|-p projection --lib|"
+    "projection:lib|-p kvtide-projection --lib|"
     "models:lib|-p models --lib|host"
     "models:gguf|-p models --test gguf|--skip real_model"
     "kv-tiered:tier_contract|-p kv-tiered --test tier_contract|"

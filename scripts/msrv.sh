@@ -13,7 +13,7 @@ rustc_version="$(rustc --version | awk '{print $2}')"
 python3 - "$meta" "$rustc_version" <<'PY'
 import json, sys
 meta, installed = json.load(open(sys.argv[1])), sys.argv[2]
-PUBLISHED = ("kv-sparse", "projection", "attn-kernels", "kv-tiered")
+PUBLISHED = ("kv-sparse", "kvtide-projection", "attn-kernels", "kv-tiered")
 def ver(s):
     return tuple(int(x) for x in s.split("-")[0].split(".")) + (0, 0)
 packages = {p["id"]: p for p in meta["packages"]}

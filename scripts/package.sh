@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$KVTIDE_ROOT"
-crates=(kv-sparse projection attn-kernels kv-tiered)
+crates=(kv-sparse kvtide-projection attn-kernels kv-tiered)
 cargo package "${crates[@]/#/-p}" "$@"
 version="$(cargo metadata --format-version 1 --no-deps | python3 -c \
   'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "kv-sparse"))')"
@@ -26,4 +26,4 @@ LD_LIBRARY_PATH="$CUDA_LIBRARY_PATH/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" 
   cargo check --manifest-path "$unpacked/Cargo.toml" -p attn-kernels -p kv-tiered \
   --features attn-kernels/cuda,kv-tiered/cuda
 RUSTDOCFLAGS="-D missing_docs -D warnings" cargo doc --no-deps "${crates[@]/#/-p}" \
-  --features kv-sparse/proptest,projection/proptest,attn-kernels/proptest,kv-tiered/proptest
+  --features kv-sparse/proptest,kvtide-projection/proptest,attn-kernels/proptest,kv-tiered/proptest

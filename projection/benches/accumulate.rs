@@ -1,7 +1,7 @@
 //! Calibration throughput (SWAN §4): tokens/s through every layer of a model, and per-layer
 //! vectors/s of the GEMM accumulator against the rank-one reference loop in the same run.
 //!
-//! `cargo bench -p projection --bench accumulate`
+//! `cargo bench -p kvtide-projection --bench accumulate`
 
 use std::hint::black_box;
 use std::time::Duration;

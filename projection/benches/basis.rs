@@ -1,7 +1,7 @@
 //! Full basis computation (SWAN §4): eigen-decomposition of every (layer, kv-head, stream)
 //! moment of a whole model, on one thread and on all cores (same-run ratio).
 //!
-//! `cargo bench -p projection --bench basis`
+//! `cargo bench -p kvtide-projection --bench basis`
 
 use std::hint::black_box;
 use std::time::Duration;

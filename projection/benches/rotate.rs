@@ -4,7 +4,7 @@
 //! separate query and key calls (`tuned`) against the fused call that rotates each GQA
 //! group's queries and key in one pass over `P_QK` (`fused_qk`).
 //!
-//! `cargo bench -p projection --bench rotate`
+//! `cargo bench -p kvtide-projection --bench rotate`
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -17,7 +17,7 @@ use crate::gemm::{View, sgemm};
 use crate::mat::Mat;
 
 /// Rows per basis from which batched rotation switches from the row kernel to SGEMM
-/// (picked from `cargo bench -p projection --bench rotate`).
+/// (picked from `cargo bench -p kvtide-projection --bench rotate`).
 pub const GEMM_MIN_ROWS: usize = 16;
 
 /// Output columns per register block of the portable forward kernel (the AVX2 build uses
