@@ -1,7 +1,9 @@
 //! Criterion benches of one decode step over the encoded formats, each beside dense f16
 //! measured in the same run: dense int8 (q8_0 blocks), int4 (q4_0 blocks) and fp8 rows
 //! with a per-token scale, and SWAN hybrid caches with bitmask rows (fp8, int8, int4 or f16
-//! values, k = d/2, b = 128 dense f16 rows). 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
+//! values, k = d/2, b = 128 dense f16 rows), KIVI-2 (groups of 32) and TurboQuant-style
+//! 3-bit rows behind the same buffer — read in place, and through their row decoders
+//! (`…_decoded`) as the baseline of that path. 32 q-heads / 8 kv-heads, d_h ∈ {64, 128},
 //! L ∈ {4k, 32k}. `Throughput::Bytes` is the bytes each step reads as stored (scales,
 //! masks, offsets and block bases included), so criterion reports bandwidth. On CPUs with
 //! AVX-512 VBMI2 the bitmask rows are also timed with the AVX2 placement (`…_pshufb`), and
@@ -16,14 +18,17 @@ mod common;
 
 use std::time::Duration;
 
-use attn_kernels::{CpuAttention, EncodedAttention, Isa, QuantKv, synth};
+use attn_kernels::{CpuAttention, DecodedKv, EncodedAttention, Isa, QuantKv, synth};
 use common::{BUFFER, KV_HEADS, Q_HEADS};
 use criterion::{Criterion, criterion_group, criterion_main};
 use half::f16;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, Int4Values, Int8Values, ValueCode};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::fp8::Fp8E4M3;
-use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+use kv_sparse::hybrid::{CodedHybridCache, Hybrid, HybridConfig, RowStore};
+use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+use kv_sparse::turbo::TurboRows;
 
 /// Seed offset of the synthetic keys and values.
 const SEED: u64 = 11;
@@ -86,6 +91,68 @@ fn bitmask<Y: ValueCode>(
     });
 }
 
+/// A decoder that hides its layout, so the kernel decodes its rows a tile at a time: the
+/// baseline the in-place reads are measured against.
+struct Opaque<R>(R);
+
+impl<R: DecodeRows> DecodeRows for Opaque<R> {
+    fn head_dim(&self) -> usize {
+        self.0.head_dim()
+    }
+
+    fn num_rows(&self) -> usize {
+        self.0.num_rows()
+    }
+
+    fn decode_row(&self, j: usize, out: &mut [f32]) {
+        self.0.decode_row(j, out);
+    }
+}
+
+/// KIVI (`kivi`) or TurboQuant-style (`turbo`) rows behind a 128-row f16 buffer, read in
+/// place and, beside them, through the row decoder (`…_decoded`).
+fn coded<S: RowStore>(
+    c: &mut Criterion,
+    attn: &mut CpuAttention,
+    (d, len): (usize, usize),
+    q: &[f32],
+    (label, group): (&str, usize),
+    history: impl for<'h> Fn(&'h Hybrid<S, f16>) -> (Box<dyn DecodeRows + 'h>, Box<dyn DecodeRows + 'h>),
+) {
+    let cfg = common::layout(d);
+    let hc = HybridConfig { rows_per_block: group, ..HybridConfig::lossless(d, BUFFER) };
+    let caches: Vec<Hybrid<S, f16>> = (0..KV_HEADS as u64)
+        .map(|h| {
+            let mut cache = Hybrid::<S, f16>::new(hc).expect("config");
+            let (keys, values) = common::keys_values(len, d, h, SEED);
+            cache.extend(&keys, &values).expect("finite rows");
+            cache
+        })
+        .collect();
+    let bytes: usize = caches.iter().map(|c| c.memory().held_bytes()).sum();
+    let mut out = vec![0.0; cfg.q_len()];
+    let views: Vec<_> = caches.iter().map(|c| (history(c), c)).collect();
+    let kv: Vec<_> = views
+        .iter()
+        .map(|((k, v), c)| {
+            DecodedKv::new(&**k, &**v).with_buffer(c.buffer_keys(), c.buffer_values())
+        })
+        .collect();
+    common::time_step(c, format!("{label}_d{d}"), len, bytes, || {
+        attn.decoded(&cfg, q, &kv, &mut out).expect("decode")
+    });
+    let opaque: Vec<_> = views
+        .iter()
+        .map(|((k, v), c)| {
+            DecodedKv::new(Opaque(&**k), Opaque(&**v))
+                .with_buffer(c.buffer_keys(), c.buffer_values())
+        })
+        .collect();
+    common::time_step(c, format!("{label}_decoded_d{d}"), len, bytes, || {
+        attn.decoded(&cfg, q, &opaque, &mut out).expect("decode")
+    });
+}
+
 fn formats(c: &mut Criterion) {
     let mut attn = common::attention();
     // Where bitmask rows are placed by AVX-512 VBMI2, the AVX2 placement runs beside it.
@@ -105,6 +172,14 @@ fn formats(c: &mut Criterion) {
             bitmask::<Int8Values>(c, &mut attn, (d, len), &q, "int8");
             bitmask::<Int4Values>(c, &mut attn, (d, len), &q, "int4");
             bitmask::<Elems<f16>>(c, &mut attn, (d, len), &q, "f16");
+            coded::<KiviRows<2>>(c, &mut attn, (d, len), &q, ("kivi2", 32), |h| {
+                let (k, v) = h.history();
+                (Box::new(k), Box::new(v))
+            });
+            coded::<TurboRows<3>>(c, &mut attn, (d, len), &q, ("turbo3", 1), |h| {
+                let (k, v) = h.history();
+                (Box::new(k), Box::new(v))
+            });
             if let Some(a) = &mut narrow {
                 common::dense_f16(c, a, (d, len), &q, SEED, "_avx2");
                 quant::<Int8Blocks>(c, a, (d, len), &q, "int8_avx2");

@@ -61,6 +61,26 @@ pub trait DecodeRows: Sync {
     }
 }
 
+/// A borrowed decoder decodes as the decoder it borrows (its layout included), so trait
+/// objects and references go where a decoder does.
+impl<T: DecodeRows + ?Sized> DecodeRows for &T {
+    fn head_dim(&self) -> usize {
+        (**self).head_dim()
+    }
+
+    fn num_rows(&self) -> usize {
+        (**self).num_rows()
+    }
+
+    fn decode_row(&self, j: usize, out: &mut [f32]) {
+        (**self).decode_row(j, out);
+    }
+
+    fn codes(&self) -> Option<RowCodes<'_>> {
+        (**self).codes()
+    }
+}
+
 /// Where one side's codes lie and how they decode — what a kernel needs to read them in
 /// place (scores and value sums formed from the codes and their shared parameters) instead
 /// of through [`DecodeRows::decode_row`]. Codes are packed LSB-first ([`packed_bytes`]);
