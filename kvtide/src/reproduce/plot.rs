@@ -1,4 +1,4 @@
-//! Line plots for `kvtide reproduce`, drawn with plotters to PNG and SVG from one
+//! Line plots for `kvtide reproduce`, drawn with plotters to SVG from one
 //! description ([`Plot`]): series of `(x, y)` points with markers, optional dashed
 //! horizontal references (the dense / full-cache baseline the papers draw dashed), linear or
 //! logarithmic y.
@@ -24,7 +24,7 @@ pub struct Series {
 /// A line plot.
 #[derive(Clone, Debug, Serialize)]
 pub struct Plot {
-    /// File stem (`<stem>.png`, `<stem>.svg`).
+    /// File stem (`<stem>.svg`).
     pub stem: String,
     /// Caption.
     pub title: String,
@@ -99,7 +99,7 @@ impl Plot {
         Some((pad(x0, x1), y))
     }
 
-    /// Writes `<dir>/<stem>.png` and `<dir>/<stem>.svg`.
+    /// Writes `<dir>/<stem>.svg` (one figure format: vector, small, embedded by the reports).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a plot without finite points; [`Error::InvalidInput`]
@@ -107,11 +107,8 @@ impl Plot {
     pub fn render(&self, dir: &Path) -> Result<()> {
         let ranges =
             self.ranges().ok_or_else(|| plot_err(&self.stem, "no finite points to draw"))?;
-        let png = dir.join(format!("{}.png", self.stem));
         let svg = dir.join(format!("{}.svg", self.stem));
         let size = (900, 600);
-        draw(BitMapBackend::new(&png, size).into_drawing_area(), self, ranges)
-            .map_err(|e| plot_err(&self.stem, format!("png: {e}")))?;
         draw(SVGBackend::new(&svg, size).into_drawing_area(), self, ranges)
             .map_err(|e| plot_err(&self.stem, format!("svg: {e}")))
     }
@@ -214,7 +211,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_png_and_svg_linear_and_log() {
+    fn renders_svg_linear_and_log() {
         let dir = tempfile::tempdir().expect("temp dir");
         let p = Plot::new("t", "test", "x", "y")
             .series("a", vec![(0.2, 3.0), (0.5, 2.0), (1.0, f64::NAN)])
@@ -224,7 +221,7 @@ mod tests {
         p.render(dir.path()).expect("linear");
         let svg = std::fs::read_to_string(dir.path().join("t.svg")).expect("svg");
         assert!(svg.contains("<svg") && svg.contains("dense"));
-        assert!(std::fs::metadata(dir.path().join("t.png")).expect("png").len() > 1000);
+        assert!(!dir.path().join("t.png").exists(), "one figure format");
         let mut log = p.log_y(true);
         log.stem = "l".into();
         log.render(dir.path()).expect("log");

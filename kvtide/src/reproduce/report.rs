@@ -1,6 +1,6 @@
 //! The results writer of `kvtide reproduce`: a [`Report`] collects sections of prose,
 //! Markdown [`Table`]s and [`Plot`]s plus machine-readable JSON records, and writes them as
-//! `report.md`, `results.json` and `figures/<stem>.{png,svg}` into one output directory.
+//! `report.md`, `results.json` and `figures/<stem>.svg` into one output directory.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -182,11 +182,7 @@ impl Report {
                         let _ = write!(out, "\n{}", t.to_markdown());
                     }
                     Item::Plot(p) => {
-                        let _ = write!(
-                            out,
-                            "\n![{}](figures/{}.png) ([svg](figures/{}.svg))\n",
-                            p.title, p.stem, p.stem
-                        );
+                        let _ = write!(out, "\n![{}](figures/{}.svg)\n", p.title, p.stem);
                     }
                 }
             }
@@ -204,7 +200,6 @@ impl Report {
         let mut written = Written::default();
         for p in self.plots() {
             p.render(&figures)?;
-            written.files.push(figures.join(format!("{}.png", p.stem)));
             written.files.push(figures.join(format!("{}.svg", p.stem)));
         }
         let mut json = self.json.clone();
@@ -266,13 +261,13 @@ mod tests {
             .plot(Plot::new("p", "A plot", "x", "y").series("s", vec![(1.0, 2.0), (2.0, 3.0)]));
         r.record("numbers", &[1, 2, 3]).expect("record");
         let w = r.write(dir.path(), "Heading").expect("write");
-        assert_eq!(w.files.len(), 4);
+        assert_eq!(w.files.len(), 3);
         let md = std::fs::read_to_string(dir.path().join("report.md")).expect("md");
         assert!(
             md.starts_with("# Heading")
                 && md.contains("## First")
                 && md.contains("| 1 |  |")
-                && md.contains("figures/p.png")
+                && md.contains("figures/p.svg")
         );
         let json: Value = serde_json::from_str(
             &std::fs::read_to_string(dir.path().join("results.json")).expect("json"),
