@@ -14,7 +14,8 @@
 //! buffer ([`crate::cache::BufferedQuantCache`]): the recent-token buffer of KIVI and of
 //! SWAN (`b=128` is both papers' setting), so a quantized cache and a SWAN cache can be
 //! compared on equal footing. Default `b=0`, llama.cpp's condition; keys and values in one
-//! format; not persisted. `b` may not exceed the model's context (on every cache kind).
+//! format; saved and reopened as kv-sparse's whole-row layout (not with a sink). `b` may not
+//! exceed the model's context (on every cache kind).
 //!
 //! `rotate` turns q/k (and, absorbed into `W_V`/`W_O`, v/o) into another orthonormal basis
 //! before storing: `hadamard` is the normalized Walsh–Hadamard matrix (llama.cpp's rotation
