@@ -510,10 +510,10 @@ pub fn run(args: &ReproduceArgs) -> Result<Outcome> {
     checks.push(completeness(&report, &studies, &legs));
     let (cpu, cores, memory_gib) = machine();
     let info = RunInfo {
-        command: std::env::args().collect::<Vec<_>>().join(" "),
+        command: portable_command(std::env::args()),
         quick: args.quick,
         size: args.size(),
-        model: model.display().to_string(),
+        model: portable_path(&model.display().to_string()),
         cpu,
         cores,
         memory_gib,
@@ -585,8 +585,40 @@ pub fn cli(args: &ReproduceArgs) -> i32 {
     }
 }
 
+/// A command line as the reports state it: the program as `kvtide`, paths under the set-up
+/// folder from `$KVTIDE_CACHE`, other absolute paths by their last component — no path of
+/// the machine that ran it.
+fn portable_command(args: impl Iterator<Item = String>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for (i, a) in args.enumerate() {
+        out.push(if i == 0 { "kvtide".to_owned() } else { portable_path(&a) });
+    }
+    out.join(" ")
+}
+
+/// `path` without the machine's folders (see [`portable_command`]); other text unchanged.
+fn portable_path(path: &str) -> String {
+    let cache = std::env::var("KVTIDE_CACHE").ok().filter(|c| c.starts_with('/'));
+    if let Some(rest) = cache.as_deref().and_then(|c| path.strip_prefix(c)) {
+        return format!("$KVTIDE_CACHE{rest}");
+    }
+    if path.starts_with('/') {
+        let name = std::path::Path::new(path).file_name().map(|n| n.to_string_lossy());
+        return name.map_or_else(|| path.to_owned(), |n| n.into_owned());
+    }
+    path.to_owned()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reported_commands_name_no_path_of_the_machine() {
+        let args = ["/tmp/kvtide-frontier", "reproduce", "--out", "/tmp/frontier-full", "--quick"];
+        let line = super::portable_command(args.iter().map(|a| (*a).to_owned()));
+        assert_eq!(line, "kvtide reproduce --out frontier-full --quick");
+        assert_eq!(super::portable_path("results/x"), "results/x");
+    }
+
     use super::*;
 
     #[test]
