@@ -206,8 +206,8 @@ impl RowCodes<'_> {
     }
 }
 
-/// Unpacks the first `out.len()` codes of `bits` bits packed LSB-first in `bytes` (whole
-/// bytes per 8 codes at 1, 2, 4 and 8 bits are unpacked a byte at a time).
+/// Unpacks the first `out.len()` codes of `bits` bits packed LSB-first in `bytes` (2, 4 and
+/// 8 bits a byte at a time, 3 bits eight codes from three bytes at a time).
 ///
 /// # Panics
 /// If `bytes` holds fewer than `packed_bytes(out.len(), bits)` bytes or `bits` is not in
@@ -234,6 +234,20 @@ pub fn unpack_row(bytes: &[u8], bits: usize, out: &mut [u8]) {
             let base = quads.len() * 4;
             for (i, o) in rest.iter_mut().enumerate() {
                 *o = unpack(bytes, 2, base + i);
+            }
+        }
+        3 => {
+            // Eight codes in three bytes.
+            let (octets, rest) = out.as_chunks_mut::<8>();
+            for (o, b) in octets.iter_mut().zip(bytes.chunks_exact(3)) {
+                let w = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
+                for (k, x) in o.iter_mut().enumerate() {
+                    *x = (w >> (3 * k) & 7) as u8;
+                }
+            }
+            let base = octets.len() * 8;
+            for (i, o) in rest.iter_mut().enumerate() {
+                *o = unpack(bytes, 3, base + i);
             }
         }
         _ => {
