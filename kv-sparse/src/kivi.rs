@@ -133,9 +133,16 @@ impl<const BITS: usize> KiviRows<BITS> {
 
     /// Bytes of one coded unit: a key group or a value row.
     fn unit_bytes(&self) -> usize {
-        match self.side {
-            Side::Keys => param_bytes(self.head_dim) + self.group * self.code_bytes(),
-            Side::Values => param_bytes(self.head_dim / self.group) + self.code_bytes(),
+        Self::unit(self.side, self.head_dim, self.group).0
+    }
+
+    /// Bytes of one coded unit of `side` (a key group of `group` rows, or one value row)
+    /// and the rows it holds.
+    pub fn unit(side: Side, head_dim: usize, group: usize) -> (usize, usize) {
+        let codes = packed_bytes(head_dim, BITS);
+        match side {
+            Side::Keys => (param_bytes(head_dim) + group * codes, group),
+            Side::Values => (param_bytes(head_dim / group.max(1)) + codes, 1),
         }
     }
 

@@ -489,6 +489,20 @@ fn seeded_sketch(d: usize, seed: u64) -> Arc<[f32]> {
         .collect()
 }
 
+/// Checks a layout of TurboQuant's inner-product keys ([`TurboQjlRows`]): as
+/// [`check_layout`], and a `head_dim` that is a multiple of 8 (the signs fill whole bytes).
+///
+/// # Errors
+/// [`Error::InvalidCodeLayout`] naming the first violated rule.
+pub fn check_qjl_layout(op: &'static str, bits: usize, head_dim: usize) -> Result<()> {
+    check_layout(op, bits, head_dim)?;
+    if !head_dim.is_multiple_of(8) {
+        let reason = format!("head_dim = {head_dim} is not a multiple of 8 (sign bits)");
+        return Err(Error::InvalidCodeLayout { op, format: "turbo qjl", reason });
+    }
+    Ok(())
+}
+
 /// `√(π/2) / d`: the QJL sketch's scale.
 pub fn sketch_scale(d: usize) -> f32 {
     ((std::f64::consts::PI / 2.0).sqrt() / d as f64) as f32
@@ -514,8 +528,7 @@ impl<const BITS: usize> TurboQjlRows<BITS> {
     /// No rows of one side, for vectors of `head_dim` elements (a multiple of 8).
     ///
     /// # Errors
-    /// As [`check_layout`]; [`Error::InvalidCodeLayout`] for a `head_dim` that is not a
-    /// multiple of 8 (the signs fill whole bytes).
+    /// As [`check_qjl_layout`].
     ///
     /// # Examples
     /// ```
@@ -534,12 +547,7 @@ impl<const BITS: usize> TurboQjlRows<BITS> {
     /// # Ok::<(), kv_sparse::Error>(())
     /// ```
     pub fn new(side: crate::decoded::Side, head_dim: usize) -> Result<Self> {
-        const OP: &str = "TurboQjlRows::new";
-        check_layout(OP, BITS, head_dim)?;
-        if !head_dim.is_multiple_of(8) {
-            let reason = format!("head_dim = {head_dim} is not a multiple of 8 (sign bits)");
-            return Err(Error::InvalidCodeLayout { op: OP, format: "turbo qjl", reason });
-        }
+        check_qjl_layout("TurboQjlRows::new", BITS, head_dim)?;
         let keys = side == crate::decoded::Side::Keys;
         let (levels, sketch) = if keys {
             (codebook(head_dim, BITS - 1), sketch(head_dim))

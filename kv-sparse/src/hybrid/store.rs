@@ -458,18 +458,19 @@ impl HistoryFormat {
         rows_per_block: usize,
         bytes: usize,
     ) -> Option<usize> {
-        let codes = |bits: usize| crate::decoded::packed_bytes(head_dim, bits);
+        // Each store's own unit formula (bits outside a family's set hold no rows).
+        let (d, g) = (head_dim, rows_per_block);
         let (unit, rows) = match *self {
-            HistoryFormat::Quant(format) => (format.row_bytes(head_dim), 1),
-            HistoryFormat::Turbo { bits } => (2 + codes(bits), 1),
-            HistoryFormat::TurboQjl { bits } => match side {
-                Side::Keys => (4 + codes(bits.saturating_sub(1)) + head_dim / 8, 1),
-                Side::Values => (2 + codes(bits), 1),
-            },
-            HistoryFormat::Kivi { bits } => match side {
-                Side::Keys => (4 * head_dim + rows_per_block * codes(bits), rows_per_block),
-                Side::Values => (4 * (head_dim / rows_per_block.max(1)) + codes(bits), 1),
-            },
+            HistoryFormat::Quant(format) => (format.row_bytes(d), 1),
+            HistoryFormat::Kivi { bits: 2 } => KiviRows::<2>::unit(side, d, g),
+            HistoryFormat::Kivi { bits: 4 } => KiviRows::<4>::unit(side, d, g),
+            HistoryFormat::Turbo { bits: 2 } => (TurboRows::<2>::row_bytes(d), 1),
+            HistoryFormat::Turbo { bits: 3 } => (TurboRows::<3>::row_bytes(d), 1),
+            HistoryFormat::Turbo { bits: 4 } => (TurboRows::<4>::row_bytes(d), 1),
+            HistoryFormat::TurboQjl { bits: 2 } => (TurboQjlRows::<2>::row_bytes(side, d), 1),
+            HistoryFormat::TurboQjl { bits: 3 } => (TurboQjlRows::<3>::row_bytes(side, d), 1),
+            HistoryFormat::TurboQjl { bits: 4 } => (TurboQjlRows::<4>::row_bytes(side, d), 1),
+            _ => return None,
         };
         (unit > 0 && bytes.is_multiple_of(unit)).then(|| bytes / unit * rows)
     }
@@ -586,12 +587,7 @@ impl<const B: usize> RowStore for TurboQjlRows<B> {
         rows_per_block: usize,
         ks: [usize; 2],
     ) -> Result<()> {
-        TurboQjlRows::<B>::new(Side::Keys, head_dim).map_err(|e| match e {
-            Error::InvalidCodeLayout { format, reason, .. } => {
-                Error::InvalidCodeLayout { op, format, reason }
-            }
-            other => other,
-        })?;
+        crate::turbo::check_qjl_layout(op, B, head_dim)?;
         check_full_rows(op, head_dim, ks)?;
         if rows_per_block == 0 {
             return Err(Error::RowsPerBlockOutOfRange { op, rows_per_block, head_dim, max: 1 });

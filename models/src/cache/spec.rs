@@ -406,12 +406,7 @@ impl CodedSpec {
                 kv_sparse::turbo::check_layout("turbo spec", bits, head_dim)
             }
             CodedFormat::Turbo { bits, qjl: true } => {
-                use kv_sparse::decoded::Side;
-                match bits {
-                    2 => TurboQjlRows::<2>::new(Side::Keys, head_dim).map(drop),
-                    3 => TurboQjlRows::<3>::new(Side::Keys, head_dim).map(drop),
-                    _ => TurboQjlRows::<4>::new(Side::Keys, head_dim).map(drop),
-                }
+                kv_sparse::turbo::check_qjl_layout("turbo spec", bits, head_dim)
             }
         };
         checked.map_err(|e| spec_err(spec, e.to_string()))
