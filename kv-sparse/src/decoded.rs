@@ -8,6 +8,8 @@
 //! A decoded row is exact given the stored bytes (the f16 parameters widened, times the
 //! code, plus the zero point), so every kernel and the f64 reference see the same numbers.
 
+use half::f16;
+
 use crate::{Error, Result};
 
 /// Which side of a history a store holds: keys or values (a format may code them
@@ -206,6 +208,85 @@ impl RowCodes<'_> {
     }
 }
 
+impl RowCodes<'_> {
+    /// Bytes of one row of a layout whose rows stand alone (codebook and channel-group
+    /// rows) — what lets a store place rows anywhere (pages, slots); `None` for token groups,
+    /// whose rows share their group's parameters.
+    pub fn row_bytes(&self, head_dim: usize) -> Option<usize> {
+        let d = head_dim;
+        match *self {
+            Self::Codebook { bits, .. } => Some(2 + packed_bytes(d, bits)),
+            Self::CodebookSketch { bits, .. } => Some(4 + packed_bytes(d, bits) + d / 8),
+            Self::ChannelGroups { bits, group, .. } => {
+                Some(4 * d.checked_div(group)? + packed_bytes(d, bits))
+            }
+            Self::TokenGroups { .. } => None,
+        }
+    }
+
+    /// Writes row `j` of a checked layout ([`RowCodes::check`]) of `out.len()`-element rows
+    /// into `out`, exactly as the kernels read it: for tests, references and stores that
+    /// decode a row or two (kernels read the codes in place).
+    ///
+    /// # Panics
+    /// If `j` is not a row of the layout.
+    pub fn decode_row(&self, j: usize, out: &mut [f32]) {
+        let d = out.len();
+        let f = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
+        let mut codes = [0u8; crate::MAX_HEAD_DIM];
+        let codes = &mut codes[..d];
+        match *self {
+            Self::Codebook { bits, levels, bytes } => {
+                let rb = 2 + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[2..], bits, codes);
+                let norm = f(row, 0);
+                for (o, &c) in out.iter_mut().zip(codes.iter()) {
+                    *o = norm * levels[usize::from(c)];
+                }
+            }
+            Self::CodebookSketch { bits, levels, sketch, bytes } => {
+                let cb = packed_bytes(d, bits);
+                let row = &bytes[j * (4 + cb + d / 8)..][..4 + cb + d / 8];
+                unpack_row(&row[4..4 + cb], bits, codes);
+                let (norm, k) = (f(row, 0), crate::turbo::sketch_scale(d) * f(row, 1));
+                let signs = &row[4 + cb..];
+                for (o, &c) in out.iter_mut().zip(codes.iter()) {
+                    *o = levels[usize::from(c)];
+                }
+                for (i, s_row) in sketch.chunks_exact(d).enumerate() {
+                    let sign = if signs[i / 8] >> (i % 8) & 1 == 1 { k } else { -k };
+                    out.iter_mut().zip(s_row).for_each(|(o, s)| *o += sign * s);
+                }
+                out.iter_mut().for_each(|o| *o *= norm);
+            }
+            Self::TokenGroups { bits, group, bytes, coded, waiting } => {
+                if j >= coded {
+                    let w = &waiting[(j - coded) * d..(j - coded + 1) * d];
+                    out.iter_mut().zip(w).for_each(|(o, x)| *o = x.to_f32());
+                    return;
+                }
+                let cb = packed_bytes(d, bits);
+                let base = &bytes[(j / group) * (4 * d + group * cb)..];
+                unpack_row(&base[4 * d + (j % group) * cb..][..cb], bits, codes);
+                for (c, o) in out.iter_mut().enumerate() {
+                    *o = f(base, 2 * c + 1) + f(base, 2 * c) * f32::from(codes[c]);
+                }
+            }
+            Self::ChannelGroups { bits, group, bytes } => {
+                let params = 4 * (d / group);
+                let rb = params + packed_bytes(d, bits);
+                let row = &bytes[j * rb..(j + 1) * rb];
+                unpack_row(&row[params..], bits, codes);
+                for (c, o) in out.iter_mut().enumerate() {
+                    let g = c / group;
+                    *o = f(row, 2 * g + 1) + f(row, 2 * g) * f32::from(codes[c]);
+                }
+            }
+        }
+    }
+}
+
 /// Unpacks the first `out.len()` codes of `bits` bits packed LSB-first in `bytes` (2, 4 and
 /// 8 bits a byte at a time, 3 bits eight codes from three bytes at a time).
 ///
@@ -345,5 +426,49 @@ mod tests {
         for b in bad {
             assert!(matches!(b.check("x", 32, 0), Err(Error::InvalidCodeLayout { .. })), "{b:?}");
         }
+    }
+
+    /// A layout's own row decode equals its store's decoder, for every code family, and the
+    /// per-row encoders write the rows those stores write.
+    #[test]
+    fn layout_decode_matches_the_stores() {
+        use crate::kivi::KiviRows;
+        use crate::turbo::{TurboQjlRows, TurboRows};
+        let d = 32;
+        let rows: Vec<f32> =
+            (0..d * 40).map(|i| ((i * 7919 % 211) as f32 / 50.0 - 2.1) * 1.3).collect();
+        let mut kivi_k = KiviRows::<2>::new(Side::Keys, d, 8).unwrap();
+        let mut kivi_v = KiviRows::<4>::new(Side::Values, d, 8).unwrap();
+        let mut turbo = TurboRows::<3>::new(d).unwrap();
+        let mut qjl = TurboQjlRows::<3>::new(Side::Keys, d).unwrap();
+        kivi_k.push(&rows).unwrap();
+        kivi_v.push(&rows).unwrap();
+        turbo.push(&rows).unwrap();
+        qjl.push(&rows).unwrap();
+        let (kk, kv, tv, qv) = (kivi_k.view(), kivi_v.view(), turbo.view(), qjl.view());
+        let views: [&dyn DecodeRows; 4] = [&kk, &kv, &tv, &qv];
+        let (mut a, mut b) = (vec![0.0; d], vec![0.0; d]);
+        for v in views {
+            let codes = v.codes().unwrap();
+            codes.check("test", d, v.num_rows()).unwrap();
+            for j in 0..v.num_rows() {
+                v.decode_row(j, &mut a);
+                codes.decode_row(j, &mut b);
+                assert_eq!(a, b, "{codes:?} row {j}");
+            }
+        }
+        let levels = crate::turbo::codebook(d, 3);
+        let mut row = vec![0u8; TurboRows::<3>::row_bytes(d)];
+        crate::turbo::encode_row(3, &levels, &rows[5 * d..6 * d], &mut row).unwrap();
+        assert_eq!(row, turbo.bytes()[5 * row.len()..6 * row.len()]);
+        let RowCodes::ChannelGroups { bytes, .. } = kv.codes().unwrap() else { panic!() };
+        let mut row = vec![0u8; 4 * d / 8 + d / 2];
+        crate::kivi::encode_token_row(4, 8, &rows[5 * d..6 * d], &mut row).unwrap();
+        assert_eq!(row, bytes[5 * row.len()..6 * row.len()]);
+        let bad = crate::kivi::encode_token_row(8, 5, &rows[..d], &mut row);
+        assert!(matches!(bad, Err(Error::InvalidCodeLayout { .. })));
+        let mut nan = rows[..d].to_vec();
+        nan[3] = f32::NAN;
+        assert!(crate::turbo::encode_row(3, &levels, &nan, &mut [0; 14]).is_err());
     }
 }

@@ -23,7 +23,7 @@ use half::f16;
 
 pub use crate::decoded::Side;
 
-use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes, unpack};
+use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes};
 use crate::memory::MemoryReport;
 use crate::{Error, Result};
 
@@ -68,6 +68,54 @@ fn params(lo: f32, hi: f32, bits: usize) -> (f16, f16) {
 #[inline]
 fn code(x: f32, (s, z): (f32, f32), bits: usize) -> u8 {
     if s > 0.0 { ((x - z) / s).round().clamp(0.0, ((1u32 << bits) - 1) as f32) as u8 } else { 0 }
+}
+
+/// Codes one row per token over channel groups (KIVI's value code) into `out`: `d/group`
+/// little-endian f16 (scale, zero) pairs, then the `d` codes packed LSB-first — one
+/// [`RowCodes::ChannelGroups`] row, `4·d/group + ⌈d·bits/8⌉` bytes. `bits` may be 2, 4 or 8
+/// here (8: a per-token int8 code of the same shape).
+///
+/// # Errors
+/// [`Error::InvalidCodeLayout`] for `bits` outside {2, 4, 8} or a `group` that does not
+/// divide `x.len()`; [`Error::LengthMismatch`] for an `out` that is not one row;
+/// [`Error::NonFinite`] / [`Error::ScaleOverflow`] for values an f16 cannot hold.
+pub fn encode_token_row(bits: usize, group: usize, x: &[f32], out: &mut [u8]) -> Result<()> {
+    const OP: &str = "kivi::encode_token_row";
+    let d = x.len();
+    match bits {
+        8 if (1..=crate::MAX_HEAD_DIM).contains(&d) && group > 0 && d.is_multiple_of(group) => {}
+        8 => {
+            let reason = format!("group = {group}, head_dim = {d}: expected a divisor of 1..=256");
+            return Err(Error::InvalidCodeLayout { op: OP, format: "kivi", reason });
+        }
+        _ => check_layout(OP, bits, d, group)?,
+    }
+    let want = param_bytes(d / group) + packed_bytes(d, bits);
+    if out.len() != want {
+        return Err(Error::LengthMismatch { op: OP, what: "out", expected: want, got: out.len() });
+    }
+    crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("kivi{bits}")))?;
+    let mut codes = [0u8; crate::MAX_HEAD_DIM];
+    code_token_row(bits, group, x, &mut codes[..d], out);
+    Ok(())
+}
+
+/// Fills `out`'s parameters and packed codes for `x` (sizes checked by the caller); `codes`
+/// is `x.len()` bytes of scratch.
+fn code_token_row(bits: usize, group: usize, x: &[f32], codes: &mut [u8], out: &mut [u8]) {
+    let (head, packed) = out.split_at_mut(param_bytes(x.len() / group));
+    for (i, chunk) in x.chunks_exact(group).enumerate() {
+        let (lo, hi) = chunk
+            .iter()
+            .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        let (s, z) = params(lo, hi, bits);
+        head[4 * i..4 * i + 2].copy_from_slice(&s.to_le_bytes());
+        head[4 * i + 2..4 * i + 4].copy_from_slice(&z.to_le_bytes());
+        for (c, &v) in codes[i * group..].iter_mut().zip(chunk) {
+            *c = code(v, (s.to_f32(), z.to_f32()), bits);
+        }
+    }
+    pack(codes, bits, packed);
 }
 
 /// One side of a KIVI history at `BITS` bits (2 or 4). See the module docs.
@@ -235,22 +283,10 @@ impl<const BITS: usize> KiviRows<BITS> {
     }
 
     fn push_value(&mut self, row: &[f32]) {
-        let (d, g) = (self.head_dim, self.group);
         let start = self.bytes.len();
         self.bytes.resize(start + self.unit_bytes(), 0);
-        let (head, out) = self.bytes[start..].split_at_mut(param_bytes(d / g));
-        for (i, chunk) in row.chunks_exact(g).enumerate() {
-            let (lo, hi) = chunk
-                .iter()
-                .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
-            let (s, z) = params(lo, hi, BITS);
-            head[4 * i..4 * i + 2].copy_from_slice(&s.to_le_bytes());
-            head[4 * i + 2..4 * i + 4].copy_from_slice(&z.to_le_bytes());
-            for (j, &x) in chunk.iter().enumerate() {
-                self.codes[i * g + j] = code(x, (s.to_f32(), z.to_f32()), BITS);
-            }
-        }
-        pack(&self.codes[..d], BITS, out);
+        let d = self.head_dim;
+        code_token_row(BITS, self.group, row, &mut self.codes[..d], &mut self.bytes[start..]);
         self.coded += 1;
     }
 
@@ -449,35 +485,8 @@ impl DecodeRows for KiviView<'_> {
     }
 
     fn decode_row(&self, j: usize, out: &mut [f32]) {
-        let (d, g, bits) = (self.head_dim, self.group, self.bits);
-        let out = &mut out[..d];
-        if j >= self.coded {
-            let p = &self.pending[(j - self.coded) * d..(j - self.coded + 1) * d];
-            out.iter_mut().zip(p).for_each(|(o, x)| *o = x.to_f32());
-            return;
-        }
-        let cb = packed_bytes(d, bits);
-        let f = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
-        match self.side {
-            Side::Keys => {
-                let unit = param_bytes(d) + g * cb;
-                let base = (j / g) * unit;
-                let head = &self.bytes[base..base + param_bytes(d)];
-                let codes = &self.bytes[base + param_bytes(d) + (j % g) * cb..][..cb];
-                for (c, o) in out.iter_mut().enumerate() {
-                    let (s, z) = (f(head, 2 * c), f(head, 2 * c + 1));
-                    *o = z + s * f32::from(unpack(codes, bits, c));
-                }
-            }
-            Side::Values => {
-                let unit = param_bytes(d / g) + cb;
-                let row = &self.bytes[j * unit..(j + 1) * unit];
-                let (head, codes) = row.split_at(param_bytes(d / g));
-                for (c, o) in out.iter_mut().enumerate() {
-                    let (s, z) = (f(head, 2 * (c / g)), f(head, 2 * (c / g) + 1));
-                    *o = z + s * f32::from(unpack(codes, bits, c));
-                }
-            }
+        if let Some(codes) = self.codes() {
+            codes.decode_row(j, &mut out[..self.head_dim]);
         }
     }
     fn codes(&self) -> Option<RowCodes<'_>> {

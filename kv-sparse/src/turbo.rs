@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 
 use half::f16;
 
-use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes, unpack};
+use crate::decoded::{DecodeRows, RowCodes, pack, packed_bytes};
 use crate::memory::MemoryReport;
 use crate::{Error, Result};
 
@@ -151,6 +151,33 @@ fn code_direction(
         }
     }
     stored
+}
+
+/// Codes one row into `out` as a [`TurboRows`] row — `[f16 norm][packed codes]`, `2 +
+/// ⌈d·bits/8⌉` bytes — with the codebook `levels` of `(x.len(), bits)` ([`codebook`]): the
+/// per-row form for stores that place rows themselves (a tiered store's pages).
+///
+/// # Errors
+/// [`Error::LengthMismatch`] for an `out` that is not one row or `levels` that are not
+/// `2^bits`; as [`check_layout`]; [`Error::NonFinite`] / [`Error::ScaleOverflow`] for a row
+/// whose norm an f16 cannot hold.
+pub fn encode_row(bits: usize, levels: &[f32], x: &[f32], out: &mut [u8]) -> Result<()> {
+    const OP: &str = "turbo::encode_row";
+    let d = x.len();
+    check_layout(OP, bits, d)?;
+    for (what, expected, got) in
+        [("levels", 1 << bits, levels.len()), ("out", 2 + packed_bytes(d, bits), out.len())]
+    {
+        if expected != got {
+            return Err(Error::LengthMismatch { op: OP, what, expected, got });
+        }
+    }
+    crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("turbo{bits}")))?;
+    let mut codes = [0u8; crate::MAX_HEAD_DIM];
+    let stored = code_direction(x, levels, &mut codes[..d], None);
+    out[..2].copy_from_slice(&stored.to_le_bytes());
+    pack(&codes[..d], bits, &mut out[2..]);
+    Ok(())
 }
 
 /// TurboQuant-style rows at `BITS` bits (2, 3 or 4): `[f16 norm][packed codes]` each.
@@ -319,11 +346,8 @@ impl DecodeRows for TurboView<'_> {
     }
 
     fn decode_row(&self, j: usize, out: &mut [f32]) {
-        let rb = 2 + packed_bytes(self.head_dim, self.bits);
-        let row = &self.bytes[j * rb..(j + 1) * rb];
-        let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
-        for (c, o) in out[..self.head_dim].iter_mut().enumerate() {
-            *o = n * self.levels[usize::from(unpack(&row[2..], self.bits, c))];
+        if let Some(codes) = self.codes() {
+            codes.decode_row(j, &mut out[..self.head_dim]);
         }
     }
 
@@ -739,32 +763,9 @@ impl DecodeRows for TurboQjlView<'_> {
     /// Keys: `norm · (û + √(π/2)/d · γ · Sᵀ·sign)` (the unbiased read-back); values:
     /// `norm · levels[code]`.
     fn decode_row(&self, j: usize, out: &mut [f32]) {
-        let d = self.head_dim;
-        let out = &mut out[..d];
-        if self.side == crate::decoded::Side::Values {
-            let rb = 2 + packed_bytes(d, self.bits);
-            let row = &self.bytes[j * rb..(j + 1) * rb];
-            let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
-            for (c, o) in out.iter_mut().enumerate() {
-                *o = n * self.levels[usize::from(unpack(&row[2..], self.bits, c))];
-            }
-            return;
+        if let Some(codes) = self.codes() {
+            codes.decode_row(j, &mut out[..self.head_dim]);
         }
-        let cb = packed_bytes(d, self.bits - 1);
-        let rb = 4 + cb + d / 8;
-        let row = &self.bytes[j * rb..(j + 1) * rb];
-        let n = f16::from_le_bytes([row[0], row[1]]).to_f32();
-        let gamma = f16::from_le_bytes([row[2], row[3]]).to_f32();
-        let (codes, signs) = row[4..].split_at(cb);
-        let k = sketch_scale(d) * gamma;
-        for (c, o) in out.iter_mut().enumerate() {
-            *o = self.levels[usize::from(unpack(codes, self.bits - 1, c))];
-        }
-        for (i, s_row) in self.sketch.chunks_exact(d).enumerate() {
-            let sign = if signs[i / 8] >> (i % 8) & 1 == 1 { k } else { -k };
-            out.iter_mut().zip(s_row).for_each(|(o, s)| *o += sign * s);
-        }
-        out.iter_mut().for_each(|o| *o *= n);
     }
 
     fn codes(&self) -> Option<RowCodes<'_>> {
