@@ -22,8 +22,8 @@ use kv_sparse::{SparseIndex, Value};
 use crate::config::AttnConfig;
 use crate::error::Result;
 use crate::views::{
-    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
-    SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredCodedKv, GatheredKv, GatheredSparseKv,
+    HybridSource, QuantKv, SparseKv,
 };
 
 /// One decode step of a layer's attention over each kind of KV cache.
@@ -106,6 +106,35 @@ pub trait GatheredSparseAttention {
         q: &[f32],
         dense: &[GatheredKv<'_, D>],
         sparse: &[GatheredSparseKv<'_>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()>;
+}
+
+/// Gathered attention over each kv-head's resident dense rows and resident rows of a
+/// per-row code ([`GatheredCodedKv`]: TurboQuant-style codebook rows, QJL-sketched keys,
+/// per-token channel groups) — a WnW store whose offloadable rows are coded, read where
+/// they lie, scores and value sums formed from the codes as
+/// [`EncodedAttention::decoded`] forms them. The tiered analogue of
+/// [`GatheredSparseAttention`], with the same conventions.
+pub trait GatheredCodedAttention {
+    /// Attention over each kv-head's dense rows `dense[h]` and coded rows `coded[h]`
+    /// (disjoint positions; either part may be empty, not both). With `weights` (length =
+    /// Σ over kv-heads of dense + coded rows), writes each row's softmax weight summed over
+    /// the q-heads of its group, per kv-head: its dense rows in list order, then its coded
+    /// rows in list order.
+    ///
+    /// # Errors
+    /// As [`GatheredSparseAttention::gathered_sparse`] for the dense part, the lists and the
+    /// positions; [`crate::Error::Sparse`] ([`kv_sparse::Error::InvalidCodeLayout`]) for a
+    /// layout whose rows do not stand alone (token groups), a value layout the kernels do
+    /// not read in place (sketched rows), or slabs that are not whole rows of the layout.
+    fn gathered_coded<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        coded: &[GatheredCodedKv<'_>],
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()>;

@@ -61,14 +61,14 @@ pub mod synth;
 mod validate;
 mod views;
 
-pub use api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
+pub use api::{DecodeAttention, EncodedAttention, GatheredCodedAttention, GatheredSparseAttention};
 pub use config::AttnConfig;
 pub use cpu::{CpuAttention, Isa, QueryPrecision};
 pub use error::{Error, Result};
 pub use pool::ThreadPool;
 pub use reference::Reference;
 pub use views::{
-    CodedHistoryPrefix, CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv,
-    HistoryPrefix, HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv, RecentFormat,
-    RecentRows, SparseKv, SparseSlab, WithSink,
+    CodedHistoryPrefix, CodedHybridSource, DecodedKv, DenseKv, GatheredCodedKv, GatheredKv,
+    GatheredSparseKv, HistoryPrefix, HybridSource, PrefixedCodedHybrid, PrefixedHybrid, QuantKv,
+    RecentFormat, RecentRows, SparseKv, SparseSlab, WithSink,
 };

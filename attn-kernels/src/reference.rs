@@ -19,14 +19,16 @@ use kv_sparse::decoded::DecodeRows;
 use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
+use crate::api::{
+    DecodeAttention, EncodedAttention, GatheredCodedAttention, GatheredSparseAttention,
+};
 use crate::config::AttnConfig;
 use crate::cuda::{DecodeDevice, LayerCache, PackedCoded, PackedCsr};
 use crate::error::Result;
 use crate::validate;
 use crate::views::{
-    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
-    RecentRows, SparseKv, SparseSlab,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredCodedKv, GatheredKv, GatheredSparseKv,
+    HybridSource, QuantKv, RecentRows, SparseKv, SparseSlab,
 };
 
 /// The reference implementation of [`DecodeAttention`], [`GatheredSparseAttention`] and
@@ -181,6 +183,17 @@ impl Decoded {
         for i in 0..kv.num_rows() {
             Self::push_slab_row(&mut self.keys, self.d, &kv.keys, kv.slab_row(i));
             Self::push_slab_row(&mut self.values, self.d, &kv.values, kv.slab_row(i));
+        }
+    }
+
+    /// Gathered coded rows, each decoded by its layout (exact given the stored bytes).
+    fn push_gathered_coded(&mut self, kv: &GatheredCodedKv<'_>) {
+        let mut row = vec![0.0f32; self.d];
+        for i in 0..kv.num_rows() {
+            for (codes, side) in [(&kv.keys, &mut self.keys), (&kv.values, &mut self.values)] {
+                codes.decode_row(kv.slab_row(i), &mut row);
+                side.extend(row.iter().map(|&x| f64::from(x)));
+            }
         }
     }
 
@@ -393,6 +406,30 @@ impl GatheredSparseAttention for Reference {
             let mut rows = Decoded::new(cfg.head_dim());
             rows.push_gathered(dk);
             rows.push_gathered_sparse(sk);
+            rows
+        });
+        attend_all(cfg, q, out, weights, heads);
+        Ok(())
+    }
+}
+
+impl GatheredCodedAttention for Reference {
+    fn gathered_coded<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        coded: &[GatheredCodedKv<'_>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "Reference::gathered_coded";
+        let total = validate::gathered_coded_call(OP, cfg, q, out, dense, coded)?;
+        validate::weights(OP, weights.as_deref(), total)?;
+        let heads = dense.iter().zip(coded).map(|(dk, ck)| {
+            let mut rows = Decoded::new(cfg.head_dim());
+            rows.push_gathered(dk);
+            rows.push_gathered_coded(ck);
             rows
         });
         attend_all(cfg, q, out, weights, heads);

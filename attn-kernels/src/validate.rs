@@ -390,7 +390,12 @@ pub(crate) fn gathered_sparse<D: Value>(
 ) -> Result<usize> {
     let rows =
         gathered_rows(op, d, kv_head, dense)? + gathered_sparse_rows(op, d, kv_head, sparse)?;
-    let (a, b) = (dense.positions, sparse.positions);
+    disjoint(op, kv_head, dense.positions, sparse.positions)?;
+    non_empty(op, kv_head, rows)
+}
+
+/// Two ascending position lists of one kv-head share no position.
+fn disjoint(op: &'static str, kv_head: usize, a: &[u32], b: &[u32]) -> Result<()> {
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
         match a[i].cmp(&b[j]) {
@@ -401,7 +406,68 @@ pub(crate) fn gathered_sparse<D: Value>(
             }
         }
     }
-    non_empty(op, kv_head, rows)
+    Ok(())
+}
+
+/// A gathered kv-head's coded part; returns its resident rows (may be 0). Layouts must
+/// stand alone per row (keys any the in-place kernels read, values not sketched) and the
+/// slabs must be whole rows of them.
+fn gathered_coded_rows(
+    op: &'static str,
+    d: usize,
+    kv_head: usize,
+    kv: &crate::views::GatheredCodedKv<'_>,
+) -> Result<usize> {
+    use kv_sparse::decoded::RowCodes;
+    head_dim(op, kv_head, d, kv.head_dim)?;
+    if kv.positions.is_empty() {
+        return Ok(0);
+    }
+    let mut slab_rows = [0; 2];
+    for (n, (codes, values)) in slab_rows.iter_mut().zip([(&kv.keys, false), (&kv.values, true)]) {
+        let bytes = match *codes {
+            RowCodes::Codebook { bytes, .. } | RowCodes::ChannelGroups { bytes, .. } => Some(bytes),
+            RowCodes::CodebookSketch { bytes, .. } if !values => Some(bytes),
+            _ => None,
+        };
+        let (Some(bytes), Some(rb)) = (bytes, codes.row_bytes(d)) else {
+            let (format, reason) = if values {
+                ("gathered value rows", "codebook or channel-group rows".into())
+            } else {
+                ("gathered key rows", "codebook, sketched codebook or channel-group rows".into())
+            };
+            return Err(kv_sparse::Error::InvalidCodeLayout { op, format, reason }.into());
+        };
+        *n = bytes.len() / rb;
+        codes.check(op, d, *n)?;
+    }
+    let rows = same_rows(op, kv_head, "gathered coded slab", slab_rows[0], slab_rows[1])?;
+    resident(op, kv_head, kv.positions, kv.slots, rows)
+}
+
+/// Everything [`crate::GatheredCodedAttention::gathered_coded`] checks except the weights;
+/// returns the resident rows of all kv-heads.
+pub(crate) fn gathered_coded_call<D: Value>(
+    op: &'static str,
+    cfg: &AttnConfig,
+    q: &[f32],
+    out: &[f32],
+    dense: &[GatheredKv<'_, D>],
+    coded: &[crate::views::GatheredCodedKv<'_>],
+) -> Result<usize> {
+    call(op, cfg, q, out, dense.len())?;
+    if coded.len() != dense.len() {
+        let (what, expected, got) = ("coded kv-head lists", dense.len(), coded.len());
+        return Err(Error::LengthMismatch { op, what, expected, got });
+    }
+    let d = cfg.head_dim();
+    let mut total = 0;
+    for (h, (dk, ck)) in dense.iter().zip(coded).enumerate() {
+        let rows = gathered_rows(op, d, h, dk)? + gathered_coded_rows(op, d, h, ck)?;
+        disjoint(op, h, dk.positions, ck.positions)?;
+        total += non_empty(op, h, rows)?;
+    }
+    Ok(total)
 }
 
 /// Checks an optional weights output against the total resident rows.

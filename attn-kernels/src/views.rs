@@ -1,7 +1,8 @@
 //! Borrowed inputs of the decode kernels, one per kv-head: dense rows ([`DenseKv`]), CSR
 //! rows ([`SparseKv`]), SWAN's hybrid cache (method section; any [`HybridSource`], e.g.
 //! `kv-sparse`'s `HybridView` or `HybridCache`) and WnW's resident-position lists (§2.3;
-//! [`GatheredKv`], with SWAN fp8 rows in [`GatheredSparseKv`]).
+//! [`GatheredKv`], with SWAN fp8 rows in [`GatheredSparseKv`] or rows of per-row codes —
+//! TurboQuant-style, per-token groups — in [`GatheredCodedKv`]).
 //!
 //! All are plain borrowed slices (row-major, `head_dim` elements per row), so in-memory,
 //! memory-mapped and tiered stores hand their bytes over without copying; the kernels
@@ -9,7 +10,7 @@
 
 use kv_sparse::coded::{CodedView, IndexCode, ValueCode};
 use kv_sparse::csr::CsrView;
-use kv_sparse::decoded::DecodeRows;
+use kv_sparse::decoded::{DecodeRows, RowCodes};
 use kv_sparse::hybrid::{CodedHybridCache, CodedHybridView, HybridCache, HybridView};
 use kv_sparse::quant::{DenseCodec, QuantView};
 use kv_sparse::{SparseIndex, Value};
@@ -455,6 +456,66 @@ impl<'a> GatheredSparseKv<'a> {
     }
 
     /// Resident sparse rows.
+    pub fn num_rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Slab row of resident row `i` (`i < num_rows()`; validated slots only).
+    pub fn slab_row(&self, i: usize) -> usize {
+        self.slots.map_or(i, |s| s[i] as usize)
+    }
+}
+
+/// The resident *coded* rows of one kv-head in a tiered store: rows of a code layout whose
+/// rows stand alone ([`RowCodes::row_bytes`] is `Some`: the TurboQuant-style codebook rows,
+/// with or without the QJL key sketch, and per-token channel-group rows), recalled by the
+/// WnW store and read where they lie. Like [`GatheredSparseKv`], a strictly ascending
+/// position list and, per position, a slab row (`slots[i]`, or `i` without `slots`), in
+/// two layouts over the slabs' bytes (keys and values).
+#[derive(Clone, Copy, Debug)]
+pub struct GatheredCodedKv<'a> {
+    /// Elements of a decoded row.
+    pub head_dim: usize,
+    /// Absolute token positions of the resident coded rows, strictly ascending.
+    pub positions: &'a [u32],
+    /// Slab rows holding each resident row (`None`: row `i` is slab row `i`).
+    pub slots: Option<&'a [u32]>,
+    /// Key rows (their layout over the key slab).
+    pub keys: RowCodes<'a>,
+    /// Value rows (their layout over the value slab, as many slab rows as `keys`).
+    pub values: RowCodes<'a>,
+}
+
+impl<'a> GatheredCodedKv<'a> {
+    /// Resident row `i` in slab row `slots[i]`.
+    ///
+    /// # Examples
+    /// ```
+    /// use attn_kernels::GatheredCodedKv;
+    /// use kv_sparse::decoded::RowCodes;
+    /// let levels = kv_sparse::turbo::codebook(8, 2);
+    /// let bytes = [0u8; 2 * 4]; // two rows of an f16 norm and eight 2-bit codes
+    /// let rows = RowCodes::Codebook { bits: 2, levels: &levels, bytes: &bytes };
+    /// let g = GatheredCodedKv::with_slots(8, &[3, 9], &[1, 0], rows, rows);
+    /// assert_eq!((g.num_rows(), g.slab_row(0)), (2, 1));
+    /// ```
+    pub fn with_slots(
+        head_dim: usize,
+        positions: &'a [u32],
+        slots: &'a [u32],
+        keys: RowCodes<'a>,
+        values: RowCodes<'a>,
+    ) -> Self {
+        Self { head_dim, positions, slots: Some(slots), keys, values }
+    }
+
+    /// No coded rows (a kv-head whose resident rows are all dense).
+    pub fn empty(head_dim: usize) -> Self {
+        let none = RowCodes::ChannelGroups { bits: 8, group: 1, bytes: &[] };
+        Self { head_dim, positions: &[], slots: None, keys: none, values: none }
+    }
+
+    /// Resident coded rows.
     pub fn num_rows(&self) -> usize {
         self.positions.len()
     }

@@ -35,19 +35,21 @@ use kv_sparse::decoded::DecodeRows;
 use kv_sparse::quant::DenseCodec;
 use kv_sparse::{SparseIndex, Value};
 
-use crate::api::{DecodeAttention, EncodedAttention, GatheredSparseAttention};
+use crate::api::{
+    DecodeAttention, EncodedAttention, GatheredCodedAttention, GatheredSparseAttention,
+};
 use crate::config::AttnConfig;
 use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
 use crate::validate;
 use crate::views::{
-    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
-    SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredCodedKv, GatheredKv, GatheredSparseKv,
+    HybridSource, QuantKv, SparseKv,
 };
 use engine::{Engine, Job, Workspace};
 use sources::{
-    CodedHybridSrc, DecodedSrc, DenseSrc, GatheredSparseSrc, GatheredSrc, HybridSrc, QuantSrc,
-    SparseSrc,
+    CodedHybridSrc, DecodedSrc, DenseSrc, GatheredCodedSrc, GatheredSparseSrc, GatheredSrc,
+    HybridSrc, QuantSrc, SparseSrc,
 };
 use tile::Kernels;
 
@@ -337,6 +339,25 @@ impl GatheredSparseAttention for CpuAttention {
         validate::weights(OP, weights.as_deref(), total)?;
         let job = Job { cfg, q, capture: weights.is_some() };
         self.engine.execute(&job, &GatheredSparseSrc { dense, sparse }, out, weights);
+        Ok(())
+    }
+}
+
+impl GatheredCodedAttention for CpuAttention {
+    fn gathered_coded<D: Value>(
+        &mut self,
+        cfg: &AttnConfig,
+        q: &[f32],
+        dense: &[GatheredKv<'_, D>],
+        coded: &[GatheredCodedKv<'_>],
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        const OP: &str = "CpuAttention::gathered_coded";
+        let total = validate::gathered_coded_call(OP, cfg, q, out, dense, coded)?;
+        validate::weights(OP, weights.as_deref(), total)?;
+        let job = Job { cfg, q, capture: weights.is_some() };
+        self.engine.execute(&job, &GatheredCodedSrc { dense, coded }, out, weights);
         Ok(())
     }
 }

@@ -27,6 +27,7 @@ use kv_sparse::decoded::{RowCodes, packed_bytes, unpack_row};
 use super::engine::{Item, Job};
 use super::segment::{Scratch, Slot, transpose_in, transpose_out, transposed_queries};
 use super::tile::{Kernels, TILE};
+use crate::views::GatheredCodedKv;
 
 /// Widest row the kernels read (a `u8` per code on the stack).
 const MAX_D: usize = kv_sparse::MAX_HEAD_DIM;
@@ -79,6 +80,8 @@ fn level_table(codes: &RowCodes<'_>) -> [f32; 256] {
 struct Segment<'a, 'b, const W: usize> {
     keys: RowCodes<'a>,
     values: RowCodes<'a>,
+    /// Slab row of each row (gathered rows; `None`: row `j` is slab row `j`).
+    slots: Option<&'a [u32]>,
     d: usize,
     /// Scaled transposed queries.
     qt: &'b [[f32; W]],
@@ -99,10 +102,17 @@ struct Segment<'a, 'b, const W: usize> {
 }
 
 impl<const W: usize> Segment<'_, '_, W> {
+    /// Slab row of row `j`.
+    #[inline(always)]
+    fn at(&self, j: usize) -> usize {
+        self.slots.map_or(j, |s| s[j] as usize)
+    }
+
     /// Log2-domain scores of key row `j`.
     #[inline(always)]
     fn score(&mut self, j: usize) -> [f32; W] {
         let d = self.d;
+        let j = self.at(j);
         let mut s = [0.0f32; W];
         match self.keys {
             RowCodes::Codebook { bits, bytes, .. } => {
@@ -185,6 +195,7 @@ impl<const W: usize> Segment<'_, '_, W> {
     #[inline(always)]
     fn accumulate(&mut self, j: usize, p: &[f32; W]) {
         let d = self.d;
+        let j = self.at(j);
         match self.values {
             RowCodes::Codebook { bits, bytes, .. } => {
                 let rb = 2 + packed_bytes(d, bits);
@@ -231,15 +242,26 @@ impl<const W: usize> Segment<'_, '_, W> {
         }
     }
 
-    /// Streams rows `range` through the online softmax of `slot`.
+    /// Streams rows `range` through the online softmax of `slot`; with `capture`, the
+    /// log2-domain scores of row `j` land at `capture[(j − start)·W..]`.
     #[inline(always)]
-    fn run(&mut self, k: Kernels, range: Range<usize>, slot: &mut Slot) {
+    fn run(
+        &mut self,
+        k: Kernels,
+        range: Range<usize>,
+        slot: &mut Slot,
+        mut capture: Option<&mut [f32]>,
+    ) {
         let mut s = [[0.0f32; W]; TILE];
         let mut r = range.start;
         while r < range.end {
             let n = TILE.min(range.end - r);
             for (t, st) in s[..n].iter_mut().enumerate() {
                 *st = self.score(r + t);
+            }
+            if let Some(c) = capture.as_deref_mut() {
+                let at = (r - range.start) * W;
+                c[at..at + n * W].copy_from_slice(s[..n].as_flattened());
             }
             let (m, l) = slot.lanes::<W>();
             let factor = k.softmax_update(m, l, &mut s[..n]);
@@ -264,9 +286,9 @@ unsafe fn run_avx512<const W: usize>(
     seg: &mut Segment<'_, '_, W>,
     k: Kernels,
     range: Range<usize>,
-    slot: &mut Slot,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
-    seg.run(k, range, slot);
+    seg.run(k, range, slot, capture);
 }
 
 /// [`Segment::run`] compiled for AVX2, FMA and F16C.
@@ -279,9 +301,9 @@ unsafe fn run_avx2<const W: usize>(
     seg: &mut Segment<'_, '_, W>,
     k: Kernels,
     range: Range<usize>,
-    slot: &mut Slot,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
-    seg.run(k, range, slot);
+    seg.run(k, range, slot, capture);
 }
 
 /// `√(π/2)/d · S·q` of the transposed queries, transposed (`d` rows), in `buf`.
@@ -306,8 +328,8 @@ fn sketched_queries<'b, const W: usize>(
 }
 
 /// Streams `item.rows` of coded keys and values (layouts [`reads_keys`] and
-/// [`reads_values`] accept, checked
-/// against the head by the input validation) through `slot`, continuing its softmax state.
+/// [`reads_values`] accept, checked against the head by the input validation) through
+/// `slot`, continuing its softmax state.
 pub(crate) fn coded_segment<const W: usize>(
     k: Kernels,
     job: &Job<'_>,
@@ -315,6 +337,40 @@ pub(crate) fn coded_segment<const W: usize>(
     (keys, values): (RowCodes<'_>, RowCodes<'_>),
     sc: &mut Scratch,
     slot: &mut Slot,
+) {
+    let rows = Rows { keys, values, slots: None, range: item.rows.clone() };
+    segment::<W>(k, job, item, rows, sc, (slot, None));
+}
+
+/// Streams rows `range` of a gathered coded part (slab row `slots[j]` for row `j`) through
+/// `slot`, capturing their log2-domain scores when `capture` is given.
+pub(crate) fn gathered_segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    (kv, range): (&GatheredCodedKv<'_>, Range<usize>),
+    sc: &mut Scratch,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
+) {
+    let rows = Rows { keys: kv.keys, values: kv.values, slots: kv.slots, range };
+    segment::<W>(k, job, item, rows, sc, (slot, capture));
+}
+
+/// What [`segment`] streams: layouts, slab rows and the rows to read.
+struct Rows<'a> {
+    keys: RowCodes<'a>,
+    values: RowCodes<'a>,
+    slots: Option<&'a [u32]>,
+    range: Range<usize>,
+}
+
+fn segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    Rows { keys, values, slots, range }: Rows<'_>,
+    sc: &mut Scratch,
+    (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
     let d = job.cfg.head_dim();
     let Scratch { qt, acc_t, kval, vval, sq, .. } = sc;
@@ -340,6 +396,7 @@ pub(crate) fn coded_segment<const W: usize>(
     let mut seg = Segment {
         keys,
         values,
+        slots,
         d,
         qt,
         acc,
@@ -352,17 +409,18 @@ pub(crate) fn coded_segment<const W: usize>(
         value_levels: level_table(&values),
         codes: [0; MAX_D],
     };
-    let range = item.rows.clone();
     match k {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a token with `avx512` exists only after `Isa::Avx512.is_available()`
         // returned true, so the CPU supports AVX-512 F + BW, AVX2, FMA and F16C.
-        Kernels::Avx2(t) if t.avx512() => unsafe { run_avx512(&mut seg, k, range, slot) },
+        Kernels::Avx2(t) if t.avx512() => unsafe {
+            run_avx512(&mut seg, k, range, (slot, capture))
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: an AVX2 token exists only after `is_available()` confirmed AVX2, FMA and
         // F16C.
-        Kernels::Avx2(_) => unsafe { run_avx2(&mut seg, k, range, slot) },
-        _ => seg.run(k, range, slot),
+        Kernels::Avx2(_) => unsafe { run_avx2(&mut seg, k, range, (slot, capture)) },
+        _ => seg.run(k, range, slot, capture),
     }
     if let RowCodes::ChannelGroups { group, .. } = values {
         for (ag, z) in seg.acc[..d].chunks_mut(group).zip(seg.zs.iter()) {

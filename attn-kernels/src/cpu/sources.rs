@@ -40,8 +40,8 @@ use super::segment::{
 };
 use super::tile::{Kernels, TILE, one_span, prefetch};
 use crate::views::{
-    CodedHybridSource, DecodedKv, DenseKv, GatheredKv, GatheredSparseKv, HybridSource, QuantKv,
-    RecentRows, SparseKv,
+    CodedHybridSource, DecodedKv, DenseKv, GatheredCodedKv, GatheredKv, GatheredSparseKv,
+    HybridSource, QuantKv, RecentRows, SparseKv,
 };
 
 /// A ring's `(older, newer)` row-major halves, rows of `d`, with the older half's row
@@ -378,6 +378,47 @@ impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
                 sc,
                 (slot, cap_sparse),
             );
+        }
+        slot.capture = capture;
+    }
+}
+
+/// Resident dense and coded rows of every kv-head: rows `0..n_dense` are the dense list,
+/// the rest the coded list.
+pub(crate) struct GatheredCodedSrc<'s, 'a, D> {
+    pub dense: &'s [GatheredKv<'a, D>],
+    pub coded: &'s [GatheredCodedKv<'a>],
+}
+
+impl<D: Value> ItemSource for GatheredCodedSrc<'_, '_, D> {
+    fn rows(&self, kv: usize) -> usize {
+        self.dense[kv].num_rows() + self.coded[kv].num_rows()
+    }
+
+    fn run<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        sc: &mut Scratch,
+        slot: &mut Slot,
+    ) {
+        let split = self.dense[item.kv].num_rows();
+        let (start, end) = (item.rows.start, item.rows.end);
+        let mut capture = std::mem::take(&mut slot.capture);
+        let (cap_dense, cap_coded) = if job.capture {
+            let (a, b) = capture.split_at_mut((split.clamp(start, end) - start) * W);
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
+        if start < split {
+            let (kv, range) = (&self.dense[item.kv], start..end.min(split));
+            run_gathered::<D, W>(k, job, item, kv, range, sc, (slot, cap_dense));
+        }
+        if end > split {
+            let part = (&self.coded[item.kv], start.max(split) - split..end - split);
+            rowcodes::gathered_segment::<W>(k, job, item, part, sc, (slot, cap_coded));
         }
         slot.capture = capture;
     }
