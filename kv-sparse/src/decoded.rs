@@ -461,6 +461,11 @@ mod tests {
         let mut row = vec![0u8; TurboRows::<3>::row_bytes(d)];
         crate::turbo::encode_row(3, &levels, &rows[5 * d..6 * d], &mut row).unwrap();
         assert_eq!(row, turbo.bytes()[5 * row.len()..6 * row.len()]);
+        let (levels, sketch) = (crate::turbo::codebook(d, 2), crate::turbo::sketch(d));
+        let mut row = vec![0u8; 4 + d / 4 + d / 8];
+        crate::turbo::encode_qjl_key_row(3, (&levels, &sketch), &rows[5 * d..6 * d], &mut row)
+            .unwrap();
+        assert_eq!(row, qjl.bytes()[5 * row.len()..6 * row.len()]);
         let RowCodes::ChannelGroups { bytes, .. } = kv.codes().unwrap() else { panic!() };
         let mut row = vec![0u8; 4 * d / 8 + d / 2];
         crate::kivi::encode_token_row(4, 8, &rows[5 * d..6 * d], &mut row).unwrap();

@@ -532,6 +532,64 @@ pub fn sketch_scale(d: usize) -> f32 {
     ((std::f64::consts::PI / 2.0).sqrt() / d as f64) as f32
 }
 
+/// Codes one key row into `out` as a [`TurboQjlRows`] key row at `bits` bits in all —
+/// `[f16 norm][f16 γ][codes at bits − 1][d sign bits]` — with `levels` =
+/// `codebook(d, bits − 1)` and `sketch` = [`sketch`]`(d)`: the per-row form for stores that
+/// place rows themselves.
+///
+/// # Errors
+/// As [`check_qjl_layout`]; [`Error::LengthMismatch`] for `levels`, `sketch` or `out` of
+/// another size; [`Error::NonFinite`] / [`Error::ScaleOverflow`] for a row an f16 norm
+/// cannot hold.
+pub fn encode_qjl_key_row(
+    bits: usize,
+    (levels, sketch): (&[f32], &[f32]),
+    x: &[f32],
+    out: &mut [u8],
+) -> Result<()> {
+    const OP: &str = "turbo::encode_qjl_key_row";
+    let d = x.len();
+    check_qjl_layout(OP, bits, d)?;
+    let want = [
+        ("levels", 1 << (bits - 1), levels.len()),
+        ("sketch", d * d, sketch.len()),
+        ("out", 4 + packed_bytes(d, bits - 1) + d / 8, out.len()),
+    ];
+    if let Some(&(what, expected, got)) = want.iter().find(|(_, e, g)| e != g) {
+        return Err(Error::LengthMismatch { op: OP, what, expected, got });
+    }
+    crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("turbo{bits} qjl")))?;
+    let (mut codes, mut residual) = ([0u8; crate::MAX_HEAD_DIM], [0f32; crate::MAX_HEAD_DIM]);
+    out.fill(0);
+    code_qjl_key(bits - 1, (levels, sketch), x, (&mut codes[..d], &mut residual[..d]), out);
+    Ok(())
+}
+
+/// Writes the QJL key row of `x` (codes at `code_bits`) into the zeroed `row`; `codes` and
+/// `residual` are `d`-long scratch.
+fn code_qjl_key(
+    code_bits: usize,
+    (levels, sketch): (&[f32], &[f32]),
+    x: &[f32],
+    (codes, residual): (&mut [u8], &mut [f32]),
+    row: &mut [u8],
+) {
+    let d = x.len();
+    let stored = code_direction(x, levels, codes, Some(residual));
+    row[..2].copy_from_slice(&stored.to_le_bytes());
+    let gamma = residual.iter().map(|&r| f64::from(r).powi(2)).sum::<f64>().sqrt();
+    row[2..4].copy_from_slice(&f16::from_f64(gamma).to_le_bytes());
+    let cb = packed_bytes(d, code_bits);
+    pack(codes, code_bits, &mut row[4..4 + cb]);
+    let signs = &mut row[4 + cb..];
+    for (i, s_row) in sketch.chunks_exact(d).enumerate() {
+        let proj: f32 = s_row.iter().zip(residual.iter()).map(|(a, b)| a * b).sum();
+        if proj >= 0.0 {
+            signs[i / 8] |= 1 << (i % 8);
+        }
+    }
+}
+
 /// TurboQuant's inner-product rows at `BITS` bits (2, 3 or 4) for keys — the direction's
 /// codes at `BITS − 1` bits plus the QJL sign sketch of the residual — and the MSE rows at
 /// `BITS` bits for values (the side is chosen when the store is made). See the module docs.
@@ -640,26 +698,17 @@ impl<const BITS: usize> TurboQjlRows<BITS> {
         let keys = self.side == crate::decoded::Side::Keys;
         let bits = if keys { BITS - 1 } else { BITS };
         for x in rows.chunks_exact(d) {
-            let stored = code_direction(x, &self.levels, &mut self.codes, Some(&mut self.scratch));
             let start = self.bytes.len();
             self.bytes.resize(start + rb, 0);
             let row = &mut self.bytes[start..start + rb];
-            row[..2].copy_from_slice(&stored.to_le_bytes());
             if !keys {
+                let stored = code_direction(x, &self.levels, &mut self.codes, None);
+                row[..2].copy_from_slice(&stored.to_le_bytes());
                 pack(&self.codes, bits, &mut row[2..]);
                 continue;
             }
-            let gamma = self.scratch.iter().map(|&r| f64::from(r).powi(2)).sum::<f64>().sqrt();
-            row[2..4].copy_from_slice(&f16::from_f64(gamma).to_le_bytes());
-            let cb = packed_bytes(d, bits);
-            pack(&self.codes, bits, &mut row[4..4 + cb]);
-            let signs = &mut row[4 + cb..];
-            for (i, s_row) in self.sketch.chunks_exact(d).enumerate() {
-                let proj: f32 = s_row.iter().zip(&self.scratch).map(|(a, b)| a * b).sum();
-                if proj >= 0.0 {
-                    signs[i / 8] |= 1 << (i % 8);
-                }
-            }
+            let (codes, residual) = (&mut self.codes, &mut self.scratch);
+            code_qjl_key(bits, (&self.levels, &self.sketch), x, (codes, residual), row);
         }
         Ok(())
     }

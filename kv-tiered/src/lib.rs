@@ -13,7 +13,8 @@
 //!   [`cuda::CudaTier`] (feature `cuda`) implements the same trait on GPU memory.
 //! * [`roles`], [`scores`], [`retention`], [`layout`]: calibration and geometry;
 //!   [`budget`]: the closed-loop search for the budget whose *measured* r_GPU hits a target.
-//! * [`rows`]: dense rows (lossless f32, or f16/bf16) and SWAN sparse fp8 rows.
+//! * [`rows`]: dense rows (lossless f32, or f16/bf16), SWAN sparse fp8 rows and coded rows
+//!   (TurboQuant-style, per-token channel groups).
 //! * [`policy`]: WnW and the baselines decide placement and recall.
 //! * [`TieredStore`]: owns the rows, runs a policy, gives attention kernels zero-copy per-head
 //!   views ([`HeadView`]; `attn_kernels::GatheredKv` and `GatheredSparseKv` lists built in
@@ -74,7 +75,7 @@ pub use metrics::{RunMetrics, StepMetrics};
 pub use policy::Policy;
 pub use retention::{BudgetFit, RetentionSchedule};
 pub use roles::{HeadRoles, RankingSignal, Role, TriageConfig};
-pub use rows::{RowCodec, RowLayout};
+pub use rows::{CodeTables, RowCodec, RowLayout};
 pub use store::{
     Audit, DensePromptKv, Gather, GatheredLists, HeadView, LayerView, PromptKv, StoreConfig,
     TieredStore,

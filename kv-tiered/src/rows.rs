@@ -1,12 +1,22 @@
 //! Row codecs: how one K or V row (`head_dim` f32 values from the runtime) is laid out in a
-//! page pool. Dense rows (f32/f16/bf16, the default and the lossless setting) or — "SWAN
-//! inside WnW", beyond the paper — SWAN sparse rows: the top-k magnitude dimensions of the
-//! (already rotated) row as u8 indices followed by fp8 E4M3 values, `2k` bytes per row, so
-//! a recall moves `2k` instead of `2·d_h` (bf16) or `4·d_h` (f32) bytes per vector.
+//! page pool. Dense rows (f32/f16/bf16, the default and the lossless setting) or — beyond
+//! the paper — compact rows for the offloadable audio of non-exact heads, so a recall moves
+//! fewer bytes:
+//! * SWAN sparse rows ("SWAN inside WnW"): the top-k magnitude dimensions of the (already
+//!   rotated) row as u8 indices followed by fp8 E4M3 values, `2k` bytes per row;
+//! * coded rows, the equal-footing histories whose rows stand alone: TurboQuant-style
+//!   codebook rows (`kv_sparse::turbo`, f16 norm + 2/3/4-bit codes; keys optionally with the
+//!   QJL sketch) and per-token channel groups (KIVI's value code, `kv_sparse::kivi`, at
+//!   2/4/8 bits; KIVI's per-channel *key* groups span tokens and cannot be paged row by
+//!   row). Kernels read them in place (`attn_kernels::GatheredCodedAttention`).
 //!
 //! A sparse row's bytes are `[indices: k × u8][values: k × Fp8E4M3]`; the decoded value of
 //! dimension `indices[j]` is `values[j].to_f32() · scale`. Dimensions not stored are zero.
+//! A coded row's bytes are one row of its `kv_sparse::decoded::RowCodes` layout.
 
+use std::sync::Arc;
+
+use kv_sparse::decoded::RowCodes;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::topk::top_k_magnitude;
 use kv_sparse::{Value, ValueFormat};
@@ -28,6 +38,39 @@ pub enum RowCodec {
         /// Decoded values are `fp8 · scale` (choose with `kv_sparse::fp8::scale_for_max_abs`).
         scale: f32,
     },
+    /// TurboQuant-style row: f16 norm and `bits`-bit (2, 3, 4) codes of the direction in
+    /// the codebook of a random unit vector's coordinate (`RowCodes::Codebook`).
+    Turbo {
+        /// Bits per code.
+        bits: usize,
+    },
+    /// TurboQuant's inner-product key row at `bits` bits in all (2, 3, 4): codes at
+    /// `bits − 1` plus the QJL sign sketch of the residual (`RowCodes::CodebookSketch`; keys
+    /// only, `head_dim` a multiple of 8).
+    TurboQjl {
+        /// Bits per element in all.
+        bits: usize,
+    },
+    /// Per-token channel groups: `head_dim/group` f16 (scale, zero) pairs and `bits`-bit
+    /// (2, 4, 8) asymmetric codes (`RowCodes::ChannelGroups`, KIVI's value code).
+    Groups {
+        /// Bits per code.
+        bits: usize,
+        /// Channels per group (divides `head_dim`).
+        group: usize,
+    },
+}
+
+/// The shared tables coded rows decode with: each side's codebook levels and the QJL
+/// sketch (empty where a side needs none), made once per store and lent to its views.
+#[derive(Clone, Debug, Default)]
+pub struct CodeTables {
+    /// Key codebook levels.
+    pub key_levels: Arc<[f32]>,
+    /// Value codebook levels.
+    pub value_levels: Arc<[f32]>,
+    /// The `d × d` QJL sketch (keys with [`RowCodec::TurboQjl`]).
+    pub sketch: Arc<[f32]>,
 }
 
 impl RowCodec {
@@ -52,7 +95,56 @@ impl RowCodec {
                 }
                 Ok(())
             }
+            Self::Turbo { bits } => Ok(kv_sparse::turbo::check_layout(OP, bits, head_dim)?),
+            Self::TurboQjl { bits } => Ok(kv_sparse::turbo::check_qjl_layout(OP, bits, head_dim)?),
+            Self::Groups { bits, group } => {
+                if bits != 8 {
+                    kv_sparse::kivi::check_layout(OP, bits, head_dim, group)?;
+                }
+                if !(1..=256).contains(&head_dim) || group == 0 || !head_dim.is_multiple_of(group) {
+                    return Err(param(OP, "group", group, "a divisor of head_dim ≤ 256"));
+                }
+                Ok(())
+            }
         }
+    }
+
+    /// Whether rows are coded (read through a `RowCodes` layout).
+    pub fn is_coded(&self) -> bool {
+        matches!(self, Self::Turbo { .. } | Self::TurboQjl { .. } | Self::Groups { .. })
+    }
+
+    /// The tables of `(keys, values)` coded rows of `head_dim` elements.
+    pub fn tables(keys: RowCodec, values: RowCodec, head_dim: usize) -> CodeTables {
+        let levels = |c: RowCodec| match c {
+            Self::Turbo { bits } => kv_sparse::turbo::codebook(head_dim, bits),
+            Self::TurboQjl { bits } => kv_sparse::turbo::codebook(head_dim, bits - 1),
+            _ => Arc::from([]),
+        };
+        let sketch = match keys {
+            Self::TurboQjl { .. } => kv_sparse::turbo::sketch(head_dim),
+            _ => Arc::from([]),
+        };
+        CodeTables { key_levels: levels(keys), value_levels: levels(values), sketch }
+    }
+
+    /// The layout of `bytes` (whole rows of this codec) for the kernels; `None` for dense and
+    /// sparse rows. `values` picks the value levels of `tables`.
+    pub fn codes<'a>(
+        &self,
+        bytes: &'a [u8],
+        tables: &'a CodeTables,
+        values: bool,
+    ) -> Option<RowCodes<'a>> {
+        let levels = if values { &tables.value_levels } else { &tables.key_levels };
+        Some(match *self {
+            Self::Turbo { bits } => RowCodes::Codebook { bits, levels, bytes },
+            Self::TurboQjl { bits } => {
+                RowCodes::CodebookSketch { bits: bits - 1, levels, sketch: &tables.sketch, bytes }
+            }
+            Self::Groups { bits, group } => RowCodes::ChannelGroups { bits, group, bytes },
+            _ => return None,
+        })
     }
 
     /// Bytes of one encoded row.
@@ -60,6 +152,11 @@ impl RowCodec {
         match *self {
             Self::Dense { format } => head_dim * format.bytes(),
             Self::SparseFp8 { k, .. } => 2 * k,
+            Self::Turbo { bits } => 2 + (head_dim * bits).div_ceil(8),
+            Self::TurboQjl { bits } => 4 + (head_dim * (bits - 1)).div_ceil(8) + head_dim / 8,
+            Self::Groups { bits, group } => {
+                4 * head_dim.checked_div(group).unwrap_or(0) + (head_dim * bits).div_ceil(8)
+            }
         }
     }
 
@@ -71,7 +168,8 @@ impl RowCodec {
     /// Appends the encoding of `row` to `out`; `scratch` is reused top-k space.
     ///
     /// # Errors
-    /// [`Error::NonFinite`] for NaN/∞ input.
+    /// [`Error::NonFinite`] for NaN/∞ input; [`Error::Sparse`] for a row a coded codec cannot
+    /// hold (a norm or group beyond f16). `out` is unchanged on error.
     pub fn encode(&self, row: &[f32], out: &mut Vec<u8>, scratch: &mut Vec<usize>) -> Result<()> {
         check_finite("RowCodec::encode", "row", row)?;
         match *self {
@@ -81,6 +179,36 @@ impl RowCodec {
                 out.extend(scratch.iter().map(|&i| i as u8));
                 out.extend(scratch.iter().map(|&i| Fp8E4M3::from_f32(row[i] / scale).to_bits()));
             }
+            Self::Turbo { .. } | Self::TurboQjl { .. } | Self::Groups { .. } => {
+                let start = out.len();
+                out.resize(start + self.row_bytes(row.len()), 0);
+                let coded = self.encode_coded(row, &mut out[start..]);
+                if coded.is_err() {
+                    out.truncate(start);
+                }
+                coded?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Codes `row` into `out` (one row of a coded codec).
+    fn encode_coded(&self, row: &[f32], out: &mut [u8]) -> Result<()> {
+        let d = row.len();
+        match *self {
+            Self::Turbo { bits } => {
+                let levels = kv_sparse::turbo::codebook(d, bits);
+                kv_sparse::turbo::encode_row(bits, &levels, row, out)?;
+            }
+            Self::TurboQjl { bits } => {
+                let tables = Self::tables(*self, *self, d);
+                let parts = (&tables.key_levels[..], &tables.sketch[..]);
+                kv_sparse::turbo::encode_qjl_key_row(bits, parts, row, out)?;
+            }
+            Self::Groups { bits, group } => {
+                kv_sparse::kivi::encode_token_row(bits, group, row, out)?
+            }
+            Self::Dense { .. } | Self::SparseFp8 { .. } => {}
         }
         Ok(())
     }
@@ -105,6 +233,12 @@ impl RowCodec {
                 let (idx, val) = bytes.split_at(k);
                 for (&i, &v) in idx.iter().zip(val) {
                     out[usize::from(i)] = Fp8E4M3::from_bits(v).to_f32() * scale;
+                }
+            }
+            Self::Turbo { .. } | Self::TurboQjl { .. } | Self::Groups { .. } => {
+                let tables = Self::tables(*self, *self, out.len());
+                if let Some(codes) = self.codes(bytes, &tables, false) {
+                    codes.decode_row(0, out);
                 }
             }
         }
@@ -140,16 +274,17 @@ fn decode_dense(format: ValueFormat, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Row layout of a store: dense rows for exact heads and text, optional sparse rows for the
-/// audio of non-exact heads (tidal and fixed under WnW).
+/// Row layout of a store: dense rows for exact heads and text, optional compact rows (SWAN
+/// sparse or coded) for the audio of non-exact heads (tidal and fixed under WnW).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RowLayout {
     /// Head dimension (`head_dim`).
     pub head_dim: usize,
     /// Dense rows (pool 0): text, anchors, and all audio unless `sparse` is set.
     pub dense: ValueFormat,
-    /// SWAN sparse rows (pool 1) for the audio of non-exact heads: `(key codec, value codec)`,
-    /// both [`RowCodec::SparseFp8`]. `None` = everything dense (the lossless setting).
+    /// Compact rows (pool 1) for the audio of non-exact heads: `(key codec, value codec)`,
+    /// both [`RowCodec::SparseFp8`] (SWAN rows), or coded ([`RowCodec::is_coded`]; values not
+    /// [`RowCodec::TurboQjl`]). `None` = everything dense (the lossless setting).
     pub sparse: Option<(RowCodec, RowCodec)>,
 }
 
@@ -165,28 +300,50 @@ impl RowLayout {
         Self { head_dim, dense, sparse: Some((s(k_key), s(k_value))) }
     }
 
+    /// Dense rows in `dense` plus coded rows (`keys`, `values`) for offloadable audio.
+    pub fn with_coded(
+        head_dim: usize,
+        dense: ValueFormat,
+        keys: RowCodec,
+        values: RowCodec,
+    ) -> Self {
+        Self { head_dim, dense, sparse: Some((keys, values)) }
+    }
+
+    /// Whether the compact rows are coded (read through `attn_kernels::GatheredCodedKv`).
+    pub fn is_coded(&self) -> bool {
+        self.sparse.is_some_and(|(k, _)| k.is_coded())
+    }
+
+    /// The tables the coded rows decode with (empty without coded rows).
+    pub fn code_tables(&self) -> CodeTables {
+        match self.sparse {
+            Some((k, v)) if k.is_coded() => RowCodec::tables(k, v, self.head_dim),
+            _ => CodeTables::default(),
+        }
+    }
+
     /// Validates all codecs.
     ///
     /// # Errors
-    /// As [`RowCodec::validate`]; [`Error::Param`] if `head_dim == 0` or the sparse codecs
-    /// are not sparse.
+    /// As [`RowCodec::validate`]; [`Error::Param`] if `head_dim == 0` or the compact codecs
+    /// are neither both sparse nor both coded (QJL keys only).
     pub fn validate(&self) -> Result<()> {
+        const OP: &str = "RowLayout::validate";
         if self.head_dim == 0 {
-            return Err(param("RowLayout::validate", "head_dim", 0, "≥ 1"));
+            return Err(param(OP, "head_dim", 0, "≥ 1"));
         }
         self.dense_codec().validate(self.head_dim)?;
         if let Some((k, v)) = self.sparse {
-            for c in [k, v] {
-                if !matches!(c, RowCodec::SparseFp8 { .. }) {
-                    return Err(param(
-                        "RowLayout::validate",
-                        "sparse",
-                        format!("{c:?}"),
-                        "RowCodec::SparseFp8",
-                    ));
-                }
-                c.validate(self.head_dim)?;
+            let sparse = |c: RowCodec| matches!(c, RowCodec::SparseFp8 { .. });
+            let ok = (sparse(k) && sparse(v))
+                || (k.is_coded() && v.is_coded() && !matches!(v, RowCodec::TurboQjl { .. }));
+            if !ok {
+                let expected = "both RowCodec::SparseFp8, or both coded (TurboQjl for keys only)";
+                return Err(param(OP, "sparse", format!("{k:?}, {v:?}"), expected));
             }
+            k.validate(self.head_dim)?;
+            v.validate(self.head_dim)?;
         }
         Ok(())
     }

@@ -247,6 +247,8 @@ struct AppendBufs {
 /// The tiered KV store. See the module documentation for the call sequence.
 pub struct TieredStore<T: Tier = HostTier> {
     config: StoreConfig,
+    /// Codebooks and sketch of coded compact rows (empty without them).
+    tables: crate::rows::CodeTables,
     policy: Box<dyn Policy>,
     shared: Arc<Shared<T>>,
     heads: Vec<HeadMeta>,

@@ -436,6 +436,7 @@ impl<T: Tier> TieredStore<T> {
         };
         let cap = config.queue_capacity;
         Ok(Self {
+            tables: config.rows.code_tables(),
             policy,
             shared,
             heads,

@@ -10,11 +10,13 @@
 //! disjoint and together form the resident set, attended with one softmax.
 //!
 //! The view also owns the hand-over to `attn-kernels`: a layer's per-head dense and sparse
-//! parts ([`LayerView::gathered_parts_into`]) for its gathered dense + sparse fp8 kernel, built
-//! each step in a [`GatheredLists`] that survives the step's view, so the decode loop neither
-//! densifies a sparse row nor allocates ([`LayerView::with_gathered_parts`]).
+//! parts ([`LayerView::gathered_parts_into`]) for its gathered dense + sparse fp8 kernel — or,
+//! with coded compact rows, its dense and coded parts ([`LayerView::coded_parts_into`]) for
+//! the gathered dense + coded kernel — built each step in a [`GatheredLists`] that survives
+//! the step's view, so the decode loop neither densifies a compact row nor allocates
+//! ([`LayerView::with_gathered_parts`], [`LayerView::with_coded_parts`]).
 
-use attn_kernels::{GatheredKv, GatheredSparseKv, SparseSlab};
+use attn_kernels::{GatheredCodedKv, GatheredKv, GatheredSparseKv, SparseSlab};
 use kv_sparse::csr::SparseRow;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::{Value, ValueFormat};
@@ -23,7 +25,7 @@ use parking_lot::RwLockReadGuard;
 use super::TieredStore;
 use super::shared::HeadTables;
 use crate::error::{Error, Result, param};
-use crate::rows::{RowCodec, RowLayout};
+use crate::rows::{CodeTables, RowCodec, RowLayout};
 use crate::tier::{ArenaRead, Tier};
 
 /// Sorted resident positions and the arena row of each.
@@ -40,6 +42,7 @@ pub struct LayerView<'a, T: Tier> {
     tables: RwLockReadGuard<'a, Vec<HeadTables>>,
     arenas: [Option<T::Arena<'a>>; 2],
     rows: RowLayout,
+    codes: &'a CodeTables,
 }
 
 impl<T: Tier> TieredStore<T> {
@@ -61,6 +64,7 @@ impl<T: Tier> TieredStore<T> {
             tables,
             arenas: [Some(tier.arena(0, layer)), sparse],
             rows: self.config.rows,
+            codes: &self.tables,
         })
     }
 }
@@ -81,6 +85,7 @@ impl<'a, T: Tier> LayerView<'a, T> {
             dense_arena: self.arenas[0].as_ref()?,
             sparse_arena: self.arenas[1].as_ref(),
             rows: self.rows,
+            codes: self.codes,
         })
     }
 
@@ -118,6 +123,57 @@ impl<'a, T: Tier> LayerView<'a, T> {
     }
 
     /// Every kv-head's resident rows as the two parts of
+    /// `attn_kernels::GatheredCodedAttention::gathered_coded`: its dense rows (`dense[h]`) and
+    /// its coded rows (`coded[h]`, layouts over the compact arena's key/value bytes, read in
+    /// place). A head without coded rows gets an empty coded part; the kernel's `weights`
+    /// (per head: dense rows, then coded rows) feed [`TieredStore::add_gathered_weights`]
+    /// unchanged. Both vectors are cleared first; reuse them to avoid allocating.
+    ///
+    /// # Errors
+    /// [`Error::Param`] if `D` is not the dense format, an arena is device memory, or the
+    /// compact rows are SWAN sparse rows (use [`LayerView::gathered_parts_into`]).
+    pub fn coded_parts_into<'s, D: Value>(
+        &'s self,
+        dense: &mut Vec<GatheredKv<'s, D>>,
+        coded: &mut Vec<GatheredCodedKv<'s>>,
+    ) -> Result<()> {
+        const OP: &str = "LayerView::coded_parts_into";
+        dense.clear();
+        coded.clear();
+        for k in 0..self.kv_heads() {
+            let view = self.head(k).ok_or_else(|| param(OP, "kv_head", k, "in range"))?;
+            dense
+                .push(view.gathered().ok_or_else(|| {
+                    param(OP, "D", D::FORMAT, "the dense format of a host arena")
+                })?);
+            coded.push(view.gathered_coded().ok_or_else(|| {
+                param(OP, "compact rows", "sparse or device", "coded rows in host memory")
+            })?);
+        }
+        Ok(())
+    }
+
+    /// Runs `attend` over every kv-head's resident rows laid out as
+    /// [`LayerView::coded_parts_into`] lays them out (dense parts, coded parts), in `lists`'
+    /// storage — the per-step form for stores with coded compact rows, as
+    /// [`LayerView::with_gathered_parts`] is for SWAN rows.
+    ///
+    /// # Errors
+    /// As [`LayerView::coded_parts_into`]; `attend` is not called then.
+    pub fn with_coded_parts<D: Value, R>(
+        &self,
+        lists: &mut GatheredLists<D>,
+        attend: impl FnOnce(&[GatheredKv<'_, D>], &[GatheredCodedKv<'_>]) -> R,
+    ) -> Result<R> {
+        let mut dense: Vec<GatheredKv<'_, D>> = std::mem::take(&mut lists.dense);
+        let mut coded: Vec<GatheredCodedKv<'_>> = std::mem::take(&mut lists.coded);
+        let result = self.coded_parts_into(&mut dense, &mut coded).map(|()| attend(&dense, &coded));
+        lists.dense = recycle(dense);
+        lists.coded = recycle(coded);
+        result
+    }
+
+    /// Every kv-head's resident rows as the two parts of
     /// `attn_kernels::GatheredSparseAttention::gathered_sparse`: its dense rows (`dense[h]`,
     /// slab = the dense arena) and its SWAN sparse fp8 rows (`sparse[h]`, slabs = the sparse
     /// arena's key/value bytes, read in place — nothing is copied or densified). A head
@@ -126,7 +182,8 @@ impl<'a, T: Tier> LayerView<'a, T> {
     /// Both vectors are cleared first; reuse them to avoid allocating.
     ///
     /// # Errors
-    /// [`Error::Param`] if `D` is not the dense format or an arena is device memory.
+    /// [`Error::Param`] if `D` is not the dense format, an arena is device memory, or the
+    /// compact rows are coded (use [`LayerView::coded_parts_into`]).
     pub fn gathered_parts_into<'s, D: Value>(
         &'s self,
         dense: &mut Vec<GatheredKv<'s, D>>,
@@ -141,10 +198,9 @@ impl<'a, T: Tier> LayerView<'a, T> {
                 .push(view.gathered().ok_or_else(|| {
                     param(OP, "D", D::FORMAT, "the dense format of a host arena")
                 })?);
-            sparse.push(
-                view.gathered_sparse()
-                    .ok_or_else(|| param(OP, "sparse arena", "device", "host-addressable"))?,
-            );
+            sparse.push(view.gathered_sparse().ok_or_else(|| {
+                param(OP, "compact rows", "coded or device", "SWAN sparse rows in host memory")
+            })?);
         }
         Ok(())
     }
@@ -225,18 +281,23 @@ impl<'a, T: Tier> LayerView<'a, T> {
 pub struct GatheredLists<D: Value> {
     dense: Vec<GatheredKv<'static, D>>,
     sparse: Vec<GatheredSparseKv<'static>>,
+    coded: Vec<GatheredCodedKv<'static>>,
 }
 
 impl<D: Value> Default for GatheredLists<D> {
     fn default() -> Self {
-        Self { dense: Vec::new(), sparse: Vec::new() }
+        Self { dense: Vec::new(), sparse: Vec::new(), coded: Vec::new() }
     }
 }
 
 impl<D: Value> GatheredLists<D> {
     /// Room for `kv_heads` kv-heads, so that not even the first step allocates.
     pub fn with_capacity(kv_heads: usize) -> Self {
-        Self { dense: Vec::with_capacity(kv_heads), sparse: Vec::with_capacity(kv_heads) }
+        Self {
+            dense: Vec::with_capacity(kv_heads),
+            sparse: Vec::with_capacity(kv_heads),
+            coded: Vec::with_capacity(kv_heads),
+        }
     }
 }
 
@@ -252,11 +313,13 @@ fn recycle<T, U>(mut v: Vec<T>) -> Vec<U> {
 pub struct HeadView<'v, A> {
     /// Rows in the dense pool (text, generated tokens, exact heads' audio).
     pub dense: Gather<'v>,
-    /// Rows in the sparse pool (audio of non-exact heads when SWAN rows are on; else empty).
+    /// Rows in the compact pool (audio of non-exact heads when SWAN or coded rows are on;
+    /// else empty).
     pub sparse: Gather<'v>,
     dense_arena: &'v A,
     sparse_arena: Option<&'v A>,
     rows: RowLayout,
+    codes: &'v CodeTables,
 }
 
 impl<'v, A: ArenaRead> HeadView<'v, A> {
@@ -319,13 +382,13 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
         let d = self.rows.head_dim;
         let slab = |c: RowCodec, bytes: &'v [u8]| match c {
             RowCodec::SparseFp8 { k, scale } => SparseSlab::new(bytes, k, scale),
-            RowCodec::Dense { .. } => SparseSlab::new(&[], 0, 1.0),
+            _ => SparseSlab::new(&[], 0, 1.0),
         };
         if self.sparse.positions.is_empty() {
             let empty = SparseSlab::new(&[], 0, 1.0);
             return Some(GatheredSparseKv::new(d, &[], empty, empty));
         }
-        let (kc, vc) = self.rows.sparse?;
+        let (kc, vc) = self.rows.sparse.filter(|_| !self.rows.is_coded())?;
         let (kb, vb) = self.sparse_arena?.host_bytes()?;
         Some(GatheredSparseKv::with_slots(
             d,
@@ -333,6 +396,25 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
             self.sparse.rows,
             slab(kc, kb),
             slab(vc, vb),
+        ))
+    }
+
+    /// The coded rows as an `attn_kernels::GatheredCodedKv` over the compact arena's bytes
+    /// (no copy; each slab row is one row of the codec's layout). Empty when the head holds
+    /// no compact rows; `None` if it does but they are SWAN sparse rows or device memory.
+    pub fn gathered_coded(&self) -> Option<GatheredCodedKv<'v>> {
+        let d = self.rows.head_dim;
+        if self.sparse.positions.is_empty() {
+            return Some(GatheredCodedKv::empty(d));
+        }
+        let (kc, vc) = self.rows.sparse?;
+        let (kb, vb) = self.sparse_arena?.host_bytes()?;
+        Some(GatheredCodedKv::with_slots(
+            d,
+            self.sparse.positions,
+            self.sparse.rows,
+            kc.codes(kb, self.codes, false)?,
+            vc.codes(vb, self.codes, true)?,
         ))
     }
 
