@@ -47,18 +47,27 @@ fn fill(out: &mut [f32], seed: u64) {
     }
 }
 
+/// Both compact row kinds in one test (the allocation counter is process-wide).
 #[test]
-fn swan_tiered_decode_steps_do_not_allocate() {
+fn swan_and_turbo_tiered_decode_steps_do_not_allocate() {
     let shape = CacheShape::new(2, attn_kernels::AttnConfig::new(4, 2, 16).unwrap());
-    let (prompt, steps, warm) = (96, 300, 100);
-    let spec: CacheSpec = "swan+tiered:k=8,kv=6,basis=random:3,span=4..84,segment=4,chunk=8,r_gpu=0.5,n_voice=3,n_anchor=1,top=2,threads=2"
-        .parse()
-        .unwrap();
-    let CacheKind::SwanTiered(swan, tiered) = &spec.kind else { unreachable!() };
     let dims =
         ModelDims::new(shape.layers, shape.q_heads(), shape.kv_heads(), shape.head_dim()).unwrap();
     let set = Arc::new(ProjectionSet::random(dims, "toy", 3).unwrap());
-    let mut cache = tiered.build(shape, Some((swan.config(shape.head_dim()), set)), 2).unwrap();
+    let tail = "span=4..84,segment=4,chunk=8,r_gpu=0.5,n_voice=3,n_anchor=1,top=2,threads=2";
+    let spec: CacheSpec = format!("swan+tiered:k=8,kv=6,basis=random:3,{tail}").parse().unwrap();
+    let CacheKind::SwanTiered(swan, tiered) = &spec.kind else { unreachable!() };
+    let swan = Some((swan.config(shape.head_dim()), set.clone()));
+    steady_state(shape, tiered.build(shape, swan, 2).unwrap());
+    let spec: CacheSpec = format!("turbo+tiered:bits=3,qjl=on,{tail}").parse().unwrap();
+    let CacheKind::CodedTiered(coded, tiered) = &spec.kind else { unreachable!() };
+    steady_state(shape, tiered.build_rows(shape, coded.span_rows(), Some(set), 2).unwrap());
+}
+
+/// Prefills `cache` and checks that its steady-state decode steps allocate nothing while
+/// recalls happen.
+fn steady_state(shape: CacheShape, mut cache: Box<dyn KvCache>) {
+    let (prompt, steps, warm) = (96, 300, 100);
     cache.reserve(prompt + steps + 1).unwrap();
 
     let request = cache.attention_request(prompt).expect("WnW asks for span attention");

@@ -1,5 +1,6 @@
-//! The `swan+tiered` decode path attends the store's resident rows where they lie (WnW §2.3
-//! with SWAN sparse fp8 rows for non-anchor span rows): on the tiny fixtures, every decode
+//! The `swan+tiered` and `turbo+tiered` decode paths attend the store's resident rows where
+//! they lie (WnW §2.3 with SWAN sparse fp8 or TurboQuant-style coded rows for non-anchor span
+//! rows): on the tiny fixtures, every decode
 //! step's attention output equals the `f64` reference over the same resident rows decoded
 //! to f32 (what the cache once computed by decoding every sparse row each step) within the
 //! kernel tolerance, the anchor-weights feedback (Eq. 2) makes WnW recall exactly the chunks
@@ -15,7 +16,7 @@ use common::fixtures;
 use kv_sparse::Value;
 use models::cache::spec::{CacheKind, CacheSpec};
 use models::cache::{
-    AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, TieredCache,
+    AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, SpanRows, StepQkv, TieredCache,
 };
 use models::{Checkpoint, Session};
 use projection::ProjectionSet;
@@ -180,14 +181,20 @@ fn run_checked<D: Value>(
     prefix: usize,
 ) -> (Vec<Tensor>, Seen, f64) {
     let parsed: CacheSpec = spec.parse().unwrap();
-    let CacheKind::SwanTiered(swan, tiered) = &parsed.kind else {
-        panic!("{spec}: not swan+tiered")
-    };
     let (model, _) = parsed.build(&ckpt.model).unwrap();
     let shape = CacheShape::of(model.config()).unwrap();
-    let set = Arc::new(swan.projection(&ckpt.model).unwrap());
-    let config = swan.config(shape.head_dim());
-    let inner = TieredCache::<D>::new(shape, tiered.clone(), Some((config, set.clone())), 1)
+    let (rows, set, tiered) = match &parsed.kind {
+        CacheKind::SwanTiered(swan, tiered) => {
+            let set = swan.projection(&ckpt.model).unwrap();
+            (SpanRows::Swan(swan.config(shape.head_dim())), set, tiered)
+        }
+        CacheKind::CodedTiered(coded, tiered) => {
+            (coded.span_rows(), coded.projection(&ckpt.model).unwrap().unwrap(), tiered)
+        }
+        _ => panic!("{spec}: not swan+tiered or turbo+tiered"),
+    };
+    let set = Arc::new(set);
+    let inner = TieredCache::<D>::with_rows(shape, tiered.clone(), rows, Some(set.clone()), 1)
         .unwrap_or_else(|e| panic!("{spec}: {e}"));
     let seen = Arc::new(std::sync::Mutex::new(Seen::default()));
     let cache = Checked {
@@ -240,6 +247,34 @@ fn sparse_rows_attend_in_place_like_the_reference_over_decoded_rows() {
         assert!(seen.sparse_rows > 0, "{name}: sparse rows must be attended");
         assert!(recalls > 0.0, "{name}: the anchor feedback must drive recalls");
         assert!(seen.selections * 2 > 136 - 72, "{name}: too few selections checked: {seen:?}");
+    }
+}
+
+/// TurboQuant-style coded rows (3-bit codebook keys and values; QJL keys at 3 bits) for
+/// tidal and fixed heads: every decode step equals the reference over the same resident
+/// rows decoded, and the anchor feedback drives the same recalls.
+#[test]
+fn coded_rows_attend_in_place_like_the_reference_over_decoded_rows() {
+    let base = "turbo+tiered:bits=3,span=4..68,segment=4,chunk=8,r_gpu=0.5,n_voice=3,n_anchor=1,top=2,threads=1";
+    for (name, extra) in [("llama-gqa", ",format=f16"), ("qwen2", ",format=f32,qjl=on")] {
+        let ckpt = Checkpoint::load(&fixtures().join("tiny").join(name)).unwrap();
+        let spec = format!("{base}{extra}");
+        let ids = ids(&ckpt, 136);
+        let (logits, seen, recalls) = if extra.contains("f16") {
+            run_checked::<half::f16>(&ckpt, &spec, &ids, 72)
+        } else {
+            run_checked::<f32>(&ckpt, &spec, &ids, 72)
+        };
+        println!("{name} {extra}: {seen:?}, {recalls} recalls");
+        assert!(logits.iter().all(|l| l.abs().max().double_value(&[]).is_finite()), "{name}");
+        assert_eq!(seen.calls, 2 * (136 - 72 - 1), "{name}: every layer of every step checked");
+        assert!(seen.sparse_rows > 0, "{name}: coded rows must be attended");
+        assert!(recalls > 0.0, "{name}: the anchor feedback must drive recalls");
+        assert!(seen.selections * 2 > 136 - 72, "{name}: too few selections checked: {seen:?}");
+    }
+    for bad in ["turbo+tiered:bits=3,span=4..8,b=16", "kivi+tiered:span=4..8"] {
+        let err = bad.parse::<CacheSpec>().unwrap_err().to_string();
+        assert!(err.contains("tiered"), "{bad}: {err}");
     }
 }
 

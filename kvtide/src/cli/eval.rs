@@ -209,7 +209,9 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
     let needs = caches.iter().any(|c| match &c.kind {
         CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.proj.is_none() && needs_file(s.basis),
         CacheKind::Dense(d) => d.proj.is_none() && d.rotate.is_some_and(needs_file),
-        CacheKind::Coded(c) => c.proj.is_none() && c.rotate.is_some_and(needs_file),
+        CacheKind::Coded(c) | CacheKind::CodedTiered(c, _) => {
+            c.proj.is_none() && c.rotate.is_some_and(needs_file)
+        }
         _ => false,
     });
     let query = caches.iter().any(|c| match &c.kind {

@@ -34,7 +34,7 @@ pub use dense::DenseCache;
 pub use quant::QuantCache;
 pub use spec::{CacheKind, CacheSpec, CodedFormat, CodedSpec, DenseSpec, DenseStorage, SwanSpec};
 pub use swan::{ComponentNorm, Fp8Scale, KeySelect, SwanCache, SwanConfig, SwanIndex, SwanRows};
-pub use tiered::{TieredCache, TieredSpec};
+pub use tiered::{SpanRows, TieredCache, TieredSpec};
 pub use window::{QuantWindowCache, WindowCache, WindowedCache, global_layers};
 
 use std::ops::Range;

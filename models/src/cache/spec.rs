@@ -8,6 +8,7 @@
 //! | `turbo[:bits=2\|3\|4,qjl=off\|on,b=128,buffer=…,rotate=random:0\|hadamard-signs:S\|…,sink=N]` | TurboQuant-style codes behind a buffer ([`crate::cache::BufferedCache`]); `qjl=on`: keys in the inner-product form (QJL sketch of the residual) |
 //! | `tiered:span=A..B[,policy=…]` | WnW tiered store ([`crate::cache::TieredCache`]) |
 //! | `swan+tiered:…` | both key sets: SWAN rotation, WnW store with sparse fp8 audio rows |
+//! | `turbo+tiered:…` | `turbo` keys (`bits`, `qjl`, `rotate`, `proj`) and the tiered keys: WnW store with TurboQuant-style coded audio rows |
 //!
 //! `b=N` keeps the `N` newest positions of a quantized dense cache exact in
 //! `buffer=f16|bf16|f32` (default f16) and quantizes each position as it leaves that
@@ -395,6 +396,31 @@ impl CodedSpec {
         })
     }
 
+    /// The projection set `rotate=` names for `model` (`None` without a rotation).
+    ///
+    /// # Errors
+    /// As [`SwanSpec::projection`].
+    pub fn projection(&self, model: &Llama) -> Result<Option<ProjectionSet>> {
+        self.rotate.map(|basis| projection_set(basis, self.proj.as_deref(), model)).transpose()
+    }
+
+    /// The tiered store's rows for this format (`turbo+tiered`): keys and values in the
+    /// TurboQuant-style codes, keys with the QJL sketch under `qjl=on`; KIVI's values code
+    /// per token on both sides.
+    pub fn span_rows(&self) -> crate::cache::SpanRows {
+        use kv_tiered::RowCodec;
+        match self.format {
+            CodedFormat::Turbo { bits, qjl } => {
+                let keys = if qjl { RowCodec::TurboQjl { bits } } else { RowCodec::Turbo { bits } };
+                crate::cache::SpanRows::Coded(keys, RowCodec::Turbo { bits })
+            }
+            CodedFormat::Kivi { bits, group } => {
+                let rows = RowCodec::Groups { bits, group };
+                crate::cache::SpanRows::Coded(rows, rows)
+            }
+        }
+    }
+
     /// Checks the spec against a head size: a KIVI group must divide it, coded rows must be
     /// whole bytes.
     fn check_head_dim(&self, spec: &str, head_dim: usize) -> Result<()> {
@@ -426,6 +452,8 @@ pub enum CacheKind {
     SwanTiered(SwanSpec, TieredSpec),
     /// A coded history (KIVI, TurboQuant-style) behind a recent-token buffer.
     Coded(CodedSpec),
+    /// The TurboQuant-style rotation and coded rows inside the WnW store (`turbo+tiered`).
+    CodedTiered(CodedSpec, TieredSpec),
 }
 
 /// A parsed cache specification.
@@ -467,6 +495,11 @@ impl<'a> Params<'a> {
             pairs.push((k.trim(), v.trim()));
         }
         Ok(Self { spec, pairs })
+    }
+
+    /// Whether `key` is given (not consumed).
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.pairs.iter().any(|(k, _)| *k == key)
     }
 
     /// Removes and returns the raw value of `key`.
@@ -752,11 +785,32 @@ impl FromStr for CacheSpec {
                 }
                 CacheKind::SwanTiered(swan, TieredSpec::parse(&mut p)?)
             }
+            "turbo+tiered" => {
+                if let Some(key) = ["b", "buffer", "sink"].into_iter().find(|k| p.has(k)) {
+                    return Err(spec_err(
+                        text,
+                        format!(
+                            "{key}= applies to turbo caches; turbo+tiered keeps its text and \
+                             generated rows dense already"
+                        ),
+                    ));
+                }
+                let coded = CodedSpec::parse(&mut p, false)?;
+                CacheKind::CodedTiered(CodedSpec { buffer: 0, ..coded }, TieredSpec::parse(&mut p)?)
+            }
+            "kivi+tiered" => {
+                return Err(spec_err(
+                    text,
+                    "KIVI's per-channel key groups span tokens, and the tiered store pages rows \
+                     one at a time: use turbo+tiered (or swan+tiered)",
+                ));
+            }
             other => {
                 return Err(spec_err(
                     text,
                     format!(
-                        "unknown cache `{other}` (dense, swan, kivi, turbo, tiered, swan+tiered)"
+                        "unknown cache `{other}` (dense, swan, kivi, turbo, tiered, swan+tiered, \
+                         turbo+tiered)"
                     ),
                 ));
             }
@@ -797,7 +851,9 @@ impl CacheSpec {
             CacheKind::Dense(dense) if dense.rotate.is_some() => {
                 dense.proj.get_or_insert_with(|| path.to_path_buf());
             }
-            CacheKind::Coded(coded) if coded.rotate.is_some() => {
+            CacheKind::Coded(coded) | CacheKind::CodedTiered(coded, _)
+                if coded.rotate.is_some() =>
+            {
                 coded.proj.get_or_insert_with(|| path.to_path_buf());
             }
             _ => {}
@@ -834,7 +890,9 @@ impl CacheSpec {
                 DenseStorage::Float(s.buffer_format)
             }
             CacheKind::Coded(c) => DenseStorage::Float(c.buffer_format),
-            CacheKind::Tiered(_) => DenseStorage::Float(ValueFormat::F16),
+            CacheKind::Tiered(_) | CacheKind::CodedTiered(..) => {
+                DenseStorage::Float(ValueFormat::F16)
+            }
         })
     }
 
@@ -847,7 +905,7 @@ impl CacheSpec {
             CacheKind::Dense(d) => d.buffer,
             CacheKind::Swan(s) | CacheKind::SwanTiered(s, _) => s.buffer,
             CacheKind::Coded(c) => c.buffer,
-            CacheKind::Tiered(_) => 0,
+            CacheKind::Tiered(_) | CacheKind::CodedTiered(..) => 0,
         }
     }
 
@@ -860,7 +918,7 @@ impl CacheSpec {
                 format!("b={b} exceeds the model's context of {context} positions"),
             ));
         }
-        if let CacheKind::Coded(c) = &self.kind {
+        if let CacheKind::Coded(c) | CacheKind::CodedTiered(c, _) = &self.kind {
             c.check_head_dim(&self.text, model.config().head_dim)?;
         }
         let (model, make) = self.layered_parts(model)?;
@@ -999,6 +1057,22 @@ impl CacheSpec {
                 let set = served(&full)?;
                 let make = move || t.build(shape, Some((cfg, set.clone())), threads);
                 (absorbed, Box::new(make), Some(whole))
+            }
+            CacheKind::CodedTiered(coded, t) => {
+                let rows = coded.span_rows();
+                match coded.rotate {
+                    None => {
+                        let (m, set) = unrotated()?;
+                        (m, Box::new(move || t.build_rows(shape, rows, None, threads)), set)
+                    }
+                    Some(basis) => {
+                        let full = projection_set(basis, coded.proj.as_deref(), model)?;
+                        let (absorbed, whole) = absorb(&full)?;
+                        let set = served(&full)?;
+                        let make = move || t.build_rows(shape, rows, Some(set.clone()), threads);
+                        (absorbed, Box::new(make), Some(whole))
+                    }
+                }
             }
         })
     }

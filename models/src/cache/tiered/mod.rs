@@ -1,5 +1,5 @@
-//! `tiered` and `swan+tiered`: WnW's store (`kv-tiered`) over a marked span of the prompt
-//! (`papers/wnw.txt` §2.3; the paper's audio span, here any span a user marks).
+//! `tiered`, `swan+tiered` and `turbo+tiered`: WnW's store (`kv-tiered`) over a marked span
+//! of the prompt (`papers/wnw.txt` §2.3; the paper's audio span, here any span a user marks).
 //!
 //! Prefill: the model reports each layer's prefill attention from the text rows to the span
 //! (or the last-window rows for the SnapKV-style baselines) and the layer's K/V; after the
@@ -17,6 +17,12 @@
 //! (`papers/swan.txt` method section inside WnW's store). The kernel reads those rows at
 //! their kept indices — no row is decoded to f32 (`tests/tiered_rows.rs`) — and the
 //! steady-state step allocates nothing (`tests/tiered_alloc.rs`).
+//!
+//! `turbo+tiered` does the same with the equal-footing TurboQuant-style codes (arXiv
+//! 2504.19874, §3.1–3.2): q/k turned by the spec's rotation (the paper's random rotation by
+//! default), non-anchor span rows stored as f16 norm + 2/3/4-bit codebook codes (keys
+//! optionally with the QJL sketch), read in place by the gathered dense + coded kernel
+//! (`GatheredCodedAttention::gathered_coded`).
 
 mod prompt;
 mod spec;
@@ -26,16 +32,29 @@ pub use spec::{PolicyKind, RolesSource, TieredSpec};
 use std::sync::Arc;
 
 use attn_kernels::{
-    AttnConfig, CpuAttention, GatheredKv, GatheredSparseAttention, GatheredSparseKv,
+    AttnConfig, CpuAttention, GatheredCodedAttention, GatheredCodedKv, GatheredKv,
+    GatheredSparseAttention, GatheredSparseKv,
 };
 use kv_sparse::Value;
 use kv_tiered::policy::StepSignal;
-use kv_tiered::{GatheredLists, StepMetrics, TieredStore};
+use kv_tiered::{GatheredLists, RowCodec, StepMetrics, TieredStore};
 use projection::ProjectionSet;
 
 use self::prompt::Prompt;
 use super::{AttentionRequest, CacheBytes, CacheShape, KvCache, LayerKv, StepQkv, SwanConfig};
 use crate::error::{Result, invalid};
+
+/// What a tiered cache keeps the offloadable span rows of non-exact heads as.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SpanRows {
+    /// Dense rows in the spec's format (`tiered`).
+    Dense,
+    /// SWAN sparse fp8 rows (`swan+tiered`; dense rotated rows for the lossless
+    /// `value=f32` with every component kept).
+    Swan(SwanConfig),
+    /// Coded rows, keys and values each in its codec (`turbo+tiered`).
+    Coded(RowCodec, RowCodec),
+}
 
 impl TieredSpec {
     /// The cache this spec describes, with dense rows in the spec's format; `swan` adds the
@@ -49,13 +68,37 @@ impl TieredSpec {
         swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
         threads: usize,
     ) -> Result<Box<dyn KvCache>> {
+        let (rows, rotation) = match swan {
+            Some((cfg, set)) => (SpanRows::Swan(cfg), Some(set)),
+            None => (SpanRows::Dense, None),
+        };
+        self.build_rows(shape, rows, rotation, threads)
+    }
+
+    /// The cache this spec describes with `rows` for the offloadable span rows, q/k turned
+    /// by `rotation`'s `P_QK` when given (values come rotated from the model's absorbed
+    /// `Ŵ_V`).
+    ///
+    /// # Errors
+    /// As [`TieredCache::with_rows`].
+    pub fn build_rows(
+        &self,
+        shape: CacheShape,
+        rows: SpanRows,
+        rotation: Option<Arc<ProjectionSet>>,
+        threads: usize,
+    ) -> Result<Box<dyn KvCache>> {
         use half::{bf16, f16};
         use kv_sparse::ValueFormat;
-        let spec = self.clone();
+        let s = self.clone();
         Ok(match self.format {
-            ValueFormat::F32 => Box::new(TieredCache::<f32>::new(shape, spec, swan, threads)?),
-            ValueFormat::Bf16 => Box::new(TieredCache::<bf16>::new(shape, spec, swan, threads)?),
-            _ => Box::new(TieredCache::<f16>::new(shape, spec, swan, threads)?),
+            ValueFormat::F32 => {
+                Box::new(TieredCache::<f32>::with_rows(shape, s, rows, rotation, threads)?)
+            }
+            ValueFormat::Bf16 => {
+                Box::new(TieredCache::<bf16>::with_rows(shape, s, rows, rotation, threads)?)
+            }
+            _ => Box::new(TieredCache::<f16>::with_rows(shape, s, rows, rotation, threads)?),
         })
     }
 }
@@ -64,7 +107,8 @@ impl TieredSpec {
 pub struct TieredCache<D: Value> {
     shape: CacheShape,
     spec: TieredSpec,
-    swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+    rows: SpanRows,
+    rotation: Option<Arc<ProjectionSet>>,
     kernel: CpuAttention,
     prompt: Option<Prompt>,
     store: Option<TieredStore>,
@@ -81,12 +125,33 @@ impl<D: Value> TieredCache<D> {
     /// An empty cache; `swan` adds the SWAN rotation and sparse span rows.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidInput`] if the format is not `D` or the projection set does not
-    /// fit `shape`; [`crate::Error::Attention`] for a bad layout or thread count.
+    /// As [`TieredCache::with_rows`].
     pub fn new(
         shape: CacheShape,
         spec: TieredSpec,
         swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+        threads: usize,
+    ) -> Result<Self> {
+        let (rows, rotation) = match swan {
+            Some((cfg, set)) => (SpanRows::Swan(cfg), Some(set)),
+            None => (SpanRows::Dense, None),
+        };
+        Self::with_rows(shape, spec, rows, rotation, threads)
+    }
+
+    /// An empty cache keeping the offloadable span rows of non-exact heads as `rows`, q/k
+    /// turned by `rotation`'s `P_QK` when given.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidInput`] if the format is not `D`, SWAN rows are not u8-list
+    /// fp8 (or the lossless f32 with every component), coded rows do not fit the head size,
+    /// SWAN rows come without a rotation, or the projection set does not fit `shape`;
+    /// [`crate::Error::Attention`] for a bad layout or thread count.
+    pub fn with_rows(
+        shape: CacheShape,
+        spec: TieredSpec,
+        rows: SpanRows,
+        rotation: Option<Arc<ProjectionSet>>,
         threads: usize,
     ) -> Result<Self> {
         if spec.format != D::FORMAT {
@@ -95,23 +160,37 @@ impl<D: Value> TieredCache<D> {
                 format!("format {} is not the cache's {}", spec.format, D::FORMAT),
             ));
         }
-        if let Some((cfg, set)) = &swan {
-            let full = cfg.k_key == shape.head_dim() && cfg.k_value == shape.head_dim();
-            use kv_sparse::coded::ValueKind::Elems;
-            let list = cfg.index == super::SwanIndex::List;
-            if !list
-                || cfg.value != Elems(kv_sparse::ValueFormat::Fp8E4M3)
-                    && !(full && cfg.value == Elems(kv_sparse::ValueFormat::F32))
-            {
-                let reason = "kv-tiered stores sparse rows as u8-list fp8: use index=list with value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
-                return Err(invalid("swan+tiered cache", reason));
+        match rows {
+            SpanRows::Swan(cfg) => {
+                let full = cfg.k_key == shape.head_dim() && cfg.k_value == shape.head_dim();
+                use kv_sparse::coded::ValueKind::Elems;
+                let list = cfg.index == super::SwanIndex::List;
+                if !list
+                    || cfg.value != Elems(kv_sparse::ValueFormat::Fp8E4M3)
+                        && !(full && cfg.value == Elems(kv_sparse::ValueFormat::F32))
+                {
+                    let reason = "kv-tiered stores sparse rows as u8-list fp8: use index=list with value=fp8, or value=f32 with k = kv = head_dim (dense rotated rows)";
+                    return Err(invalid("swan+tiered cache", reason));
+                }
+                if rotation.is_none() {
+                    return Err(invalid("swan+tiered cache", "SWAN rows need their rotation"));
+                }
             }
+            SpanRows::Coded(keys, values) => {
+                let d = shape.head_dim();
+                let layout = kv_tiered::RowLayout::with_coded(d, spec.format, keys, values);
+                layout.validate().map_err(|e| invalid("coded tiered cache", e.to_string()))?;
+            }
+            SpanRows::Dense => {}
+        }
+        if let Some(set) = &rotation {
             shape.check_projection("tiered cache", set.dims())?;
         }
         Ok(Self {
             shape,
             spec,
-            swan,
+            rows,
+            rotation,
             kernel: CpuAttention::new(threads)?,
             prompt: None,
             store: None,
@@ -140,9 +219,9 @@ impl<D: Value> TieredCache<D> {
         self.prompt.as_mut().ok_or_else(|| invalid("tiered prefill", "no prompt"))
     }
 
-    /// Rotates one token's q and k into the SWAN basis (no-op without SWAN).
+    /// Rotates one token's q and k into the cache's basis (no-op without a rotation).
     fn rotate_step(&mut self, layer: usize, step: &StepQkv<'_>) -> Result<bool> {
-        let Some((_, set)) = &self.swan else { return Ok(false) };
+        let Some(set) = &self.rotation else { return Ok(false) };
         set.rotate_qk_into(layer, 1, step.q, step.k, &mut self.q_rot, &mut self.k_rot)?;
         Ok(true)
     }
@@ -160,12 +239,18 @@ impl<D: Value> KvCache for TieredCache<D> {
     }
 
     fn label(&self) -> String {
-        let swan = self.swan.as_ref().map_or(String::new(), |(c, s)| {
-            format!("swan k={}/{} basis={} + ", c.k_key, c.k_value, s.provenance().kind)
-        });
+        let basis = self
+            .rotation
+            .as_ref()
+            .map_or(String::new(), |s| format!(" basis={}", s.provenance().kind));
+        let rows = match self.rows {
+            SpanRows::Dense => String::new(),
+            SpanRows::Swan(c) => format!("swan k={}/{}{basis} + ", c.k_key, c.k_value),
+            SpanRows::Coded(k, v) => format!("coded {k:?}/{v:?}{basis} + "),
+        };
         let s = &self.spec;
         format!(
-            "{swan}tiered {:?} r_gpu={} span={}..{} ({})",
+            "{rows}tiered {:?} r_gpu={} span={}..{} ({})",
             s.policy,
             s.r_gpu,
             s.span_start,
@@ -203,7 +288,7 @@ impl<D: Value> KvCache for TieredCache<D> {
 
     fn prefill(&mut self, layer: usize, kv: LayerKv<'_>) -> Result<()> {
         self.shape.check_prefill(layer, &kv)?;
-        let set = self.swan.as_ref().map(|(_, s)| s.clone());
+        let set = self.rotation.clone();
         let prompt = self.prompt_mut(kv.tokens)?;
         prompt.add_layer(layer, &kv, set.as_deref())?;
         if layer + 1 == self.shape.layers {
@@ -216,10 +301,12 @@ impl<D: Value> KvCache for TieredCache<D> {
             };
             // Sparse span rows only for fp8 values; f32 with every component kept is the
             // lossless setting and stays dense (rotated).
-            let swan = self.swan.as_ref().map(|(c, _)| *c).filter(|c| {
-                c.value == kv_sparse::coded::ValueKind::Elems(kv_sparse::ValueFormat::Fp8E4M3)
-            });
-            self.store = Some(prompt.build_store(&self.spec, swan, capacity)?);
+            let fp8 = kv_sparse::coded::ValueKind::Elems(kv_sparse::ValueFormat::Fp8E4M3);
+            let rows = match self.rows {
+                SpanRows::Swan(c) if c.value != fp8 => SpanRows::Dense,
+                rows => rows,
+            };
+            self.store = Some(prompt.build_store(&self.spec, rows, capacity)?);
             // Every later step attends at most `tokens + capacity` rows per kv-head.
             self.weights.reserve(self.shape.kv_heads() * (kv.tokens + capacity));
             self.kernel.reserve(&self.shape.attn, kv.tokens + capacity);
@@ -277,9 +364,9 @@ impl<D: Value> KvCache for TieredCache<D> {
     }
 }
 
-/// Attention over one layer's resident dense and SWAN sparse rows, read in place; with
-/// `weights` (the policy reads the anchor signal) the kernel's per-row softmax weights are
-/// fed back to the store (Eq. 2).
+/// Attention over one layer's resident dense and SWAN sparse or coded rows, read in place;
+/// with `weights` (the policy reads the anchor signal) the kernel's per-row softmax weights
+/// are fed back to the store (Eq. 2).
 fn attend<D: Value>(
     store: &mut TieredStore,
     layer: usize,
@@ -288,19 +375,35 @@ fn attend<D: Value>(
     out: &mut [f32],
     mut weights: Option<&mut Vec<f32>>,
 ) -> Result<()> {
-    store.layer_view(layer)?.with_gathered_parts(lists, |dense, sparse| {
-        let w = weights.as_deref_mut().map(|w| {
-            let rows = dense.iter().map(GatheredKv::num_rows).sum::<usize>()
-                + sparse.iter().map(GatheredSparseKv::num_rows).sum::<usize>();
-            w.resize(rows, 0.0);
-            &mut w[..]
-        });
-        kernel.gathered_sparse(attn, q, dense, sparse, out, w)
-    })??;
+    let dense_rows =
+        |dense: &[GatheredKv<'_, D>]| dense.iter().map(GatheredKv::num_rows).sum::<usize>();
+    let view = store.layer_view(layer)?;
+    if store.config().rows.is_coded() {
+        view.with_coded_parts(lists, |dense, coded| {
+            let rows =
+                dense_rows(dense) + coded.iter().map(GatheredCodedKv::num_rows).sum::<usize>();
+            kernel.gathered_coded(attn, q, dense, coded, out, sized(weights.as_deref_mut(), rows))
+        })??;
+    } else {
+        view.with_gathered_parts(lists, |dense, sparse| {
+            let rows =
+                dense_rows(dense) + sparse.iter().map(GatheredSparseKv::num_rows).sum::<usize>();
+            kernel.gathered_sparse(attn, q, dense, sparse, out, sized(weights.as_deref_mut(), rows))
+        })??;
+    }
+    drop(view);
     if let Some(w) = weights {
         store.add_gathered_weights(layer, w)?;
     }
     Ok(())
+}
+
+/// `weights` resized to `rows`, as the kernels' weights output.
+fn sized(weights: Option<&mut Vec<f32>>, rows: usize) -> Option<&mut [f32]> {
+    weights.map(|w| {
+        w.resize(rows, 0.0);
+        &mut w[..]
+    })
 }
 
 /// Resident bytes (rows attention reads, by pool format) and the host copies.

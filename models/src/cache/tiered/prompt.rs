@@ -9,8 +9,8 @@ use kv_tiered::policy::PrefillSignal;
 use kv_tiered::{DensePromptKv, RowCodec, RowLayout, StoreConfig, TieredStore};
 use projection::ProjectionSet;
 
-use super::TieredSpec;
-use crate::cache::{AttentionRequest, CacheShape, LayerKv, SwanConfig};
+use super::{SpanRows, TieredSpec};
+use crate::cache::{AttentionRequest, CacheShape, LayerKv};
 use crate::error::{Result, invalid};
 
 /// Prompt K/V and span scores of every layer, until the store is built.
@@ -128,11 +128,16 @@ impl Prompt {
         self.scores.chunks_exact(self.span.len()).map(|s| s.iter().sum::<f32>() / norm).collect()
     }
 
-    /// The dense or sparse row layout; sparse fp8 scales fit the span's largest magnitudes.
-    fn rows(&self, spec: &TieredSpec, swan: Option<SwanConfig>) -> Result<RowLayout> {
+    /// The dense, sparse or coded row layout; sparse fp8 scales fit the span's largest
+    /// magnitudes.
+    fn rows(&self, spec: &TieredSpec, rows: SpanRows) -> Result<RowLayout> {
         let d = self.shape.head_dim();
-        let Some(c) = swan else {
-            return Ok(RowLayout { head_dim: d, dense: spec.format, sparse: None });
+        let c = match rows {
+            SpanRows::Dense => {
+                return Ok(RowLayout { head_dim: d, dense: spec.format, sparse: None });
+            }
+            SpanRows::Coded(k, v) => return Ok(RowLayout::with_coded(d, spec.format, k, v)),
+            SpanRows::Swan(c) => c,
         };
         let span_max = |x: &[f32]| {
             x.chunks_exact(self.tokens * d)
@@ -152,7 +157,7 @@ impl Prompt {
     pub(super) fn build_store(
         self,
         spec: &TieredSpec,
-        swan: Option<SwanConfig>,
+        rows: SpanRows,
         capacity: usize,
     ) -> Result<TieredStore> {
         if let Some(layer) = self.filled.iter().position(|f| !f) {
@@ -175,7 +180,7 @@ impl Prompt {
             ));
         }
         let config = StoreConfig {
-            rows: self.rows(spec, swan)?,
+            rows: self.rows(spec, rows)?,
             ..StoreConfig::new(s.layers, s.attn, layout, capacity)
         };
         let scores = if signal == PrefillSignal::None { Vec::new() } else { self.scores };
