@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# The publishable crates as crates.io would receive them: `cargo package` (which builds each
-# packaged crate against the others, default features), then the packaged attn-kernels and
-# kv-tiered checked again with `--features cuda` (the PTX they embed must be in the package),
-# and the docs built with missing docs and doc warnings as errors.
+# The publishable crates as crates.io would receive them: `cargo publish --dry-run` (which
+# packages each crate and builds it against the others' packages, default features), then
+# the packaged attn-kernels and kv-tiered checked again with `--features cuda` (the PTX they
+# embed must be in the package), and the docs built with missing docs and doc warnings as
+# errors.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$KVTIDE_ROOT"
 crates=(kv-sparse kvtide-projection attn-kernels kv-tiered)
-cargo package "${crates[@]/#/-p}" "$@"
+# Cargo verifies each package against its siblings' packages through a local overlay
+# registry and takes registry packages as immutable: a sibling changed since the last run at
+# the same version would be read from its stale unpacked copy and stale build, so both go
+# first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/{kv-sparse,kvtide-projection,attn-kernels,kv-tiered}-*
+cargo clean --profile dev "${crates[@]/#/-p}"
+cargo publish --dry-run "${crates[@]/#/-p}" "$@"
 version="$(cargo metadata --format-version 1 --no-deps | python3 -c \
   'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "kv-sparse"))')"
 unpacked="$(mktemp -d)"; trap 'rm -rf "$unpacked"' EXIT

@@ -61,6 +61,19 @@ pub enum RowCodec {
     },
 }
 
+impl std::fmt::Display for RowCodec {
+    /// `f16`, `fp8 k=32`, `turbo3`, `turbo3 qjl`, `int4 groups of 32`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Self::Dense { format } => write!(f, "{format}"),
+            Self::SparseFp8 { k, .. } => write!(f, "fp8 k={k}"),
+            Self::Turbo { bits } => write!(f, "turbo{bits}"),
+            Self::TurboQjl { bits } => write!(f, "turbo{bits} qjl"),
+            Self::Groups { bits, group } => write!(f, "int{bits} groups of {group}"),
+        }
+    }
+}
+
 /// The shared tables coded rows decode with: each side's codebook levels and the QJL
 /// sketch (empty where a side needs none), made once per store and lent to its views.
 #[derive(Clone, Debug, Default)]

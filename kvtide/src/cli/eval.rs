@@ -61,6 +61,9 @@ const DEMO_CACHES: [&str; 7] = [
     "swan:k=32,index=bitmask,value=int4,b=128",
 ];
 
+/// The recent-token buffer every compressed demo configuration keeps (`b=`).
+const DEMO_BUFFER: usize = 128;
+
 /// Tokens the demo scores, and how many of them libtorch prefills: 384 decode steps per
 /// configuration keep the whole demo within a few minutes on a 2-core CPU while the SWAN
 /// caches still evict (the prompt exceeds the b = 128 buffer by 256 tokens at the first step).
@@ -253,7 +256,7 @@ fn ensure_projection(ckpt: &Checkpoint, caches: &[CacheSpec]) -> Result<()> {
 /// the default model and play.
 pub fn demo() -> Result<()> {
     println!(
-        "kvtide {} — KV formats on equal footing (same 128-row buffer) on the default model and play (see `kvtide --help`)",
+        "kvtide {} — KV formats on equal footing (same {DEMO_BUFFER}-row buffer) on the default model and play (see `kvtide --help`)",
         env!("CARGO_PKG_VERSION")
     );
     let ckpt = ModelArgs { model: None }.load()?;
@@ -262,12 +265,19 @@ pub fn demo() -> Result<()> {
     ensure_projection(&ckpt, &caches)?;
     let (path, text) = read_text(None)?;
     eval_all(&ckpt, &caches, (&path, &text), DEMO_TOKENS, DEMO_PREFIX, false)?;
-    println!(
-        "\nKV bytes are measured at the end of this {DEMO_TOKENS}-token text, where the 128-row buffer\n\
-         still weighs a fifth of the cache; @4k/f16 amortizes it over {AMORTIZED_TOKENS} positions.\n\
-         Full comparison on equal footing: kvtide reproduce --only frontier (results/README.md)."
-    );
+    println!("\n{}", demo_note());
     Ok(())
+}
+
+/// The demo's closing note: every figure in it follows from the demo's own constants.
+fn demo_note() -> String {
+    let share = 100 * DEMO_BUFFER / DEMO_TOKENS;
+    format!(
+        "KV bytes are measured at the end of this {DEMO_TOKENS}-token text, where the \
+         {DEMO_BUFFER}-row buffer\nholds {share} % of the positions; @4k/f16 amortizes it over \
+         {AMORTIZED_TOKENS} positions.\nFull comparison on equal footing: kvtide reproduce \
+         --only frontier (results/README.md)."
+    )
 }
 
 /// Arguments of `kvtide bench-attn`.
@@ -316,4 +326,42 @@ pub fn bench(a: &BenchArgs) -> Result<()> {
     spinner.finish_and_clear();
     print_json(&out?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The main job's configurations parse and stand on equal footing: dense f16 without a
+    /// buffer, every compressed one with the same buffer and no sink, the families the README
+    /// promises among them.
+    #[test]
+    fn demo_caches_parse_on_equal_footing() {
+        let specs: Vec<CacheSpec> = DEMO_CACHES.iter().map(|s| s.parse().unwrap()).collect();
+        for (text, spec) in DEMO_CACHES.iter().zip(&specs) {
+            let want = if *text == "dense:format=f16" { 0 } else { DEMO_BUFFER };
+            assert_eq!(spec.buffer_rows(), want, "{text}");
+            assert!(!text.contains("sink"), "{text}");
+        }
+        for family in
+            ["int8,rotate=hadamard", "int4,rotate=hadamard", "kivi:bits=2", "turbo:bits=3"]
+        {
+            assert!(DEMO_CACHES.iter().any(|s| s.contains(family)), "{family}");
+        }
+        assert!(DEMO_CACHES.iter().any(|s| s.starts_with("swan:")));
+        assert!(DEMO_TOKENS > DEMO_PREFIX + DEMO_BUFFER, "the SWAN caches must evict");
+    }
+
+    /// The closing note states no figure that is not the demo's own: every number in it is
+    /// one of its constants or follows from them.
+    #[test]
+    fn demo_note_states_only_the_demos_figures() {
+        let note = demo_note();
+        let allowed =
+            [DEMO_TOKENS, DEMO_BUFFER, 100 * DEMO_BUFFER / DEMO_TOKENS, AMORTIZED_TOKENS, 4, 16];
+        let numbers = note.split(|c: char| !c.is_ascii_digit()).filter(|n| !n.is_empty());
+        for n in numbers {
+            assert!(allowed.contains(&n.parse().unwrap()), "{n} in {note:?}");
+        }
+    }
 }

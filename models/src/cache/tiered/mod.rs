@@ -246,7 +246,7 @@ impl<D: Value> KvCache for TieredCache<D> {
         let rows = match self.rows {
             SpanRows::Dense => String::new(),
             SpanRows::Swan(c) => format!("swan k={}/{}{basis} + ", c.k_key, c.k_value),
-            SpanRows::Coded(k, v) => format!("coded {k:?}/{v:?}{basis} + "),
+            SpanRows::Coded(k, v) => format!("{k}/{v}{basis} + "),
         };
         let s = &self.spec;
         format!(
