@@ -399,17 +399,8 @@ impl GatheredSparseAttention for Reference {
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
-        const OP: &str = "Reference::gathered_sparse";
-        let total = validate::gathered_sparse_call(OP, cfg, q, out, dense, sparse)?;
-        validate::weights(OP, weights.as_deref(), total)?;
-        let heads = dense.iter().zip(sparse).map(|(dk, sk)| {
-            let mut rows = Decoded::new(cfg.head_dim());
-            rows.push_gathered(dk);
-            rows.push_gathered_sparse(sk);
-            rows
-        });
-        attend_all(cfg, q, out, weights, heads);
-        Ok(())
+        let op = "Reference::gathered_sparse";
+        gathered_parts(op, cfg, q, (dense, sparse), out, weights, Decoded::push_gathered_sparse)
     }
 }
 
@@ -423,18 +414,32 @@ impl GatheredCodedAttention for Reference {
         out: &mut [f32],
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
-        const OP: &str = "Reference::gathered_coded";
-        let total = validate::gathered_coded_call(OP, cfg, q, out, dense, coded)?;
-        validate::weights(OP, weights.as_deref(), total)?;
-        let heads = dense.iter().zip(coded).map(|(dk, ck)| {
-            let mut rows = Decoded::new(cfg.head_dim());
-            rows.push_gathered(dk);
-            rows.push_gathered_coded(ck);
-            rows
-        });
-        attend_all(cfg, q, out, weights, heads);
-        Ok(())
+        let op = "Reference::gathered_coded";
+        gathered_parts(op, cfg, q, (dense, coded), out, weights, Decoded::push_gathered_coded)
     }
+}
+
+/// The reference over every kv-head's dense rows and second part, each part's rows decoded
+/// by `push`.
+fn gathered_parts<D: Value, P: validate::GatheredPart>(
+    op: &'static str,
+    cfg: &AttnConfig,
+    q: &[f32],
+    (dense, parts): (&[GatheredKv<'_, D>], &[P]),
+    out: &mut [f32],
+    weights: Option<&mut [f32]>,
+    push: fn(&mut Decoded, &P),
+) -> Result<()> {
+    let total = validate::gathered_parts_call(op, cfg, q, out, dense, parts)?;
+    validate::weights(op, weights.as_deref(), total)?;
+    let heads = dense.iter().zip(parts).map(|(dk, part)| {
+        let mut rows = Decoded::new(cfg.head_dim());
+        rows.push_gathered(dk);
+        push(&mut rows, part);
+        rows
+    });
+    attend_all(cfg, q, out, weights, heads);
+    Ok(())
 }
 
 impl DecodeDevice for Reference {

@@ -381,19 +381,6 @@ fn gathered_sparse_rows(
     resident(op, kv_head, kv.positions, kv.slots, slab_rows)
 }
 
-/// A kv-head of dense and sparse resident rows; returns its rows (dense + sparse).
-pub(crate) fn gathered_sparse<D: Value>(
-    op: &'static str,
-    d: usize,
-    kv_head: usize,
-    (dense, sparse): (&GatheredKv<'_, D>, &GatheredSparseKv<'_>),
-) -> Result<usize> {
-    let rows =
-        gathered_rows(op, d, kv_head, dense)? + gathered_sparse_rows(op, d, kv_head, sparse)?;
-    disjoint(op, kv_head, dense.positions, sparse.positions)?;
-    non_empty(op, kv_head, rows)
-}
-
 /// Two ascending position lists of one kv-head share no position.
 fn disjoint(op: &'static str, kv_head: usize, a: &[u32], b: &[u32]) -> Result<()> {
     let (mut i, mut j) = (0, 0);
@@ -445,31 +432,6 @@ fn gathered_coded_rows(
     resident(op, kv_head, kv.positions, kv.slots, rows)
 }
 
-/// Everything [`crate::GatheredCodedAttention::gathered_coded`] checks except the weights;
-/// returns the resident rows of all kv-heads.
-pub(crate) fn gathered_coded_call<D: Value>(
-    op: &'static str,
-    cfg: &AttnConfig,
-    q: &[f32],
-    out: &[f32],
-    dense: &[GatheredKv<'_, D>],
-    coded: &[crate::views::GatheredCodedKv<'_>],
-) -> Result<usize> {
-    call(op, cfg, q, out, dense.len())?;
-    if coded.len() != dense.len() {
-        let (what, expected, got) = ("coded kv-head lists", dense.len(), coded.len());
-        return Err(Error::LengthMismatch { op, what, expected, got });
-    }
-    let d = cfg.head_dim();
-    let mut total = 0;
-    for (h, (dk, ck)) in dense.iter().zip(coded).enumerate() {
-        let rows = gathered_rows(op, d, h, dk)? + gathered_coded_rows(op, d, h, ck)?;
-        disjoint(op, h, dk.positions, ck.positions)?;
-        total += non_empty(op, h, rows)?;
-    }
-    Ok(total)
-}
-
 /// Checks an optional weights output against the total resident rows.
 pub(crate) fn weights(op: &'static str, weights: Option<&[f32]>, total_rows: usize) -> Result<()> {
     match weights {
@@ -480,24 +442,65 @@ pub(crate) fn weights(op: &'static str, weights: Option<&[f32]>, total_rows: usi
     }
 }
 
-/// Everything [`crate::GatheredSparseAttention::gathered_sparse`] checks except the
-/// weights; returns the resident rows of all kv-heads.
-pub(crate) fn gathered_sparse_call<D: Value>(
+/// The second part of a gathered kv-head (SWAN sparse or coded rows), as validated.
+pub(crate) trait GatheredPart {
+    /// What a list of parts is called in errors.
+    const LISTS: &'static str;
+
+    /// Absolute positions of the part's resident rows.
+    fn positions(&self) -> &[u32];
+
+    /// Checks the part against head dimension `d`; returns its resident rows (may be 0).
+    fn checked_rows(&self, op: &'static str, d: usize, kv_head: usize) -> Result<usize>;
+}
+
+impl GatheredPart for GatheredSparseKv<'_> {
+    const LISTS: &'static str = "sparse kv-head lists";
+
+    fn positions(&self) -> &[u32] {
+        self.positions
+    }
+
+    fn checked_rows(&self, op: &'static str, d: usize, kv_head: usize) -> Result<usize> {
+        gathered_sparse_rows(op, d, kv_head, self)
+    }
+}
+
+impl GatheredPart for crate::views::GatheredCodedKv<'_> {
+    const LISTS: &'static str = "coded kv-head lists";
+
+    fn positions(&self) -> &[u32] {
+        self.positions
+    }
+
+    fn checked_rows(&self, op: &'static str, d: usize, kv_head: usize) -> Result<usize> {
+        gathered_coded_rows(op, d, kv_head, self)
+    }
+}
+
+/// Everything [`crate::GatheredSparseAttention::gathered_sparse`] and
+/// [`crate::GatheredCodedAttention::gathered_coded`] check except the weights: per kv-head,
+/// the dense part, the second part and their disjoint positions; returns the resident rows
+/// of all kv-heads.
+pub(crate) fn gathered_parts_call<D: Value, P: GatheredPart>(
     op: &'static str,
     cfg: &AttnConfig,
     q: &[f32],
     out: &[f32],
     dense: &[GatheredKv<'_, D>],
-    sparse: &[GatheredSparseKv<'_>],
+    parts: &[P],
 ) -> Result<usize> {
     call(op, cfg, q, out, dense.len())?;
-    if sparse.len() != dense.len() {
-        let (what, expected, got) = ("sparse kv-head lists", dense.len(), sparse.len());
+    if parts.len() != dense.len() {
+        let (what, expected, got) = (P::LISTS, dense.len(), parts.len());
         return Err(Error::LengthMismatch { op, what, expected, got });
     }
+    let d = cfg.head_dim();
     let mut total = 0;
-    for (h, pair) in dense.iter().zip(sparse).enumerate() {
-        total += gathered_sparse(op, cfg.head_dim(), h, pair)?;
+    for (h, (dk, part)) in dense.iter().zip(parts).enumerate() {
+        let rows = gathered_rows(op, d, h, dk)? + part.checked_rows(op, d, h)?;
+        disjoint(op, h, dk.positions, part.positions())?;
+        total += non_empty(op, h, rows)?;
     }
     Ok(total)
 }

@@ -48,8 +48,8 @@ use crate::views::{
 };
 use engine::{Engine, Job, Workspace};
 use sources::{
-    CodedHybridSrc, DecodedSrc, DenseSrc, GatheredCodedSrc, GatheredSparseSrc, GatheredSrc,
-    HybridSrc, QuantSrc, SparseSrc,
+    CodedHybridSrc, DecodedSrc, DenseSrc, GatheredPartSrc, GatheredSrc, HybridSrc, QuantSrc,
+    SparseSrc,
 };
 use tile::Kernels;
 
@@ -335,10 +335,25 @@ impl GatheredSparseAttention for CpuAttention {
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "CpuAttention::gathered_sparse";
-        let total = validate::gathered_sparse_call(OP, cfg, q, out, dense, sparse)?;
-        validate::weights(OP, weights.as_deref(), total)?;
+        self.gathered_parts(OP, cfg, q, (dense, sparse), out, weights)
+    }
+}
+
+impl CpuAttention {
+    /// Gathered attention over dense rows and a second part of every kv-head, checked.
+    fn gathered_parts<D: Value, P: sources::GatheredPart + validate::GatheredPart>(
+        &mut self,
+        op: &'static str,
+        cfg: &AttnConfig,
+        q: &[f32],
+        (dense, parts): (&[GatheredKv<'_, D>], &[P]),
+        out: &mut [f32],
+        weights: Option<&mut [f32]>,
+    ) -> Result<()> {
+        let total = validate::gathered_parts_call(op, cfg, q, out, dense, parts)?;
+        validate::weights(op, weights.as_deref(), total)?;
         let job = Job { cfg, q, capture: weights.is_some() };
-        self.engine.execute(&job, &GatheredSparseSrc { dense, sparse }, out, weights);
+        self.engine.execute(&job, &GatheredPartSrc { dense, parts }, out, weights);
         Ok(())
     }
 }
@@ -354,11 +369,7 @@ impl GatheredCodedAttention for CpuAttention {
         weights: Option<&mut [f32]>,
     ) -> Result<()> {
         const OP: &str = "CpuAttention::gathered_coded";
-        let total = validate::gathered_coded_call(OP, cfg, q, out, dense, coded)?;
-        validate::weights(OP, weights.as_deref(), total)?;
-        let job = Job { cfg, q, capture: weights.is_some() };
-        self.engine.execute(&job, &GatheredCodedSrc { dense, coded }, out, weights);
-        Ok(())
+        self.gathered_parts(OP, cfg, q, (dense, coded), out, weights)
     }
 }
 

@@ -328,16 +328,76 @@ fn run_gathered<D: Value, const W: usize>(
     dense_segment::<D, W>(k, &row, range, q, d, slot, capture);
 }
 
-/// Resident dense and sparse rows of every kv-head: rows `0..n_dense` are the dense list,
-/// the rest the sparse list.
-pub(crate) struct GatheredSparseSrc<'s, 'a, D> {
-    pub dense: &'s [GatheredKv<'a, D>],
-    pub sparse: &'s [GatheredSparseKv<'a>],
+/// The second part of a gathered kv-head — SWAN sparse fp8 rows or coded rows — streamed
+/// where the tiered store placed them.
+pub(crate) trait GatheredPart: Sync {
+    /// Resident rows.
+    fn num_rows(&self) -> usize;
+
+    /// Streams rows `range` of the part through `slot`, capturing their log2-domain scores
+    /// when `capture` is given.
+    #[allow(clippy::too_many_arguments)]
+    fn stream<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        range: std::ops::Range<usize>,
+        sc: &mut Scratch,
+        slot_capture: (&mut Slot, Option<&mut [f32]>),
+    );
 }
 
-impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
+impl GatheredPart for GatheredSparseKv<'_> {
+    fn num_rows(&self) -> usize {
+        self.num_rows()
+    }
+
+    fn stream<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        range: std::ops::Range<usize>,
+        sc: &mut Scratch,
+        slot_capture: (&mut Slot, Option<&mut [f32]>),
+    ) {
+        let rows = |slab| SlabRows { slab, slots: self.slots };
+        let (keys, values) = (rows(self.keys), rows(self.values));
+        let pair = SparsePair { keys, values, value_scale: self.values.scale };
+        let key_scale = self.keys.scale;
+        run_sparse::<u8, _, _, W>(k, job, item, &pair, key_scale, range, sc, slot_capture);
+    }
+}
+
+impl GatheredPart for GatheredCodedKv<'_> {
+    fn num_rows(&self) -> usize {
+        self.num_rows()
+    }
+
+    fn stream<const W: usize>(
+        &self,
+        k: Kernels,
+        job: &Job<'_>,
+        item: &Item,
+        range: std::ops::Range<usize>,
+        sc: &mut Scratch,
+        slot_capture: (&mut Slot, Option<&mut [f32]>),
+    ) {
+        rowcodes::gathered_segment::<W>(k, job, item, (self, range), sc, slot_capture);
+    }
+}
+
+/// Resident dense rows and a second part ([`GatheredPart`]) of every kv-head: rows
+/// `0..n_dense` are the dense list, the rest the part's list.
+pub(crate) struct GatheredPartSrc<'s, 'a, D, P> {
+    pub dense: &'s [GatheredKv<'a, D>],
+    pub parts: &'s [P],
+}
+
+impl<D: Value, P: GatheredPart> ItemSource for GatheredPartSrc<'_, '_, D, P> {
     fn rows(&self, kv: usize) -> usize {
-        self.dense[kv].num_rows() + self.sparse[kv].num_rows()
+        self.dense[kv].num_rows() + self.parts[kv].num_rows()
     }
 
     fn run<const W: usize>(
@@ -351,7 +411,7 @@ impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
         let split = self.dense[item.kv].num_rows();
         let (start, end) = (item.rows.start, item.rows.end);
         let mut capture = std::mem::take(&mut slot.capture);
-        let (cap_dense, cap_sparse) = if job.capture {
+        let (cap_dense, cap_part) = if job.capture {
             let (a, b) = capture.split_at_mut((split.clamp(start, end) - start) * W);
             (Some(a), Some(b))
         } else {
@@ -362,63 +422,8 @@ impl<D: Value> ItemSource for GatheredSparseSrc<'_, '_, D> {
             run_gathered::<D, W>(k, job, item, kv, range, sc, (slot, cap_dense));
         }
         if end > split {
-            let kv = &self.sparse[item.kv];
-            let rows = |slab| SlabRows { slab, slots: kv.slots };
-            let (keys, values) = (rows(kv.keys), rows(kv.values));
-            let pair = SparsePair { keys, values, value_scale: kv.values.scale };
             let range = start.max(split) - split..end - split;
-            let key_scale = kv.keys.scale;
-            run_sparse::<u8, _, _, W>(
-                k,
-                job,
-                item,
-                &pair,
-                key_scale,
-                range,
-                sc,
-                (slot, cap_sparse),
-            );
-        }
-        slot.capture = capture;
-    }
-}
-
-/// Resident dense and coded rows of every kv-head: rows `0..n_dense` are the dense list,
-/// the rest the coded list.
-pub(crate) struct GatheredCodedSrc<'s, 'a, D> {
-    pub dense: &'s [GatheredKv<'a, D>],
-    pub coded: &'s [GatheredCodedKv<'a>],
-}
-
-impl<D: Value> ItemSource for GatheredCodedSrc<'_, '_, D> {
-    fn rows(&self, kv: usize) -> usize {
-        self.dense[kv].num_rows() + self.coded[kv].num_rows()
-    }
-
-    fn run<const W: usize>(
-        &self,
-        k: Kernels,
-        job: &Job<'_>,
-        item: &Item,
-        sc: &mut Scratch,
-        slot: &mut Slot,
-    ) {
-        let split = self.dense[item.kv].num_rows();
-        let (start, end) = (item.rows.start, item.rows.end);
-        let mut capture = std::mem::take(&mut slot.capture);
-        let (cap_dense, cap_coded) = if job.capture {
-            let (a, b) = capture.split_at_mut((split.clamp(start, end) - start) * W);
-            (Some(a), Some(b))
-        } else {
-            (None, None)
-        };
-        if start < split {
-            let (kv, range) = (&self.dense[item.kv], start..end.min(split));
-            run_gathered::<D, W>(k, job, item, kv, range, sc, (slot, cap_dense));
-        }
-        if end > split {
-            let part = (&self.coded[item.kv], start.max(split) - split..end - split);
-            rowcodes::gathered_segment::<W>(k, job, item, part, sc, (slot, cap_coded));
+            self.parts[item.kv].stream::<W>(k, job, item, range, sc, (slot, cap_part));
         }
         slot.capture = capture;
     }
