@@ -30,7 +30,7 @@
 use std::time::Instant;
 
 use attn_kernels::{
-    AttnConfig, CpuAttention, DecodeAttention, DenseKv, EncodedAttention, GatheredKv,
+    AttnConfig, CpuAttention, DecodeAttention, DecodedKv, DenseKv, EncodedAttention, GatheredKv,
     GatheredSparseAttention, GatheredSparseKv, QuantKv, QueryPrecision, SparseSlab, synth,
 };
 use half::f16;
@@ -38,8 +38,10 @@ use kv_sparse::Value;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, IndexCode, Int8Values, ValueCode};
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::HybridCache;
-use kv_sparse::hybrid::{CodedHybridCache, HybridConfig};
+use kv_sparse::hybrid::{CodedHybridCache, Hybrid, HybridConfig, RowStore};
+use kv_sparse::kivi::KiviRows;
 use kv_sparse::quant::{DenseCodec, Fp8Rows, Int4Blocks, Int8Blocks, QuantRows};
+use kv_sparse::turbo::TurboRows;
 use serde::Serialize;
 
 use crate::bandwidth;
@@ -366,6 +368,86 @@ impl QuantSet {
     }
 }
 
+/// KIVI-2 (groups of 32 tokens / channels) and TurboQuant-style 3-bit histories behind the
+/// same `b`-row f16 buffer, per kv-head, read in place (`EncodedAttention::decoded`).
+enum CodedSet {
+    Kivi2(Vec<Hybrid<KiviRows<2>, f16>>),
+    Turbo3(Vec<Hybrid<TurboRows<3>, f16>>),
+}
+
+impl CodedSet {
+    /// The history of every kv-head (`keys`/`values`: `kv_heads × L × d`, head-major).
+    fn build<S: RowStore>(
+        opts: &BenchAttnOptions,
+        (keys, values): (&[f32], &[f32]),
+        (len, d, group): (usize, usize, usize),
+        wrap: fn(Vec<Hybrid<S, f16>>) -> Self,
+    ) -> Result<Self> {
+        let sparse = |e: kv_sparse::Error| invalid("bench-attn", e.to_string());
+        let config = HybridConfig {
+            rows_per_block: group,
+            ..HybridConfig::lossless(d, opts.buffer.min(len))
+        };
+        let head = (len * d).max(1);
+        let heads = keys
+            .chunks(head)
+            .zip(values.chunks(head))
+            .map(|(k, v)| {
+                let mut cache = Hybrid::<S, f16>::new(config).map_err(sparse)?;
+                cache.extend(k, v).map_err(sparse)?;
+                Ok(cache)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(wrap(heads))
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Kivi2(_) => "kivi2",
+            Self::Turbo3(_) => "turbo3",
+        }
+    }
+
+    /// Bytes held: codes, parameters, waiting rows and the buffer.
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Kivi2(h) => h.iter().map(|c| c.memory().held_bytes()).sum(),
+            Self::Turbo3(h) => h.iter().map(|c| c.memory().held_bytes()).sum(),
+        }
+    }
+
+    fn decode(
+        &self,
+        attn: &mut CpuAttention,
+        cfg: &AttnConfig,
+        q: &[f32],
+        out: &mut [f32],
+    ) -> Result<()> {
+        match self {
+            Self::Kivi2(h) => {
+                let kv: Vec<_> = h
+                    .iter()
+                    .map(|c| {
+                        let (k, v) = c.history();
+                        DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+                    })
+                    .collect();
+                attn.decoded(cfg, q, &kv, out).map_err(kernel_err)
+            }
+            Self::Turbo3(h) => {
+                let kv: Vec<_> = h
+                    .iter()
+                    .map(|c| {
+                        let (k, v) = c.history();
+                        DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+                    })
+                    .collect();
+                attn.decoded(cfg, q, &kv, out).map_err(kernel_err)
+            }
+        }
+    }
+}
+
 /// SWAN hybrid caches with bitmask rows per kv-head, fp8 or int8 values.
 enum BitmaskSet {
     Fp8(Vec<CodedHybridCache<Bitmask, Elems<Fp8E4M3>, f16>>),
@@ -524,6 +606,8 @@ struct Inputs {
     gathered_sparse: Vec<GatheredSparseSet>,
     quant: Vec<(&'static str, QuantSet)>,
     bitmask: Vec<(usize, &'static str, BitmaskSet)>,
+    /// KIVI-2 and TurboQuant-style 3-bit histories (timed last).
+    coded: Vec<CodedSet>,
 }
 
 impl Inputs {
@@ -569,6 +653,10 @@ impl Inputs {
             let int8 = BitmaskSet::build::<Int8Values>(opts, d, len, k, BitmaskSet::Int8)?;
             bitmask.push((k, "int8", int8));
         }
+        let coded = vec![
+            CodedSet::build::<KiviRows<2>>(opts, (&kf, &vf), (len, d, 32), CodedSet::Kivi2)?,
+            CodedSet::build::<TurboRows<3>>(opts, (&kf, &vf), (len, d, 1), CodedSet::Turbo3)?,
+        ];
         let positions = (0..len as u32).collect();
         let buffer = opts.buffer;
         Ok(Self {
@@ -583,6 +671,7 @@ impl Inputs {
             gathered_sparse,
             quant,
             bitmask,
+            coded,
         })
     }
 
@@ -638,7 +727,8 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         + x.gathered_sparse.len()
         + x.quant.len()
         + x.bitmask.len()
-        + if int8q { q8.len() + b8.len() } else { 0 };
+        + if int8q { q8.len() + b8.len() } else { 0 }
+        + x.coded.len();
     let mut best = vec![f64::INFINITY; n];
     let scale = f64::from(x.cfg.scale());
     for _ in 0..opts.rounds {
@@ -691,6 +781,11 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
             }
             e.attn.set_query_precision(QueryPrecision::F32).map_err(kernel_err)?;
         }
+        for c in &x.coded {
+            record(time_best(opts.min_sample_secs, || {
+                c.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
+            })?);
+        }
     }
     let torch_check = torch_agreement(e, x, &kv, scale)?;
     Ok(point_json(e, x, &best, torch_check, int8q))
@@ -729,9 +824,17 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>, in
         "threads": e.bw.threads,
         "head_dim": x.cfg.head_dim(),
         "len": x.len,
+        "isa": e.attn.isa().to_string(),
         "dense_f16": figures(e, dense, x.dense_bytes()),
         "dense_f16_vs_torch_f32_max_abs_diff": torch_check,
     });
+    // The coded histories are timed last.
+    let coded_at = best.len() - x.coded.len();
+    for (c, &secs) in x.coded.iter().zip(&best[coded_at..]) {
+        let mut f = figures(e, secs, c.bytes());
+        f["speedup_vs_dense_f16"] = json!(dense / secs);
+        p[c.name()] = f;
+    }
     let mut torch_secs = serde_json::Map::new();
     for (i, (name, t)) in x.torch.iter().enumerate() {
         let secs = best[1 + i];
