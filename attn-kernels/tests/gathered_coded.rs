@@ -185,6 +185,7 @@ fn every_code_layout_and_edge_case_matches_the_reference() {
         Case { d: 64, nd: 7, nc: 50, keys: Groups(8, 32), values: Turbo(2) },
         Case { d: 24, nd: 9, nc: 12, keys: Turbo(4), values: Groups(4, 8) },
         Case { d: 256, nd: 2, nc: 9, keys: Turbo(3), values: Groups(8, 64) },
+        Case { d: 264, nd: 3, nc: 7, keys: Turbo(3), values: Groups(4, 8) }, // past 256
     ];
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         for (j, c) in cases.into_iter().enumerate() {

@@ -233,9 +233,7 @@ impl RowCodes<'_> {
     pub fn decode_row(&self, j: usize, out: &mut [f32]) {
         let d = out.len();
         let f = |b: &[u8], i: usize| f16::from_le_bytes([b[2 * i], b[2 * i + 1]]).to_f32();
-        let mut codes = [0u8; crate::MAX_HEAD_DIM];
-        let codes = &mut codes[..d];
-        match *self {
+        with_scratch(d, |codes: &mut [u8]| match *self {
             Self::Codebook { bits, levels, bytes } => {
                 let rb = 2 + packed_bytes(d, bits);
                 let row = &bytes[j * rb..(j + 1) * rb];
@@ -283,7 +281,19 @@ impl RowCodes<'_> {
                     *o = f(row, 2 * g + 1) + f(row, 2 * g) * f32::from(codes[c]);
                 }
             }
-        }
+        });
+    }
+}
+
+/// Runs `f` on `n` elements of zeroed scratch: on the stack up to 256 elements (every head
+/// size models use), on the heap beyond.
+pub(crate) fn with_scratch<T: Copy + Default, R>(n: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    const STACK: usize = 256;
+    if n <= STACK {
+        let mut a = [T::default(); STACK];
+        f(&mut a[..n])
+    } else {
+        f(&mut vec![T::default(); n])
     }
 }
 

@@ -95,8 +95,7 @@ pub fn encode_token_row(bits: usize, group: usize, x: &[f32], out: &mut [u8]) ->
         return Err(Error::LengthMismatch { op: OP, what: "out", expected: want, got: out.len() });
     }
     crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("kivi{bits}")))?;
-    let mut codes = [0u8; crate::MAX_HEAD_DIM];
-    code_token_row(bits, group, x, &mut codes[..d], out);
+    crate::decoded::with_scratch(d, |codes: &mut [u8]| code_token_row(bits, group, x, codes, out));
     Ok(())
 }
 

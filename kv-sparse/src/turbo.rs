@@ -173,10 +173,11 @@ pub fn encode_row(bits: usize, levels: &[f32], x: &[f32], out: &mut [u8]) -> Res
         }
     }
     crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("turbo{bits}")))?;
-    let mut codes = [0u8; crate::MAX_HEAD_DIM];
-    let stored = code_direction(x, levels, &mut codes[..d], None);
-    out[..2].copy_from_slice(&stored.to_le_bytes());
-    pack(&codes[..d], bits, &mut out[2..]);
+    crate::decoded::with_scratch(d, |codes: &mut [u8]| {
+        let stored = code_direction(x, levels, codes, None);
+        out[..2].copy_from_slice(&stored.to_le_bytes());
+        pack(codes, bits, &mut out[2..]);
+    });
     Ok(())
 }
 
@@ -559,9 +560,12 @@ pub fn encode_qjl_key_row(
         return Err(Error::LengthMismatch { op: OP, what, expected, got });
     }
     crate::value::check_rows(OP, d, x, (OVERFLOW_AT, || format!("turbo{bits} qjl")))?;
-    let (mut codes, mut residual) = ([0u8; crate::MAX_HEAD_DIM], [0f32; crate::MAX_HEAD_DIM]);
     out.fill(0);
-    code_qjl_key(bits - 1, (levels, sketch), x, (&mut codes[..d], &mut residual[..d]), out);
+    crate::decoded::with_scratch(d, |codes: &mut [u8]| {
+        crate::decoded::with_scratch(d, |residual: &mut [f32]| {
+            code_qjl_key(bits - 1, (levels, sketch), x, (codes, residual), out);
+        });
+    });
     Ok(())
 }
 

@@ -29,9 +29,6 @@ use super::segment::{Scratch, Slot, transpose_in, transpose_out, transposed_quer
 use super::tile::{Kernels, TILE};
 use crate::views::GatheredCodedKv;
 
-/// Widest row the kernels read (a `u8` per code on the stack).
-const MAX_D: usize = kv_sparse::MAX_HEAD_DIM;
-
 /// Whether [`coded_segment`] reads this layout as keys.
 pub(crate) fn reads_keys(codes: &RowCodes<'_>) -> bool {
     matches!(
@@ -98,7 +95,22 @@ struct Segment<'a, 'b, const W: usize> {
     qz: [f32; W],
     key_levels: [f32; 256],
     value_levels: [f32; 256],
-    codes: [u8; MAX_D],
+    /// One row's codes, a `u8` each (rows of up to 256 elements; wider rows use `wide`).
+    codes: [u8; 256],
+    /// One row's codes for rows wider than 256 elements.
+    wide: &'b mut [u8],
+}
+
+/// The codes of one row (`d` bytes): in the stack array up to 256, else in `wide`.
+#[inline(always)]
+fn row_codes<'c>(codes: &'c [u8; 256], wide: &'c [u8], d: usize) -> &'c [u8] {
+    if d <= 256 { &codes[..d] } else { &wide[..d] }
+}
+
+/// [`row_codes`], to unpack into.
+#[inline(always)]
+fn row_codes_mut<'c>(codes: &'c mut [u8; 256], wide: &'c mut [u8], d: usize) -> &'c mut [u8] {
+    if d <= 256 { &mut codes[..d] } else { &mut wide[..d] }
 }
 
 impl<const W: usize> Segment<'_, '_, W> {
@@ -118,8 +130,8 @@ impl<const W: usize> Segment<'_, '_, W> {
             RowCodes::Codebook { bits, bytes, .. } => {
                 let rb = 2 + packed_bytes(d, bits);
                 let row = &bytes[j * rb..(j + 1) * rb];
-                unpack_row(&row[2..], bits, &mut self.codes[..d]);
-                for (q, &c) in self.qt[..d].iter().zip(&self.codes[..d]) {
+                unpack_row(&row[2..], bits, row_codes_mut(&mut self.codes, self.wide, d));
+                for (q, &c) in self.qt[..d].iter().zip(row_codes(&self.codes, self.wide, d)) {
                     add_scaled(&mut s, q, self.key_levels[usize::from(c)]);
                 }
                 let norm = f16_at(row, 0);
@@ -129,8 +141,8 @@ impl<const W: usize> Segment<'_, '_, W> {
                 let cb = packed_bytes(d, bits);
                 let rb = 4 + cb + d / 8;
                 let row = &bytes[j * rb..(j + 1) * rb];
-                unpack_row(&row[4..4 + cb], bits, &mut self.codes[..d]);
-                for (q, &c) in self.qt[..d].iter().zip(&self.codes[..d]) {
+                unpack_row(&row[4..4 + cb], bits, row_codes_mut(&mut self.codes, self.wide, d));
+                for (q, &c) in self.qt[..d].iter().zip(row_codes(&self.codes, self.wide, d)) {
                     add_scaled(&mut s, q, self.key_levels[usize::from(c)]);
                 }
                 let mut sketched = [0.0f32; W];
@@ -167,9 +179,13 @@ impl<const W: usize> Segment<'_, '_, W> {
                     }
                     self.group = g;
                 }
-                unpack_row(&base[4 * d + (j % group) * cb..][..cb], bits, &mut self.codes[..d]);
+                unpack_row(
+                    &base[4 * d + (j % group) * cb..][..cb],
+                    bits,
+                    row_codes_mut(&mut self.codes, self.wide, d),
+                );
                 s = self.qz;
-                for (q, &c) in self.qs[..d].iter().zip(&self.codes[..d]) {
+                for (q, &c) in self.qs[..d].iter().zip(row_codes(&self.codes, self.wide, d)) {
                     add_scaled(&mut s, q, f32::from(c));
                 }
             }
@@ -177,8 +193,10 @@ impl<const W: usize> Segment<'_, '_, W> {
                 let params = 4 * (d / group);
                 let rb = params + packed_bytes(d, bits);
                 let row = &bytes[j * rb..(j + 1) * rb];
-                unpack_row(&row[params..], bits, &mut self.codes[..d]);
-                let groups = self.qt[..d].chunks(group).zip(self.codes[..d].chunks(group));
+                unpack_row(&row[params..], bits, row_codes_mut(&mut self.codes, self.wide, d));
+                let groups = self.qt[..d]
+                    .chunks(group)
+                    .zip(row_codes(&self.codes, self.wide, d).chunks(group));
                 for (g, (qg, cg)) in groups.enumerate() {
                     let (scale, zero) = (f16_at(row, 2 * g), f16_at(row, 2 * g + 1));
                     for (q, &c) in qg.iter().zip(cg) {
@@ -200,10 +218,10 @@ impl<const W: usize> Segment<'_, '_, W> {
             RowCodes::Codebook { bits, bytes, .. } => {
                 let rb = 2 + packed_bytes(d, bits);
                 let row = &bytes[j * rb..(j + 1) * rb];
-                unpack_row(&row[2..], bits, &mut self.codes[..d]);
+                unpack_row(&row[2..], bits, row_codes_mut(&mut self.codes, self.wide, d));
                 let norm = f16_at(row, 0);
                 let w = p.map(|x| x * norm);
-                for (a, &c) in self.acc[..d].iter_mut().zip(&self.codes[..d]) {
+                for (a, &c) in self.acc[..d].iter_mut().zip(row_codes(&self.codes, self.wide, d)) {
                     add_scaled(a, &w, self.value_levels[usize::from(c)]);
                 }
             }
@@ -211,8 +229,10 @@ impl<const W: usize> Segment<'_, '_, W> {
                 let params = 4 * (d / group);
                 let rb = params + packed_bytes(d, bits);
                 let row = &bytes[j * rb..(j + 1) * rb];
-                unpack_row(&row[params..], bits, &mut self.codes[..d]);
-                let groups = self.acc[..d].chunks_mut(group).zip(self.codes[..d].chunks(group));
+                unpack_row(&row[params..], bits, row_codes_mut(&mut self.codes, self.wide, d));
+                let groups = self.acc[..d]
+                    .chunks_mut(group)
+                    .zip(row_codes(&self.codes, self.wide, d).chunks(group));
                 for (g, ((ag, cg), zs)) in groups.zip(self.zs.iter_mut()).enumerate() {
                     let (scale, zero) = (f16_at(row, 2 * g), f16_at(row, 2 * g + 1));
                     add_scaled(zs, p, zero);
@@ -232,8 +252,14 @@ impl<const W: usize> Segment<'_, '_, W> {
                 }
                 let cb = packed_bytes(d, bits);
                 let base = &bytes[(j / group) * (4 * d + group * cb)..];
-                unpack_row(&base[4 * d + (j % group) * cb..][..cb], bits, &mut self.codes[..d]);
-                for (c, (a, &code)) in self.acc[..d].iter_mut().zip(&self.codes[..d]).enumerate() {
+                unpack_row(
+                    &base[4 * d + (j % group) * cb..][..cb],
+                    bits,
+                    row_codes_mut(&mut self.codes, self.wide, d),
+                );
+                for (c, (a, &code)) in
+                    self.acc[..d].iter_mut().zip(row_codes(&self.codes, self.wide, d)).enumerate()
+                {
                     let (scale, zero) = (f16_at(base, 2 * c), f16_at(base, 2 * c + 1));
                     add_scaled(a, p, zero + scale * f32::from(code));
                 }
@@ -373,7 +399,15 @@ fn segment<const W: usize>(
     (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
     let d = job.cfg.head_dim();
-    let Scratch { qt, acc_t, kval, vval, sq, .. } = sc;
+    let Scratch { qt, acc_t, kval, vval, sq, kcode, .. } = sc;
+    let wide = if d > 256 {
+        if kcode.len() < d {
+            kcode.resize(d, 0);
+        }
+        &mut kcode[..d]
+    } else {
+        &mut kcode[..0]
+    };
     let q = job.queries(item.kv, item.block);
     let qt = transposed_queries::<u8, W>(q, d, job.logit_scale(), qt);
     let acc = transpose_in::<u8, W>(slot, d, acc_t);
@@ -407,7 +441,8 @@ fn segment<const W: usize>(
         qz: [0.0; W],
         key_levels: level_table(&keys),
         value_levels: level_table(&values),
-        codes: [0; MAX_D],
+        codes: [0; 256],
+        wide,
     };
     match k {
         #[cfg(target_arch = "x86_64")]
