@@ -10,16 +10,24 @@ cd "$KVTIDE_ROOT"
 crates=(kv-sparse kvtide-projection attn-kernels kv-tiered)
 # Cargo verifies each package against its siblings' packages through a local overlay
 # registry and takes registry packages as immutable: a sibling changed since the last run at
-# the same version would be read from its stale unpacked copy and stale build, so both go
-# first.
+# the same version would be read from its stale unpacked copy and stale build. So the
+# verification builds in a target directory of its own, where only those registry copies
+# carry the crates' names, and both the copies and their builds go first.
+pkg_target="$KVTIDE_CACHE/package-target"
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/{kv-sparse,kvtide-projection,attn-kernels,kv-tiered}-*
-cargo clean --profile dev "${crates[@]/#/-p}"
-cargo publish --dry-run "${crates[@]/#/-p}" "$@"
+if [ -d "$pkg_target" ]; then
+  CARGO_TARGET_DIR="$pkg_target" cargo clean -q --profile dev "${crates[@]/#/-p}"
+fi
+CARGO_TARGET_DIR="$pkg_target" cargo publish --dry-run "${crates[@]/#/-p}" "$@"
+# The `.crate` files as uploaded (a dry run keeps them in cargo's scratch registry): packed
+# again, unverified (just verified), fresh.
+rm -f "$pkg_target"/package/*.crate
+CARGO_TARGET_DIR="$pkg_target" cargo package -q --no-verify "${crates[@]/#/-p}" "$@"
 version="$(cargo metadata --format-version 1 --no-deps | python3 -c \
   'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "kv-sparse"))')"
 unpacked="$(mktemp -d)"; trap 'rm -rf "$unpacked"' EXIT
 for c in "${crates[@]}"; do
-  crate="$CARGO_TARGET_DIR/package/$c-$version.crate"
+  crate="$pkg_target/package/$c-$version.crate"
   printf '%s: %s bytes\n' "$c" "$(stat -c %s "$crate")"
   tar xzf "$crate" -C "$unpacked"
 done
