@@ -169,7 +169,7 @@ impl RowCodes<'_> {
                 if levels.len() != 1 << bits {
                     return fail(format!("{} levels, expected {}", levels.len(), 1 << bits));
                 }
-                (bytes.len(), rows.checked_mul(2 + cb))
+                (bytes.len(), self.row_bytes(d).and_then(|rb| rows.checked_mul(rb)))
             }
             Self::CodebookSketch { levels, sketch, bytes, .. } => {
                 if levels.len() != 1 << bits || sketch.len() != d * d || !d.is_multiple_of(8) {
@@ -180,7 +180,7 @@ impl RowCodes<'_> {
                         d * d
                     ));
                 }
-                (bytes.len(), rows.checked_mul(4 + cb + d / 8))
+                (bytes.len(), self.row_bytes(d).and_then(|rb| rows.checked_mul(rb)))
             }
             Self::TokenGroups { group, bytes, coded, waiting, .. } => {
                 if group == 0 || !coded.is_multiple_of(group) {
@@ -198,7 +198,7 @@ impl RowCodes<'_> {
                 if group == 0 || !d.is_multiple_of(group) {
                     return fail(format!("group = {group} does not divide head_dim = {d}"));
                 }
-                (bytes.len(), rows.checked_mul(4 * (d / group) + cb))
+                (bytes.len(), self.row_bytes(d).and_then(|rb| rows.checked_mul(rb)))
             }
         };
         if want != Some(len) {

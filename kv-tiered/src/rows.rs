@@ -141,19 +141,18 @@ impl RowCodec {
         CodeTables { key_levels: levels(keys), value_levels: levels(values), sketch }
     }
 
-    /// The layout of `bytes` (whole rows of this codec) for the kernels; `None` for dense and
-    /// sparse rows. `values` picks the value levels of `tables`.
+    /// The layout of `bytes` (whole rows of this codec) for the kernels, decoded with
+    /// `levels` and `sketch` (a side of [`CodeTables`]); `None` for dense and sparse rows.
     pub fn codes<'a>(
         &self,
         bytes: &'a [u8],
-        tables: &'a CodeTables,
-        values: bool,
+        levels: &'a [f32],
+        sketch: &'a [f32],
     ) -> Option<RowCodes<'a>> {
-        let levels = if values { &tables.value_levels } else { &tables.key_levels };
         Some(match *self {
             Self::Turbo { bits } => RowCodes::Codebook { bits, levels, bytes },
             Self::TurboQjl { bits } => {
-                RowCodes::CodebookSketch { bits: bits - 1, levels, sketch: &tables.sketch, bytes }
+                RowCodes::CodebookSketch { bits: bits - 1, levels, sketch, bytes }
             }
             Self::Groups { bits, group } => RowCodes::ChannelGroups { bits, group, bytes },
             _ => return None,
@@ -165,10 +164,9 @@ impl RowCodec {
         match *self {
             Self::Dense { format } => head_dim * format.bytes(),
             Self::SparseFp8 { k, .. } => 2 * k,
-            Self::Turbo { bits } => 2 + (head_dim * bits).div_ceil(8),
-            Self::TurboQjl { bits } => 4 + (head_dim * (bits - 1)).div_ceil(8) + head_dim / 8,
-            Self::Groups { bits, group } => {
-                4 * head_dim.checked_div(group).unwrap_or(0) + (head_dim * bits).div_ceil(8)
+            // The layout's own formula; an invalid group counts as an empty row.
+            Self::Turbo { .. } | Self::TurboQjl { .. } | Self::Groups { .. } => {
+                self.codes(&[], &[], &[]).and_then(|c| c.row_bytes(head_dim)).unwrap_or(0)
             }
         }
     }
@@ -250,7 +248,7 @@ impl RowCodec {
             }
             Self::Turbo { .. } | Self::TurboQjl { .. } | Self::Groups { .. } => {
                 let tables = Self::tables(*self, *self, out.len());
-                if let Some(codes) = self.codes(bytes, &tables, false) {
+                if let Some(codes) = self.codes(bytes, &tables.key_levels, &tables.sketch) {
                     codes.decode_row(0, out);
                 }
             }

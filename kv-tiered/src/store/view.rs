@@ -137,20 +137,9 @@ impl<'a, T: Tier> LayerView<'a, T> {
         dense: &mut Vec<GatheredKv<'s, D>>,
         coded: &mut Vec<GatheredCodedKv<'s>>,
     ) -> Result<()> {
-        const OP: &str = "LayerView::coded_parts_into";
-        dense.clear();
-        coded.clear();
-        for k in 0..self.kv_heads() {
-            let view = self.head(k).ok_or_else(|| param(OP, "kv_head", k, "in range"))?;
-            dense
-                .push(view.gathered().ok_or_else(|| {
-                    param(OP, "D", D::FORMAT, "the dense format of a host arena")
-                })?);
-            coded.push(view.gathered_coded().ok_or_else(|| {
-                param(OP, "compact rows", "sparse or device", "coded rows in host memory")
-            })?);
-        }
-        Ok(())
+        let op = "LayerView::coded_parts_into";
+        let names = ("sparse or device", "coded rows in host memory");
+        self.parts_into(op, (dense, coded), |v| v.gathered_coded(), names)
     }
 
     /// Runs `attend` over every kv-head's resident rows laid out as
@@ -189,18 +178,30 @@ impl<'a, T: Tier> LayerView<'a, T> {
         dense: &mut Vec<GatheredKv<'s, D>>,
         sparse: &mut Vec<GatheredSparseKv<'s>>,
     ) -> Result<()> {
-        const OP: &str = "LayerView::gathered_parts_into";
+        let op = "LayerView::gathered_parts_into";
+        let names = ("coded or device", "SWAN sparse rows in host memory");
+        self.parts_into(op, (dense, sparse), |v| v.gathered_sparse(), names)
+    }
+
+    /// Every kv-head's dense part and compact part (`part` of its view; `got` and
+    /// `expected` name the compact rows in the error when it gives none), both vectors
+    /// cleared first.
+    fn parts_into<'s, D: Value, P>(
+        &'s self,
+        op: &'static str,
+        (dense, parts): (&mut Vec<GatheredKv<'s, D>>, &mut Vec<P>),
+        part: impl Fn(&HeadView<'s, T::Arena<'a>>) -> Option<P>,
+        (got, expected): (&'static str, &'static str),
+    ) -> Result<()> {
         dense.clear();
-        sparse.clear();
+        parts.clear();
         for k in 0..self.kv_heads() {
-            let view = self.head(k).ok_or_else(|| param(OP, "kv_head", k, "in range"))?;
+            let view = self.head(k).ok_or_else(|| param(op, "kv_head", k, "in range"))?;
             dense
                 .push(view.gathered().ok_or_else(|| {
-                    param(OP, "D", D::FORMAT, "the dense format of a host arena")
+                    param(op, "D", D::FORMAT, "the dense format of a host arena")
                 })?);
-            sparse.push(view.gathered_sparse().ok_or_else(|| {
-                param(OP, "compact rows", "coded or device", "SWAN sparse rows in host memory")
-            })?);
+            parts.push(part(&view).ok_or_else(|| param(op, "compact rows", got, expected))?);
         }
         Ok(())
     }
@@ -413,8 +414,8 @@ impl<'v, A: ArenaRead> HeadView<'v, A> {
             d,
             self.sparse.positions,
             self.sparse.rows,
-            kc.codes(kb, self.codes, false)?,
-            vc.codes(vb, self.codes, true)?,
+            kc.codes(kb, &self.codes.key_levels, &self.codes.sketch)?,
+            vc.codes(vb, &self.codes.value_levels, &[])?,
         ))
     }
 

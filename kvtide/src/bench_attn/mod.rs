@@ -36,6 +36,7 @@ use attn_kernels::{
 use half::f16;
 use kv_sparse::Value;
 use kv_sparse::coded::{Bitmask, CodedStore, Elems, IndexCode, Int8Values, ValueCode};
+use kv_sparse::decoded::DecodeRows;
 use kv_sparse::fp8::Fp8E4M3;
 use kv_sparse::hybrid::HybridCache;
 use kv_sparse::hybrid::{CodedHybridCache, Hybrid, HybridConfig, RowStore};
@@ -410,9 +411,12 @@ impl CodedSet {
 
     /// Bytes held: codes, parameters, waiting rows and the buffer.
     fn bytes(&self) -> usize {
+        fn held<S: RowStore>(h: &[Hybrid<S, f16>]) -> usize {
+            h.iter().map(|c| c.memory().held_bytes()).sum()
+        }
         match self {
-            Self::Kivi2(h) => h.iter().map(|c| c.memory().held_bytes()).sum(),
-            Self::Turbo3(h) => h.iter().map(|c| c.memory().held_bytes()).sum(),
+            Self::Kivi2(h) => held(h),
+            Self::Turbo3(h) => held(h),
         }
     }
 
@@ -423,27 +427,24 @@ impl CodedSet {
         q: &[f32],
         out: &mut [f32],
     ) -> Result<()> {
+        /// Every head's history (keys, values by `history`) behind its buffer.
+        fn run<'h, S: RowStore, K: DecodeRows, V: DecodeRows>(
+            (attn, cfg, q, out): (&mut CpuAttention, &AttnConfig, &[f32], &mut [f32]),
+            heads: &'h [Hybrid<S, f16>],
+            history: impl Fn(&'h Hybrid<S, f16>) -> (K, V),
+        ) -> Result<()> {
+            let kv: Vec<_> = heads
+                .iter()
+                .map(|c| {
+                    let (k, v) = history(c);
+                    DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
+                })
+                .collect();
+            attn.decoded(cfg, q, &kv, out).map_err(kernel_err)
+        }
         match self {
-            Self::Kivi2(h) => {
-                let kv: Vec<_> = h
-                    .iter()
-                    .map(|c| {
-                        let (k, v) = c.history();
-                        DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
-                    })
-                    .collect();
-                attn.decoded(cfg, q, &kv, out).map_err(kernel_err)
-            }
-            Self::Turbo3(h) => {
-                let kv: Vec<_> = h
-                    .iter()
-                    .map(|c| {
-                        let (k, v) = c.history();
-                        DecodedKv::new(k, v).with_buffer(c.buffer_keys(), c.buffer_values())
-                    })
-                    .collect();
-                attn.decoded(cfg, q, &kv, out).map_err(kernel_err)
-            }
+            Self::Kivi2(h) => run((attn, cfg, q, out), h, |c| c.history()),
+            Self::Turbo3(h) => run((attn, cfg, q, out), h, |c| c.history()),
         }
     }
 }

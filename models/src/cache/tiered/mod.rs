@@ -56,6 +56,19 @@ pub enum SpanRows {
     Coded(RowCodec, RowCodec),
 }
 
+impl SpanRows {
+    /// The rows and rotation of a cache with optional SWAN: SWAN rows in its basis, or dense
+    /// unrotated rows.
+    fn of_swan(
+        swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
+    ) -> (Self, Option<Arc<ProjectionSet>>) {
+        match swan {
+            Some((cfg, set)) => (Self::Swan(cfg), Some(set)),
+            None => (Self::Dense, None),
+        }
+    }
+}
+
 impl TieredSpec {
     /// The cache this spec describes, with dense rows in the spec's format; `swan` adds the
     /// SWAN rotation and sparse span rows.
@@ -68,10 +81,7 @@ impl TieredSpec {
         swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
         threads: usize,
     ) -> Result<Box<dyn KvCache>> {
-        let (rows, rotation) = match swan {
-            Some((cfg, set)) => (SpanRows::Swan(cfg), Some(set)),
-            None => (SpanRows::Dense, None),
-        };
+        let (rows, rotation) = SpanRows::of_swan(swan);
         self.build_rows(shape, rows, rotation, threads)
     }
 
@@ -132,10 +142,7 @@ impl<D: Value> TieredCache<D> {
         swan: Option<(SwanConfig, Arc<ProjectionSet>)>,
         threads: usize,
     ) -> Result<Self> {
-        let (rows, rotation) = match swan {
-            Some((cfg, set)) => (SpanRows::Swan(cfg), Some(set)),
-            None => (SpanRows::Dense, None),
-        };
+        let (rows, rotation) = SpanRows::of_swan(swan);
         Self::with_rows(shape, spec, rows, rotation, threads)
     }
 
