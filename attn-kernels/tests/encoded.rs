@@ -252,35 +252,39 @@ fn rounded_queries(q: &[f32], d: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Engines with int8 queries, or none (with a printed reason) on a CPU without them.
+/// Engines with int8 queries on every instruction set that runs them (AVX2's integer
+/// products, AVX-512 VNNI's where present), one and two threads; none (with a printed
+/// reason) on a CPU without them.
 fn int8_query_engines() -> Vec<(String, CpuAttention)> {
     if !QueryPrecision::Int8.is_available() {
-        println!("SKIPPED: int8 queries need AVX-512 VNNI on this CPU");
+        println!("SKIPPED: int8 queries need AVX2 on this CPU");
         return Vec::new();
     }
-    [(1, CpuAttention::DEFAULT_SPLIT_ROWS), (2, 37)]
-        .into_iter()
-        .map(|(threads, split)| {
-            let e = CpuAttention::new(threads).unwrap().with_isa(Isa::Avx512).unwrap();
-            let e = e.with_query_precision(QueryPrecision::Int8).unwrap();
-            (format!("int8-q/{threads}t/split{split}"), e.with_split_rows(split).unwrap())
+    let isas: Vec<Isa> = Isa::available().filter(|&i| i != Isa::Portable).collect();
+    isas.into_iter()
+        .flat_map(|isa| {
+            [(1, CpuAttention::DEFAULT_SPLIT_ROWS), (2, 37)].into_iter().map(move |(t, split)| {
+                let e = CpuAttention::new(t).unwrap().with_isa(isa).unwrap();
+                let e = e.with_query_precision(QueryPrecision::Int8).unwrap();
+                (format!("int8-q/{isa}/{t}t/split{split}"), e.with_split_rows(split).unwrap())
+            })
         })
         .collect()
 }
 
 /// With int8 queries the kernels attend as exact products with the queries rounded to
-/// their int8 codes do: the integer sums are exact, so only the rounding of `q` differs
-/// from f32 queries. Keys of other formats keep f32 products.
+/// their int8 codes do, over int8 and 4-bit keys: the integer sums are exact, so only the
+/// rounding of `q` differs from f32 queries.
 #[test]
 fn int8_queries_attend_as_the_rounded_queries_do() {
-    let engines = int8_query_engines();
+    let mut engines = int8_query_engines();
     for (i, &layout) in LAYOUTS.iter().enumerate() {
         for (j, d) in [64usize, 128].into_iter().enumerate() {
             let seed = 9000 + 100 * i as u64 + 10 * j as u64;
             let cfg = cfg(layout, d);
             let q = synth::values(cfg.q_len(), seed + 7);
             let qr = rounded_queries(&q, d);
-            // Dense q8_0 rows: integer products; q4_0 rows: f32 products of the f32 queries.
+            // Dense q8_0 and q4_0 rows: integer products.
             let rows = 150;
             let mut stores = Vec::new();
             let mut max = 0.0f32;
@@ -308,7 +312,7 @@ fn int8_queries_attend_as_the_rounded_queries_do() {
                 stores.iter().map(|s| QuantKv::new(s.2.view(), s.3.view())).collect();
             let (mut want8, mut want4) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
             Reference.quantized(&cfg, &qr, &kv8, &mut want8).unwrap();
-            Reference.quantized(&cfg, &q, &kv4, &mut want4).unwrap();
+            Reference.quantized(&cfg, &qr, &kv4, &mut want4).unwrap();
             // Histories of bitmask and list rows with int8 values (no dense buffer: its f16
             // rows take the f32 queries).
             let (bm, bm_max) =
@@ -318,9 +322,7 @@ fn int8_queries_attend_as_the_rounded_queries_do() {
             let (mut want_bm, mut want_ls) = (vec![0.0; cfg.q_len()], vec![0.0; cfg.q_len()]);
             Reference.coded_hybrid(&cfg, &qr, &bm, &mut want_bm).unwrap();
             Reference.coded_hybrid(&cfg, &qr, &ls, &mut want_ls).unwrap();
-            for (name, e) in &engines {
-                let mut e = CpuAttention::new(e.threads()).unwrap();
-                e = e.with_query_precision(QueryPrecision::Int8).unwrap();
+            for (name, e) in &mut engines {
                 let what = format!("{name} {layout:?} d={d}");
                 let mut got = vec![f32::NAN; cfg.q_len()];
                 e.quantized(&cfg, &q, &kv8, &mut got).unwrap();
@@ -439,9 +441,11 @@ fn query_precision_is_lossless_unless_asked_and_refused_where_it_cannot_run() {
         Err(Error::Param { what: "precision", .. })
     ));
     if QueryPrecision::Int8.is_available() {
-        let e = CpuAttention::new(1).unwrap().with_isa(Isa::Avx512).unwrap();
+        let e = CpuAttention::new(1).unwrap().with_isa(Isa::Avx2).unwrap();
         let e = e.with_query_precision(QueryPrecision::Int8).unwrap();
-        assert!(matches!(e.with_isa(Isa::Avx2), Err(Error::Param { what: "isa", .. })));
+        let e = e.with_isa(Isa::Avx2).unwrap();
+        assert_eq!(e.query_precision(), QueryPrecision::Int8);
+        assert!(matches!(e.with_isa(Isa::Portable), Err(Error::Param { what: "isa", .. })));
     }
     assert_eq!("f32".parse(), Ok(QueryPrecision::F32));
     assert!("int4".parse::<QueryPrecision>().is_err());

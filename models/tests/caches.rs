@@ -326,7 +326,7 @@ fn a_swan_sink_holds_its_first_positions_in_f32() {
     assert!(matches!(s.cache().image(), Err(Error::NotPersistable { .. })));
 }
 
-/// `queries=int8` is for caches with int8 keys: others refuse it with a typed error; with
+/// `queries=int8` is for caches with int8 or 4-bit keys: others refuse it with a typed error; with
 /// int8 keys it builds where the CPU runs it (and is a typed error where it does not).
 /// Heads narrower than 64 components keep f32 products, so these 32-wide heads score
 /// exactly as with `queries=f32` (the integer products are checked in attn-kernels).
@@ -342,6 +342,7 @@ fn int8_queries_need_int8_keys() {
     }
     for (text, f32_text) in [
         ("dense:format=int8,queries=int8", "dense:format=int8,queries=f32"),
+        ("dense:format=int4,queries=int8", "dense:format=int4"),
         (
             "swan:k=8,index=bitmask,value=int8,basis=random:2,queries=int8",
             "swan:k=8,index=bitmask,value=int8,basis=random:2",

@@ -299,11 +299,14 @@ impl Kernels {
 impl Kernels {
     /// Whether bitmask rows of `d` components with codes `C` are read in place
     /// ([`Kernels::masked_rows`], [`Kernels::masked_scores`], [`Kernels::masked_accumulate`]):
-    /// the AVX-512 kernels, fp8 or int8 codes, `d` a multiple of 64 up to
-    /// [`MASKED_MAX_DIM`]. Other rows are placed ([`Kernels::place_bitmask_rows`]).
+    /// the AVX-512 kernels (with int8 queries, on a CPU with AVX-512 VNNI), fp8 or int8
+    /// codes, `d` a multiple of 64 up to [`MASKED_MAX_DIM`]. Other rows are placed
+    /// ([`Kernels::place_bitmask_rows`]).
     pub fn fuses_masked<C: Codes>(self, d: usize) -> bool {
+        // With int8 queries but no VNNI products, bitmask rows are placed and scored by
+        // AVX2's integer products instead.
         let kernels = match self {
-            Kernels::Avx2(t) => t.avx512(),
+            Kernels::Avx2(t) => t.avx512() && (t.vnni() || !self.int8_queries()),
             Kernels::Portable => false,
         };
         kernels

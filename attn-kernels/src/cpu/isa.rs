@@ -107,9 +107,11 @@ pub enum QueryPrecision {
     #[default]
     F32,
     /// Queries rounded to int8 codes with one scale per head and step, `σ_h =
-    /// max|q_h| / 127`, and int8 keys scored by exact integer products (AVX-512 VNNI, `d_h` a
-    /// multiple of 64 up to 512), as llama.cpp scores its `q8_0` caches. Lossy: a score
-    /// moves by at most `σ_h / 2 · Σ_i |k_i|`. Keys of other formats keep f32 products.
+    /// max|q_h| / 127`, and int8 and 4-bit keys (`q8_0`, `q4_0`, int8-valued sparse rows)
+    /// scored by exact integer products (AVX2's `vpmaddubsw` / `vpmaddwd`, AVX-512 VNNI's
+    /// `vpdpbusd` where present; `d_h` a multiple of 64 up to 512), as llama.cpp scores its
+    /// `q8_0` and `q4_0` caches. Lossy: a score moves by at most `σ_h / 2 · Σ_i |k_i|`. Keys
+    /// of other formats keep f32 products.
     Int8,
     /// Queries rounded as ggml's `q8_0` blocks round them — each run of 32 elements of a
     /// head to int8 codes with an f16 scale `max|q|/127`, byte for byte
@@ -123,21 +125,11 @@ pub enum QueryPrecision {
 }
 
 impl QueryPrecision {
-    /// Whether this CPU runs it ([`QueryPrecision::Int8`] needs [`Isa::Avx512`], AVX-512
-    /// VNNI and VL).
+    /// Whether this CPU runs it ([`QueryPrecision::Int8`] needs [`Isa::Avx2`]).
     pub fn is_available(self) -> bool {
         match self {
             Self::F32 | Self::Q8Blocks => true,
-            Self::Int8 => {
-                #[cfg(target_arch = "x86_64")]
-                {
-                    Isa::Avx512.is_available()
-                        && std::arch::is_x86_feature_detected!("avx512vnni")
-                        && std::arch::is_x86_feature_detected!("avx512vl")
-                }
-                #[cfg(not(target_arch = "x86_64"))]
-                false
-            }
+            Self::Int8 => Isa::Avx2.is_available(),
         }
     }
 }

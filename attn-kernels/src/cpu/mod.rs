@@ -11,7 +11,11 @@
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_books;
+#[cfg(target_arch = "x86_64")]
 mod avx2_codes;
+#[cfg(target_arch = "x86_64")]
+mod avx2_int;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
@@ -150,7 +154,7 @@ impl CpuAttention {
             op: "CpuAttention::with_isa",
             what: "isa",
             value: isa.to_string(),
-            expected: "avx512 (the query precision is int8)",
+            expected: "avx2 or avx512 (the query precision is int8)",
         })?;
         Ok(self)
     }
@@ -159,8 +163,8 @@ impl CpuAttention {
     /// ([`QueryPrecision`]; [`QueryPrecision::F32`], the lossless setting, unless set).
     ///
     /// # Errors
-    /// [`Error::Param`] if the kernels cannot run it: [`QueryPrecision::Int8`] needs
-    /// [`Isa::Avx512`] kernels on a CPU with AVX-512 VNNI.
+    /// [`Error::Param`] if the kernels cannot run it: [`QueryPrecision::Int8`] needs the
+    /// [`Isa::Avx2`] kernels or faster (not [`Isa::Portable`]).
     pub fn with_query_precision(mut self, precision: QueryPrecision) -> Result<Self> {
         self.set_query_precision(precision)?;
         Ok(self)
@@ -178,7 +182,7 @@ impl CpuAttention {
                 op: "CpuAttention::set_query_precision",
                 what: "precision",
                 value: precision.to_string(),
-                expected: "f32, q8_0, or int8 with the avx512 kernels on a CPU with AVX-512 VNNI",
+                expected: "f32, q8_0, or int8 with the avx2 or avx512 kernels",
             })?;
         self.engine.round_queries = precision == QueryPrecision::Q8Blocks;
         Ok(())

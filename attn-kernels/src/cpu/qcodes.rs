@@ -1,16 +1,17 @@
-//! Queries rounded to 8-bit codes for integer score products over int8 keys — the
-//! `q8_0 × q8_0` dot products llama.cpp runs on 8-bit KV caches — an opt-in, lossy
-//! alternative to the exact f32 products of SWAN's scores `q̂·k_j` (method section) over
-//! dense int8 (`q8_0`) rows and int8-valued sparse rows.
+//! Queries rounded to 8-bit codes for integer score products over int8 and 4-bit keys —
+//! the `q8_0 × q8_0` and `q4_0 × q8_0` dot products llama.cpp runs on 8- and 4-bit KV
+//! caches — an opt-in, lossy alternative to the exact f32 products of SWAN's scores `q̂·k_j`
+//! (method section) over dense `q8_0` / `q4_0` rows and int8-valued sparse rows.
 //!
 //! Per work item and q-head `h`, the scaled query becomes `q_h ≈ σ_h · c_h` with
-//! `σ_h = max|q_h| / 127` and `c_h = round(q_h / σ_h)` in `−127..=127`. An int8 key row `k`
+//! `σ_h = max|q_h| / 127` and `c_h = round(q_h / σ_h)` in `−127..=127`. A key row `k`
 //! (codes `κ`, scales as its format says) then scores `σ_h · Σ_i c_{h,i} · κ_i · s(i)`,
-//! the inner sums in exact 32-bit integers: AVX-512 VNNI multiplies an unsigned byte by a
-//! signed one, so the kernels flip each key code's sign bit (`κ + 128`) and start every
-//! 32-bit lane at `−128 ·` (its four query codes' sum), which cancels the offset exactly.
-//! The only error is the query's rounding: at most `σ_h / 2` per component, so a score
-//! moves by at most `σ_h / 2 · Σ_i |k_i|`.
+//! the inner sums in exact 32-bit integers. AVX-512 VNNI multiplies an unsigned byte by a
+//! signed one, so those kernels flip each key code's sign bit (`κ + 128`) and start every
+//! 32-bit lane at `−128 ·` (its four query codes' sum), which cancels the offset exactly;
+//! AVX2's kernels multiply `|κ|` by the query codes carrying `κ`'s signs
+//! ([`super::avx2_int`]). The only error is the query's rounding: at most `σ_h / 2` per
+//! component, so a score moves by at most `σ_h / 2 · Σ_i |k_i|`.
 
 use std::ops::Range;
 
@@ -116,12 +117,12 @@ impl QueryCodes {
 impl Kernels {
     /// Whether the keys of format `C` with `d` components score by integer products with
     /// int8 queries: the kernels were made with int8 queries
-    /// ([`Kernels::with_int8_queries`]), the keys are int8 (`q8_0` blocks or per-component
-    /// codes with a row scale) and `d` is a multiple of [`CHUNK`] up to
-    /// [`MASKED_MAX_DIM`].
+    /// ([`Kernels::with_int8_queries`]), the keys are int8 or 4-bit codes (`q8_0` or `q4_0`
+    /// blocks, or per-component int8 codes with a row scale) and `d` is a multiple of
+    /// [`CHUNK`] up to [`MASKED_MAX_DIM`].
     pub fn int8_scores<C: Codes>(self, d: usize) -> bool {
         self.int8_queries()
-            && matches!(C::KIND, CodeKind::I8 | CodeKind::Q8Blocks)
+            && matches!(C::KIND, CodeKind::I8 | CodeKind::Q8Blocks | CodeKind::Q4Blocks)
             && d > 0
             && d.is_multiple_of(CHUNK)
             && d <= MASKED_MAX_DIM
@@ -142,13 +143,17 @@ impl Kernels {
         assert!((1..=DENSE_PASS).contains(&heads) && lane0 + heads <= W && s.len() >= rows.len());
         assert!(rows.iter().all(|r| r.bytes.len() >= C::row_bytes(q.d)), "a short coded row");
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `int8_scores` holds only for a token with `vnni`, which exists only after
-        // `Isa::Avx512.is_available()` and the AVX-512 VNNI and VL checks returned true.
-        unsafe {
-            super::avx512_int::code_scores::<C, W>(q, rows, lane0, s)
+        if let Kernels::Avx2(t) = self {
+            if t.vnni() && C::KIND != CodeKind::Q4Blocks {
+                // SAFETY: a token with `vnni` exists only after `Isa::Avx512.is_available()`
+                // and the AVX-512 VNNI and VL checks returned true.
+                return unsafe { super::avx512_int::code_scores::<C, W>(q, rows, lane0, s) };
+            }
+            // SAFETY: an `Avx2Token` exists only after `Isa::Avx2.is_available()` returned
+            // true, so the CPU supports AVX2, FMA and F16C.
+            return unsafe { super::avx2_int::code_scores::<C, W>(q, rows, lane0, s) };
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = s;
+        unreachable!("int8 queries run on the AVX2 and AVX-512 kernels only");
     }
 
     /// [`Kernels::masked_scores`] with the query codes `q`, as
@@ -163,11 +168,12 @@ impl Kernels {
     ) {
         let heads = q.heads();
         assert!(self.int8_scores::<C>(q.d) && self.fuses_masked::<C>(q.d));
+        assert!(matches!(self, Kernels::Avx2(t) if t.vnni()), "fused only with VNNI products");
         assert!(C::KIND == CodeKind::I8, "bitmask rows of int8 codes");
         assert!((1..=DENSE_PASS).contains(&heads) && lane0 + heads <= W && s.len() >= rows.len());
         assert!(rows.iter().all(|r| r.mask.len() == q.d / 8), "a mask of another length");
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as in `code_scores_i8`.
+        // SAFETY: the token has `vnni` (asserted above), as in `code_scores_i8`.
         unsafe {
             super::avx512_int::masked_scores::<W>(q, rows, lane0, s)
         }
@@ -179,7 +185,7 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::codes::{I8Codes, Q8Blocks};
+    use crate::cpu::codes::{I8Codes, Q4Blocks, Q8Blocks};
 
     fn rng(mut state: u64) -> impl FnMut() -> u64 {
         move || {
@@ -221,17 +227,35 @@ mod tests {
         assert!(qc.view(0..1).codes.iter().all(|&c| c == 0) && qc.view(0..1).scales[0] == 0.0);
     }
 
-    /// A key row's value `i` as the kernels read it (`C` int8 codes or `q8_0` blocks).
+    /// A key row's value `i` as the kernels read it (`C` int8 codes, `q8_0` or `q4_0`
+    /// blocks).
     fn key_value<C: Codes>(row: &CodeRow<'_>, i: usize) -> f64 {
         let scale = f64::from(row.scale);
+        let block = |bytes: usize| {
+            let b = &row.bytes[i / 32 * bytes..];
+            (f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32()), &b[2..])
+        };
         match C::KIND {
             CodeKind::I8 => f64::from(row.bytes[i] as i8) * scale,
+            CodeKind::Q4Blocks => {
+                let (s, codes) = block(18);
+                let byte = codes[i % 16];
+                let nibble = if i % 32 < 16 { byte & 0x0f } else { byte >> 4 };
+                (f64::from(nibble) - 8.0) * s * scale
+            }
             _ => {
-                let b = &row.bytes[i / 32 * 34..];
-                let s = f64::from(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
-                f64::from(b[2 + i % 32] as i8) * s * scale
+                let (s, codes) = block(34);
+                f64::from(codes[i % 32] as i8) * s * scale
             }
         }
+    }
+
+    /// The kernels that take int8 queries on this CPU: AVX2's integer products and, where
+    /// the CPU has them, AVX-512 VNNI's.
+    fn int8_kernels() -> Vec<Kernels> {
+        crate::Isa::available()
+            .filter_map(|isa| Kernels::new(isa).and_then(|k| k.with_int8_queries(true)))
+            .collect()
     }
 
     fn check_scores<C: Codes>(
@@ -275,52 +299,65 @@ mod tests {
 
     #[test]
     fn integer_scores_match_the_rounded_queries_and_stay_within_the_rounding_bound() {
-        let Some(k) = Kernels::new(crate::Isa::Avx512).and_then(|k| k.with_int8_queries(true))
-        else {
-            println!("SKIPPED: integer score products need AVX-512 VNNI on this CPU");
+        let kernels = int8_kernels();
+        if kernels.is_empty() {
+            println!("SKIPPED: integer score products need AVX2 on this CPU");
             return;
-        };
-        let mut next = rng(0x9e37_79b9_7f4a_7c15);
-        for d in [64usize, 128, 256] {
-            // Per-component int8 rows, every code including −128 and 127.
-            let flat: Vec<Vec<u8>> = (0..9)
-                .map(|t| {
-                    (0..d)
-                        .map(|i| if t == 0 { [0x80u8, 0x7f][i % 2] } else { next() as u8 })
-                        .collect()
-                })
-                .collect();
-            let rows: Vec<CodeRow<'_>> = flat
-                .iter()
-                .enumerate()
-                .map(|(t, b)| CodeRow { bytes: b, scale: 0.01 + t as f32 / 64.0 })
-                .collect();
-            check_scores::<I8Codes>(k, d, &rows, &mut next);
-            // q8_0 rows: blocks of an f16 scale and 32 codes.
-            let blocks: Vec<Vec<u8>> = (0..9)
-                .map(|t| {
-                    (0..d / 32)
-                        .flat_map(|b| {
-                            let s = half::f16::from_f32(0.02 + (t * 7 + b) as f32 / 300.0);
-                            s.to_le_bytes()
-                                .into_iter()
-                                .chain((0..32).map(|_| next() as u8))
-                                .collect::<Vec<_>>()
+        }
+        for k in kernels {
+            let mut next = rng(0x9e37_79b9_7f4a_7c15);
+            for d in [64usize, 128, 256] {
+                // Per-component int8 rows, every code including −128 and 127.
+                let flat: Vec<Vec<u8>> = (0..9)
+                    .map(|t| {
+                        (0..d)
+                            .map(|i| if t == 0 { [0x80u8, 0x7f][i % 2] } else { next() as u8 })
+                            .collect()
+                    })
+                    .collect();
+                let rows: Vec<CodeRow<'_>> = flat
+                    .iter()
+                    .enumerate()
+                    .map(|(t, b)| CodeRow { bytes: b, scale: 0.01 + t as f32 / 64.0 })
+                    .collect();
+                check_scores::<I8Codes>(k, d, &rows, &mut next);
+                // q8_0 / q4_0 rows: blocks of an f16 scale and 32 codes (16 bytes of nibbles),
+                // row 0 with the extreme codes.
+                for codes in [32usize, 16] {
+                    let blocks: Vec<Vec<u8>> = (0..9)
+                        .map(|t| {
+                            (0..d / 32)
+                                .flat_map(|b| {
+                                    let s = half::f16::from_f32(0.02 + (t * 7 + b) as f32 / 300.0);
+                                    let extreme = [0x80u8, 0x7f, 0x0f, 0xf0][b % 4];
+                                    let code = |_| if t == 0 { extreme } else { next() as u8 };
+                                    s.to_le_bytes()
+                                        .into_iter()
+                                        .chain((0..codes).map(code))
+                                        .collect::<Vec<_>>()
+                                })
+                                .collect()
                         })
-                        .collect()
-                })
-                .collect();
-            let rows: Vec<CodeRow<'_>> =
-                blocks.iter().map(|b| CodeRow { bytes: b, scale: 1.5 }).collect();
-            check_scores::<Q8Blocks>(k, d, &rows, &mut next);
+                        .collect();
+                    let rows: Vec<CodeRow<'_>> =
+                        blocks.iter().map(|b| CodeRow { bytes: b, scale: 1.5 }).collect();
+                    if codes == 32 {
+                        check_scores::<Q8Blocks>(k, d, &rows, &mut next);
+                    } else {
+                        check_scores::<Q4Blocks>(k, d, &rows, &mut next);
+                    }
+                }
+            }
         }
     }
 
     #[test]
     fn integer_scores_of_bitmask_rows_in_place_match_placed_rows() {
-        let Some(k) = Kernels::new(crate::Isa::Avx512).and_then(|k| k.with_int8_queries(true))
+        let Some(k) = Kernels::new(crate::Isa::Avx512)
+            .and_then(|k| k.with_int8_queries(true))
+            .filter(|k| k.fuses_masked::<I8Codes>(64))
         else {
-            println!("SKIPPED: integer score products need AVX-512 VNNI on this CPU");
+            println!("SKIPPED: bitmask rows are scored in place only with AVX-512 VNNI");
             return;
         };
         let mut next = rng(0x2545_f491_4f6c_dd1d);
@@ -370,8 +407,10 @@ mod tests {
         for isa in crate::Isa::available() {
             let k = Kernels::new(isa).expect("available");
             assert!(!k.int8_scores::<I8Codes>(64) && !k.int8_scores::<Q8Blocks>(128));
+            assert_eq!(k.with_int8_queries(true).is_some(), isa != crate::Isa::Portable);
             if let Some(k) = k.with_int8_queries(true) {
                 assert!(k.int8_scores::<Q8Blocks>(64) && k.int8_scores::<I8Codes>(512));
+                assert!(k.int8_scores::<Q4Blocks>(128));
                 assert!(!k.int8_scores::<I8Codes>(32) && !k.int8_scores::<I8Codes>(576));
                 assert!(!k.int8_scores::<crate::cpu::codes::Fp8Codes>(64));
                 assert!(!k.with_int8_queries(false).expect("always").int8_scores::<I8Codes>(64));

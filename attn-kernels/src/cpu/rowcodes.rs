@@ -17,7 +17,10 @@
 //!   group and added once per segment.
 //!
 //! The loops are written for the compiler's vectorizer over the `W` lanes and compiled
-//! once per ISA (AVX-512, AVX2 + FMA + F16C, portable), chosen at run time.
+//! once per ISA (AVX-512, AVX2 + FMA + F16C, portable), chosen at run time. Codebook keys
+//! and values of 2 to 4 bits skip them on x86-64 with AVX2: [`super::avx2_books`] looks
+//! eight levels up at once in a register and keeps queries and accumulators head-major, as
+//! the dense kernels do.
 
 use std::ops::Range;
 
@@ -382,6 +385,77 @@ pub(crate) fn gathered_segment<const W: usize>(
     segment::<W>(k, job, item, rows, sc, (slot, capture));
 }
 
+/// Streams codebook keys and values of 2 to 4 bits (`d` a multiple of 8) through the AVX2
+/// codebook kernels ([`super::avx2_books`]): the queries and accumulators stay head-major
+/// and the levels are looked up in registers. Reads nothing and returns false for other
+/// layouts and for the portable kernels.
+#[cfg(target_arch = "x86_64")]
+fn book_segment<const W: usize>(
+    k: Kernels,
+    job: &Job<'_>,
+    item: &Item,
+    rows: &Rows<'_>,
+    sc: &mut Scratch,
+    (slot, capture): (&mut Slot, &mut Option<&mut [f32]>),
+) -> bool {
+    use super::avx2_books::{Book, book_accumulate, book_scores};
+    use super::segment::scaled_queries;
+    use super::tile::DENSE_PASS;
+    let d = job.cfg.head_dim();
+    let (
+        RowCodes::Codebook { bits, levels, bytes: kb },
+        RowCodes::Codebook { bits: vbits, levels: vlevels, bytes: vb },
+    ) = (rows.keys, rows.values)
+    else {
+        return false;
+    };
+    if !matches!(k, Kernels::Avx2(_))
+        || !(2..=4).contains(&bits)
+        || !(2..=4).contains(&vbits)
+        || !d.is_multiple_of(8)
+    {
+        return false;
+    }
+    // SAFETY: an AVX2 token exists only after `Isa::Avx2.is_available()` confirmed AVX2, FMA
+    // and F16C.
+    let (kbook, vbook) = unsafe { (Book::new(levels, bits), Book::new(vlevels, vbits)) };
+    let (krb, vrb) = (2 + packed_bytes(d, bits), 2 + packed_bytes(d, vbits));
+    let slots = rows.slots;
+    let at = |j: usize| slots.map_or(j, |s| s[j] as usize);
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let heads = q.len() / d;
+    let (mut kr, mut vr) = ([&[][..]; TILE], [&[][..]; TILE]);
+    let mut s = [[0.0f32; W]; TILE];
+    let range = rows.range.clone();
+    let mut r = range.start;
+    while r < range.end {
+        let n = TILE.min(range.end - r);
+        for t in 0..n {
+            let j = at(r + t);
+            kr[t] = &kb[j * krb..(j + 1) * krb];
+            vr[t] = &vb[j * vrb..(j + 1) * vrb];
+        }
+        for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
+            // SAFETY: as for `Book::new`.
+            unsafe { book_scores::<W>(&kbook, qp, d, &kr[..n], pass * DENSE_PASS, &mut s[..n]) };
+        }
+        if let Some(c) = capture.as_deref_mut() {
+            let at = (r - range.start) * W;
+            c[at..at + n * W].copy_from_slice(s[..n].as_flattened());
+        }
+        let (m, l) = slot.lanes::<W>();
+        let factor = k.softmax_update(m, l, &mut s[..n]);
+        for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
+            // SAFETY: as for `Book::new`.
+            unsafe {
+                book_accumulate::<W>(&vbook, &s[..n], &vr[..n], pass * DENSE_PASS, &factor, acc, d)
+            };
+        }
+        r += n;
+    }
+    true
+}
+
 /// What [`segment`] streams: layouts, slab rows and the rows to read.
 struct Rows<'a> {
     keys: RowCodes<'a>,
@@ -394,10 +468,16 @@ fn segment<const W: usize>(
     k: Kernels,
     job: &Job<'_>,
     item: &Item,
-    Rows { keys, values, slots, range }: Rows<'_>,
+    rows: Rows<'_>,
     sc: &mut Scratch,
     (slot, capture): (&mut Slot, Option<&mut [f32]>),
 ) {
+    let mut capture = capture;
+    #[cfg(target_arch = "x86_64")]
+    if book_segment::<W>(k, job, item, &rows, sc, (slot, &mut capture)) {
+        return;
+    }
+    let Rows { keys, values, slots, range } = rows;
     let d = job.cfg.head_dim();
     let Scratch { qt, acc_t, kval, vval, sq, kcode, .. } = sc;
     let wide = if d > 256 {

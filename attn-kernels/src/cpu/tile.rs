@@ -87,8 +87,10 @@ pub(crate) struct Avx2Token {
     vbmi2: bool,
     /// The 512-bit products were asked for (implies `vbmi2`).
     avx512: bool,
-    /// Integer score products with int8 queries were asked for, and the CPU runs AVX-512
-    /// VNNI and VL (implies `avx512`).
+    /// Integer score products with int8 queries were asked for.
+    int8: bool,
+    /// They run on AVX-512 VNNI: the CPU runs AVX-512 VNNI and VL (checked likewise), and
+    /// `avx512` and `int8` hold.
     vnni: bool,
 }
 
@@ -101,6 +103,12 @@ impl Avx2Token {
     /// Whether the dense and coded-row products may run on AVX-512 F + BW.
     pub fn avx512(self) -> bool {
         self.avx512
+    }
+
+    /// Whether int8 keys score by AVX-512 VNNI products with int8 queries (otherwise by
+    /// AVX2's, where int8 queries were asked for).
+    pub fn vnni(self) -> bool {
+        self.vnni
     }
 }
 
@@ -122,35 +130,37 @@ impl Kernels {
             crate::Isa::Avx2 | crate::Isa::Avx2Vbmi2 | crate::Isa::Avx512 => {
                 let avx512 = isa == crate::Isa::Avx512;
                 let vbmi2 = avx512 || isa == crate::Isa::Avx2Vbmi2;
-                let token = Avx2Token { vbmi2, avx512, vnni: false };
+                let token = Avx2Token { vbmi2, avx512, int8: false, vnni: false };
                 isa.is_available().then_some(Self::Avx2(token))
             }
         }
     }
 
-    /// The same kernels with int8 queries on (`on`) or off: where on, keys of int8 codes
-    /// score by integer products with the queries rounded to int8 ([`super::qcodes`]).
-    /// `None` when asked on for kernels other than AVX-512 or on a CPU without AVX-512
-    /// VNNI and VL.
+    /// The same kernels with int8 queries on (`on`) or off: where on, keys of int8 and
+    /// 4-bit codes score by integer products with the queries rounded to int8
+    /// ([`super::qcodes`]) — AVX-512 VNNI's where the kernels run the 512-bit products on a
+    /// CPU with AVX-512 VNNI and VL, AVX2's otherwise. `None` when asked on for the
+    /// portable kernels.
     pub fn with_int8_queries(self, on: bool) -> Option<Self> {
         match self {
-            Self::Avx2(t) if !on => Some(Self::Avx2(Avx2Token { vnni: false, ..t })),
+            Self::Avx2(t) if !on => Some(Self::Avx2(Avx2Token { int8: false, vnni: false, ..t })),
             Self::Portable if !on => Some(self),
-            #[cfg(target_arch = "x86_64")]
-            Self::Avx2(t)
-                if t.avx512
+            Self::Avx2(t) => {
+                #[cfg(target_arch = "x86_64")]
+                let vnni = t.avx512
                     && std::arch::is_x86_feature_detected!("avx512vnni")
-                    && std::arch::is_x86_feature_detected!("avx512vl") =>
-            {
-                Some(Self::Avx2(Avx2Token { vnni: true, ..t }))
+                    && std::arch::is_x86_feature_detected!("avx512vl");
+                #[cfg(not(target_arch = "x86_64"))]
+                let vnni = false;
+                Some(Self::Avx2(Avx2Token { int8: true, vnni, ..t }))
             }
-            _ => None,
+            Self::Portable => None,
         }
     }
 
     /// Whether int8 keys score against int8 queries ([`Kernels::with_int8_queries`]).
     pub fn int8_queries(self) -> bool {
-        matches!(self, Self::Avx2(t) if t.vnni)
+        matches!(self, Self::Avx2(t) if t.int8)
     }
 
     /// The instruction set these kernels use.

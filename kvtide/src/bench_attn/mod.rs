@@ -94,8 +94,9 @@ pub struct BenchAttnOptions {
     pub crossover_max_len: usize,
     /// Seed of the synthetic caches.
     pub seed: u64,
-    /// Also time the int8-keyed kernels (dense int8, bitmask int8) with int8 queries
-    /// (`attn_kernels::QueryPrecision::Int8`, lossy) where this CPU runs them.
+    /// Also time the kernels over int8 and 4-bit keys (dense int8 and int4, bitmask int8)
+    /// with int8 queries (`attn_kernels::QueryPrecision::Int8`, lossy) where this CPU runs
+    /// them.
     pub int8_queries: bool,
 }
 
@@ -676,9 +677,11 @@ impl Inputs {
         })
     }
 
-    /// The dense int8 (`q8_0`) set, the one dense set with int8 keys.
-    fn int8_quant(&self) -> Vec<&QuantSet> {
-        self.quant.iter().filter(|(n, _)| *n == "dense_int8").map(|(_, q)| q).collect()
+    /// The dense sets whose keys int8 queries score by integer products (`q8_0`, `q4_0`),
+    /// named.
+    fn int8_quant(&self) -> Vec<(&'static str, &QuantSet)> {
+        let int = |n: &str| matches!(n, "dense_int8" | "dense_int4");
+        self.quant.iter().filter(|(n, _)| int(n)).map(|(n, q)| (*n, q)).collect()
     }
 
     /// The bitmask sets with int8 values, with their `k`.
@@ -770,7 +773,7 @@ fn measure_point(opts: &BenchAttnOptions, e: &mut Engine, x: &Inputs) -> Result<
         }
         if int8q {
             e.attn.set_query_precision(QueryPrecision::Int8).map_err(kernel_err)?;
-            for qs in &q8 {
+            for (_, qs) in &q8 {
                 record(time_best(opts.min_sample_secs, || {
                     qs.decode(&mut e.attn, &x.cfg, &x.q, &mut out)
                 })?);
@@ -916,12 +919,17 @@ fn point_json(e: &Engine, x: &Inputs, best: &[f64], torch_check: Option<f64>, in
     // The int8-keyed kernels again, with int8 queries.
     let mut off = off + x.bitmask.len();
     let mut q8_secs = f64::NAN;
-    for qs in x.int8_quant() {
-        q8_secs = best[off];
-        let mut f = figures(e, q8_secs, qs.bytes());
-        f["speedup_vs_dense_f16"] = json!(dense / q8_secs);
-        f["speedup_vs_dense_int8"] = json!(int8_secs / q8_secs);
-        p["dense_int8_int8_queries"] = f;
+    for (name, qs) in x.int8_quant() {
+        let secs = best[off];
+        let mut f = figures(e, secs, qs.bytes());
+        f["speedup_vs_dense_f16"] = json!(dense / secs);
+        let f32_ms = p[name]["ms"].as_f64().unwrap_or(f64::NAN);
+        f["speedup_vs_f32_queries"] = json!(f32_ms / (secs * 1e3));
+        if name == "dense_int8" {
+            q8_secs = secs;
+            f["speedup_vs_dense_int8"] = json!(int8_secs / secs);
+        }
+        p[format!("{name}_int8_queries")] = f;
         off += 1;
     }
     let bitmask: Vec<Json> = x
@@ -1042,6 +1050,10 @@ mod tests {
             assert_eq!(b[0]["bytes"], bitmask[1]["bytes"]);
             assert!(b[0]["speedup_vs_dense_int8_int8_queries"].as_f64().unwrap() > 0.0);
             assert!(q8["dense_int8_vs_dense_f16"]["met"].is_boolean(), "{q8}");
+            assert!(q8["dense_int4_vs_dense_f16"]["met"].is_boolean(), "{q8}");
+            let int4 = &p["dense_int4_int8_queries"];
+            assert_eq!(int4["bytes"], p["dense_int4"]["bytes"]);
+            assert!(int4["speedup_vs_f32_queries"].as_f64().unwrap() > 0.0, "{int4}");
         } else {
             assert_eq!(q8["timed"], json!(false));
             assert!(p["dense_int8_int8_queries"].is_null());

@@ -100,7 +100,7 @@ pub(super) fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json
         ),
         "min_read_bandwidth_fraction": min_read_fraction(points, 2, 0.5),
         "int8_queries": if opts.int8_queries && !int8_queries(opts) {
-            json!({"timed": false, "reason": "this CPU lacks AVX-512 VNNI or the AVX-512 kernels"})
+            json!({"timed": false, "reason": "this CPU lacks AVX2 (the integer products need it)"})
         } else {
             json!({
                 "timed": opts.int8_queries,
@@ -116,6 +116,10 @@ pub(super) fn targets(opts: &BenchAttnOptions, points: &[Json], crossover: &Json
                 "dense_int8_vs_dense_f16": ratio(
                     "dense int8 (q8_0 blocks) with int8 queries vs dense f16", 1.6,
                     &|p, _| p["dense_int8_int8_queries"]["speedup_vs_dense_f16"].as_f64(),
+                ),
+                "dense_int4_vs_dense_f16": ratio(
+                    "dense int4 (q4_0 blocks) with int8 queries vs dense f16", 1.8,
+                    &|p, _| p["dense_int4_int8_queries"]["speedup_vs_dense_f16"].as_f64(),
                 ),
             })
         },
@@ -160,6 +164,7 @@ fn kernels_of(p: &Json) -> Vec<(String, Json)> {
         "dense_int4",
         "dense_fp8",
         "dense_int8_int8_queries",
+        "dense_int4_int8_queries",
         "kivi2",
         "turbo3",
     ]

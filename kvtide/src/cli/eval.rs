@@ -301,7 +301,7 @@ pub struct BenchArgs {
     /// Interleaved timing rounds instead of the grid's (each figure is the best round).
     #[arg(long)]
     rounds: Option<usize>,
-    /// Leave out the int8-keyed kernels' second timing with int8 queries.
+    /// Leave out the second timing of the int8- and 4-bit-keyed kernels with int8 queries.
     #[arg(long)]
     no_int8_queries: bool,
 }

@@ -49,7 +49,7 @@ pub trait BufferedHistory: WholeRowStore + private::Sealed {
     /// key group's parameters spread over its tokens).
     fn token_bytes(head_dim: usize, group: usize) -> f64;
 
-    /// Whether keys are `q8_0` codes (the keys int8 queries are scored against).
+    /// Whether keys are `q8_0` or `q4_0` codes (the keys int8 queries are scored against).
     fn int8_keys() -> bool {
         false
     }
@@ -88,7 +88,10 @@ impl<C: DenseCodec> BufferedHistory for QuantRows<C> {
     }
 
     fn int8_keys() -> bool {
-        C::FORMAT == kv_sparse::quant::DenseFormat::Int8
+        matches!(
+            C::FORMAT,
+            kv_sparse::quant::DenseFormat::Int8 | kv_sparse::quant::DenseFormat::Int4
+        )
     }
 
     fn attend<D: RecentFormat>(

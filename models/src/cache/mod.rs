@@ -305,8 +305,9 @@ pub trait KvCache: Send {
     /// Bytes currently held.
     fn bytes(&self) -> CacheBytes;
 
-    /// Whether the cache stores keys as int8 codes (dense `q8_0` rows, SWAN rows with int8
-    /// values), the keys [`QueryPrecision::Int8`] scores by integer products.
+    /// Whether the cache stores keys as int8 or 4-bit codes (dense `q8_0` and `q4_0` rows,
+    /// SWAN rows with int8 values), the keys [`QueryPrecision::Int8`] scores by integer
+    /// products.
     fn int8_keys(&self) -> bool {
         false
     }

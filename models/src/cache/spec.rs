@@ -48,9 +48,9 @@
 //! (see [`crate::cache::ComponentNorm`]; default `none`).
 //!
 //! Every cache also takes `queries=f32|int8|q8_0` (how the attention kernels take the
-//! queries — against int8 keys (dense `format=int8` rows, SWAN `value=int8` rows, an `int8`
-//! ring) `int8` rounds them to int8 per head and step and scores by exact integer
-//! products, lossy, where the CPU has AVX-512 VNNI; `q8_0` rounds them to ggml's `q8_0`
+//! queries — against int8 or 4-bit keys (dense `format=int8` / `format=int4` rows, SWAN
+//! `value=int8` rows, an `int8` / `int4` ring) `int8` rounds them to int8 per head and step
+//! and scores by exact integer products, lossy, where the CPU has AVX2; `q8_0` rounds them to ggml's `q8_0`
 //! blocks of 32 and scores in f32 against keys of any format of a quantized dense, SWAN or
 //! windowed cache — the queries llama.cpp's CPU flash attention scores its `q8_0`/`q4_0`
 //! caches with, lossy, for reproducing that engine; default `f32`, lossless; a cache

@@ -350,7 +350,10 @@ impl<K: DenseCodec, V: DenseCodec> KvCache for QuantWindowCache<K, V> {
     }
 
     fn int8_keys(&self) -> bool {
-        K::FORMAT == kv_sparse::quant::DenseFormat::Int8
+        matches!(
+            K::FORMAT,
+            kv_sparse::quant::DenseFormat::Int8 | kv_sparse::quant::DenseFormat::Int4
+        )
     }
 
     fn set_query_precision(&mut self, precision: attn_kernels::QueryPrecision) -> Result<()> {
