@@ -169,8 +169,31 @@ fn spec(ctx: &Context, run: &WnwRun, task: &CopyTask, roles: &str, proj: &str, r
 
 /// Teacher-forces `task` through the caches of `specs`, batching the caches whose models
 /// share weights into one decode per step ([`teacher_force_batch`]); traces in `specs`
-/// order.
+/// order. A spec given twice (two studies sharing a configuration, such as A1's and A3's
+/// WnW at the same voice heads) is decoded once, its trace repeated: decoding is
+/// deterministic.
 fn decode_all(
+    ctx: &Context,
+    specs: &[String],
+    task: &CopyTask,
+    sample: bool,
+) -> Result<Vec<Trace>> {
+    let mut unique: Vec<String> = Vec::with_capacity(specs.len());
+    let at: Vec<usize> = specs
+        .iter()
+        .map(|s| {
+            unique.iter().position(|u| u == s).unwrap_or_else(|| {
+                unique.push(s.clone());
+                unique.len() - 1
+            })
+        })
+        .collect();
+    let traces = decode_unique(ctx, &unique, task, sample)?;
+    Ok(at.into_iter().map(|i| traces[i].clone()).collect())
+}
+
+/// [`decode_all`] over distinct specs.
+fn decode_unique(
     ctx: &Context,
     specs: &[String],
     task: &CopyTask,
