@@ -58,7 +58,7 @@ impl Book {
         let at = c * self.bits / 8;
         let word = match codes.get(at..at + 4) {
             // SAFETY: the slice holds 4 bytes; unaligned read.
-            Some(w) => unsafe { w.as_ptr().cast::<u32>().read_unaligned() },
+            Some(w) => u32::from_le(unsafe { w.as_ptr().cast::<u32>().read_unaligned() }),
             None => {
                 let mut w = [0u8; 4];
                 w[..self.bits].copy_from_slice(&codes[at..at + self.bits]);
@@ -66,7 +66,7 @@ impl Book {
             }
         };
         let idx = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_set1_epi32(u32::from_le(word) as i32), self.shifts),
+            _mm256_srlv_epi32(_mm256_set1_epi32(word as i32), self.shifts),
             self.mask,
         );
         let lo = _mm256_permutevar8x32_ps(self.lo, idx);

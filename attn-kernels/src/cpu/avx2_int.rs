@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::avx2::store_sums;
-use super::avx2_codes::scale_at;
+use super::avx2_codes::{block_bytes, scale_at};
 use super::codes::{BLOCK, CodeKind, CodeRow, Codes};
 use super::qcodes::QueryView;
 
@@ -29,15 +29,15 @@ use super::qcodes::QueryView;
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn codes32<C: Codes>(p: *const u8, c: usize) -> __m256i {
-    let block = |bytes: usize| p.wrapping_add(c / BLOCK * bytes);
+    let codes = p.wrapping_add(c / BLOCK * block_bytes::<C>() + 2);
     // SAFETY: the caller guarantees the row holds components `c..c + 32`: 32 codes at `c`
     // (per-component rows), or block `c/32` (34 bytes for `q8_0`, 18 for `q4_0`, codes 2
     // bytes in); unaligned loads.
     unsafe {
         match C::KIND {
-            CodeKind::Q8Blocks => _mm256_loadu_si256(block(2 + BLOCK).add(2).cast()),
+            CodeKind::Q8Blocks => _mm256_loadu_si256(codes.cast()),
             CodeKind::Q4Blocks => {
-                let b = _mm_loadu_si128(block(2 + BLOCK / 2).add(2).cast());
+                let b = _mm_loadu_si128(codes.cast());
                 // Element j in the low nibble of byte j, element j + 16 in its high nibble.
                 let both = _mm256_set_m128i(_mm_srli_epi16::<4>(b), b);
                 let low = _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
@@ -55,9 +55,8 @@ unsafe fn codes32<C: Codes>(p: *const u8, c: usize) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn block_scale<C: Codes>(p: *const u8, c: usize) -> f32 {
-    let bytes = if C::KIND == CodeKind::Q4Blocks { 2 + BLOCK / 2 } else { 2 + BLOCK };
     // SAFETY: the caller guarantees block `c/32`, which starts with its f16 scale.
-    unsafe { scale_at(p.add(c / BLOCK * bytes)) }
+    unsafe { scale_at(p.add(c / BLOCK * block_bytes::<C>())) }
 }
 
 /// Eight 32-bit sums of the products of 32 key codes `k` (magnitudes `ak`) with 32 query
