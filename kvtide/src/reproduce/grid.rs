@@ -27,6 +27,7 @@
 use serde::Serialize;
 
 use super::corpus::Variant;
+use super::frontier::Code;
 use super::memory::{fp8_equal_budget_k, retained_k};
 
 /// Which part of the SWAN study a run belongs to.
@@ -55,8 +56,8 @@ pub struct SwanRun {
     pub k_key: Option<usize>,
     /// Kept value components.
     pub k_value: Option<usize>,
-    /// `f16`, `fp8`, `f32`.
-    pub values: &'static str,
+    /// Value code ([`Code::F16`], [`Code::Fp8`], [`Code::F32`]; a dense reference's format).
+    pub values: Code,
     /// Dense buffer rows.
     pub buffer: usize,
     /// Basis name as the cache spec takes it.
@@ -68,7 +69,7 @@ impl SwanRun {
     pub fn spec(&self, proj: &str, threads: usize) -> String {
         match (self.k_key, self.k_value) {
             (Some(k), Some(kv)) => {
-                let buffer = if self.values == "f32" { "f32" } else { "f16" };
+                let buffer = if self.values == Code::F32 { "f32" } else { "f16" };
                 format!(
                     "swan:k={k},kv={kv},b={},value={},buffer={buffer},scale=none,basis={},proj={proj},threads={threads}",
                     self.buffer, self.values, self.basis
@@ -314,7 +315,7 @@ fn swan_main(head_dim: usize, retentions: &[f64], buffers: &[usize]) -> Vec<Swan
     for &r in retentions {
         let k = retained_k(r, head_dim);
         for &b in buffers {
-            for (values, kk) in [("f16", k), ("fp8", fp8_equal_budget_k(k, head_dim))] {
+            for (values, kk) in [(Code::F16, k), (Code::Fp8, fp8_equal_budget_k(k, head_dim))] {
                 let run = SwanRun {
                     group: SwanGroup::Main,
                     retention: r,
@@ -340,7 +341,7 @@ fn swan_ablations(head_dim: usize, bases: &[&str], splits: &[(f64, f64)]) -> Vec
         retention: 0.5,
         k_key: Some(k),
         k_value: Some(k),
-        values: "f16",
+        values: Code::F16,
         buffer: 0,
         basis: (*b).to_owned(),
     });
@@ -349,7 +350,7 @@ fn swan_ablations(head_dim: usize, bases: &[&str], splits: &[(f64, f64)]) -> Vec
         retention: 0.5,
         k_key: Some(retained_k(a, head_dim)),
         k_value: Some(retained_k(b, head_dim)),
-        values: "f16",
+        values: Code::F16,
         buffer: 0,
         basis: "calibrated".into(),
     });
@@ -371,11 +372,11 @@ fn swan_references(head_dim: usize) -> Vec<SwanRun> {
         retention: 1.0,
         k_key: Some(head_dim),
         k_value: Some(head_dim),
-        values: "f32",
+        values: Code::F32,
         buffer: 0,
         basis: "random:7".into(),
     };
-    vec![dense("f16"), dense("f32"), lossless]
+    vec![dense(Code::F16), dense(Code::F32), lossless]
 }
 
 const BASES: [&str; 6] =
@@ -632,7 +633,9 @@ mod tests {
         let main: Vec<_> = p.swan.iter().filter(|r| r.group == SwanGroup::Main).collect();
         // 4 retentions × 3 buffers × {f16, fp8}, minus fp8 duplicates where k' caps at d_h.
         assert_eq!(main.len(), 21);
-        assert!(main.iter().any(|r| r.values == "fp8" && r.k_key == Some(28) && r.buffer == 128));
+        assert!(
+            main.iter().any(|r| r.values == Code::Fp8 && r.k_key == Some(28) && r.buffer == 128)
+        );
         assert_eq!(p.swan.iter().filter(|r| r.group == SwanGroup::Projection).count(), 6);
         assert_eq!(p.swan.iter().filter(|r| r.group == SwanGroup::KvSplit).count(), 3);
         // Shared points run once.
@@ -656,7 +659,7 @@ mod tests {
         assert!(q.quick && !r.quick && r.size == Size::Reduced);
         assert_eq!(r.swan.iter().filter(|x| x.group == SwanGroup::Projection).count(), 6);
         assert_eq!(r.swan.iter().filter(|x| x.group == SwanGroup::KvSplit).count(), 3);
-        assert!(r.swan.iter().any(|x| x.buffer == 128 && x.values == "fp8"));
+        assert!(r.swan.iter().any(|x| x.buffer == 128 && x.values == Code::Fp8));
         let targets: Vec<f64> = r
             .wnw
             .iter()

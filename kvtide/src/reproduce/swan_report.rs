@@ -2,6 +2,7 @@
 //! by analogy: perplexity instead of task accuracy, against the measured memory ratio).
 
 use super::findings::Finding;
+use super::frontier::Code;
 use super::grid::{SwanGroup, SwanRun};
 use super::memory::retained_k;
 use super::plot::Plot;
@@ -43,12 +44,14 @@ fn main_table(s: &SwanStudy, base: f64) -> Table {
         .filter(|r| matches!(r.run.group, SwanGroup::Baseline | SwanGroup::Main))
         .collect();
     rows.sort_by(|a, b| {
-        let key = |r: &SwanResult| (r.run.group != SwanGroup::Baseline, r.run.values, r.run.buffer);
+        let key = |r: &SwanResult| {
+            (r.run.group != SwanGroup::Baseline, r.run.values.to_string(), r.run.buffer)
+        };
         key(a).cmp(&key(b)).then(b.run.retention.total_cmp(&a.run.retention))
     });
     for r in rows {
         t.row(vec![
-            r.run.values.to_owned(),
+            r.run.values.to_string(),
             if r.run.k_key.is_some() { r.run.buffer.to_string() } else { "—".into() },
             k_cell(&r.run),
             num(r.run.retention, 2),
@@ -116,7 +119,7 @@ fn plot(s: &SwanStudy, base: f64) -> Plot {
     )
     .reference("dense f16", base);
     let mut max = base;
-    for values in ["f16", "fp8"] {
+    for values in [Code::F16, Code::Fp8] {
         for b in [0, 64, 128] {
             let mut pts: Vec<(f64, f64)> = s
                 .results
@@ -129,7 +132,7 @@ fn plot(s: &SwanStudy, base: f64) -> Plot {
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             max = pts.iter().fold(max, |m, p| m.max(p.1));
             if !pts.is_empty() {
-                let label = if values == "f16" { "16-bit" } else { "fp8 (equal budget)" };
+                let label = if values == Code::F16 { "16-bit" } else { "fp8 (equal budget)" };
                 p = p.series(&format!("{label}, b={b}"), pts);
             }
         }
@@ -193,7 +196,7 @@ pub fn section(s: &SwanStudy, sec: &mut Section) {
 fn half_point(head_dim: usize, basis: &'static str) -> impl Fn(&SwanRun) -> bool {
     let k = Some(retained_k(0.5, head_dim));
     move |r: &SwanRun| {
-        r.k_key == k && r.k_value == k && r.buffer == 0 && r.values == "f16" && r.basis == basis
+        r.k_key == k && r.k_value == k && r.buffer == 0 && r.values == Code::F16 && r.basis == basis
     }
 }
 
@@ -204,7 +207,7 @@ fn ppl(s: &SwanStudy, f: impl Fn(&SwanRun) -> bool) -> f64 {
 /// The paper's SWAN findings, evaluated on this run.
 pub fn findings(s: &SwanStudy) -> Vec<Finding> {
     let base = s.dense_f16().map_or(f64::NAN, |r| r.perplexity);
-    let main = |v: &'static str, r: f64, b: usize| {
+    let main = |v: Code, r: f64, b: usize| {
         move |x: &SwanRun| {
             x.group == SwanGroup::Main
                 && x.values == v
@@ -214,7 +217,7 @@ pub fn findings(s: &SwanStudy) -> Vec<Finding> {
     };
     let proj = |name: &'static str| half_point(s.head_dim, name);
     let mut out = Vec::new();
-    let full16 = ppl(s, main("f16", 1.0, 0));
+    let full16 = ppl(s, main(Code::F16, 1.0, 0));
     out.push(Finding::new(
         "swan-lossless",
         "Lossless at k = d_h (f32: identical to dense f32; 16-bit: within 1 % of dense f16)",
@@ -258,7 +261,8 @@ pub fn findings(s: &SwanStudy) -> Vec<Finding> {
         ));
     }
     let gain = |r: f64| {
-        ppl(s, main("f16", r, 0)) - ppl(s, main("f16", r, 128)).min(ppl(s, main("f16", r, 64)))
+        ppl(s, main(Code::F16, r, 0))
+            - ppl(s, main(Code::F16, r, 128)).min(ppl(s, main(Code::F16, r, 64)))
     };
     let (tight, loose) = (gain(0.3), gain(0.75));
     if tight.is_finite() && loose.is_finite() {
@@ -271,10 +275,10 @@ pub fn findings(s: &SwanStudy) -> Vec<Finding> {
     }
     for b in [0, 64, 128] {
         let (t16, t8, l16, l8) = (
-            ppl(s, main("f16", 0.3, b)),
-            ppl(s, main("fp8", 0.3, b)),
-            ppl(s, main("f16", 1.0, b)),
-            ppl(s, main("fp8", 1.0, b)),
+            ppl(s, main(Code::F16, 0.3, b)),
+            ppl(s, main(Code::Fp8, 0.3, b)),
+            ppl(s, main(Code::F16, 1.0, b)),
+            ppl(s, main(Code::Fp8, 1.0, b)),
         );
         if [t16, t8, l16, l8].iter().all(|x| x.is_finite()) {
             out.push(Finding::new(

@@ -10,6 +10,7 @@ use super::corpus::{SWAN_CALIBRATION_PLAYS, SWAN_EVAL_PLAY};
 use super::decode::{
     Agreement, PromptPath, Trace, agreement, group_by_weights, teacher_force_texts,
 };
+use super::frontier::Code;
 use super::grid::{SwanGroup, SwanRun};
 use crate::error::Result;
 use models::cache::KvCache;
@@ -81,7 +82,7 @@ impl SwanStudy {
 
     /// The dense f16 reference.
     pub fn dense_f16(&self) -> Option<&SwanResult> {
-        self.find(|r| r.group == SwanGroup::Baseline && r.values == "f16")
+        self.find(|r| r.group == SwanGroup::Baseline && r.values == Code::F16)
     }
 }
 
@@ -234,7 +235,7 @@ pub fn run(ctx: &mut Context) -> Result<SwanStudy> {
             crate::error::invalid("swan study", format!("no result for {}", run.label()))
         })?;
         match run.group {
-            SwanGroup::Baseline if run.values == "f32" => dense32 = Some(trace),
+            SwanGroup::Baseline if run.values == Code::F32 => dense32 = Some(trace),
             SwanGroup::Lossless => lossless = Some(trace),
             _ => {}
         }

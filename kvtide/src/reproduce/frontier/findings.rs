@@ -26,7 +26,7 @@ pub(super) fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
         .collect();
     let compared = s.budgets.iter().filter(|r| r.swan_wins().is_some()).count();
     // A run without SWAN configurations (--frontier-external-only) has nothing to compare.
-    let any_swan = s.points.iter().any(|p| p.run.family == "swan");
+    let any_swan = s.points.iter().any(|p| p.run.family == Family::Swan);
     out.extend(any_swan.then(|| Finding::new(
         "frontier-budgets",
         "At every budget 0.15–0.5 × f16 the best SWAN configuration's perplexity is at or below the best dense quantized one's",
@@ -39,9 +39,9 @@ pub(super) fn leg_findings(s: &FrontierStudy) -> Vec<Finding> {
         s.points
             .iter()
             .filter(|p| {
-                p.run.family == "swan"
-                    && p.run.index == "bitmask"
-                    && matches!(p.run.values, "fp8" | "int8")
+                p.run.family == Family::Swan
+                    && p.run.index == Some(models::cache::SwanIndex::Bitmask)
+                    && matches!(p.run.values, Code::Fp8 | Code::Int8)
                     && p.run.buffer == 128
                     && p.run.k.is_some_and(|k| pair(k, p.run.kv))
             })

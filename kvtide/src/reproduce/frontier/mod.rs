@@ -180,7 +180,7 @@ impl ByteModel {
         self.local.map_or(0, |l| {
             let d = self.head_dim;
             // The sink rows stay in f32 in quantized rings too (a float ring keeps all).
-            let quantized = matches!(run.ring_format(), "fp8" | "int8" | "int4");
+            let quantized = matches!(run.ring_format(), Code::Fp8 | Code::Int8 | Code::Int4);
             let sink = if quantized { tokens.min(run.sink) } else { 0 };
             l.layers
                 * self.kv_heads
@@ -195,7 +195,7 @@ impl ByteModel {
 
     /// Bytes dense f16 holds for `tokens` positions on this model (local rings included).
     pub fn dense_f16(&self, tokens: usize) -> usize {
-        self.bytes(&FrontierRun::dense("f16", "none"), tokens)
+        self.bytes(&FrontierRun::dense(Code::F16, None), tokens)
     }
 
     /// `run`'s bytes over dense f16's, every layer counted.

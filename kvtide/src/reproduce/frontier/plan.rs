@@ -3,23 +3,139 @@
 //! variants, and the rotation draws.
 
 use super::*;
+use attn_kernels::QueryPrecision;
+use models::cache::{ComponentNorm, KeySelect, SwanIndex};
+use projection::BasisKind;
+use serde::Serializer;
+
+/// Which family of caches a configuration belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// A dense cache (float or quantized rows, optionally rotated and buffered).
+    Dense,
+    /// A SWAN cache (sparse rows in the calibrated basis behind an f16 buffer).
+    Swan,
+    /// KIVI (per-channel key groups, per-token value codes) behind an f16 buffer.
+    Kivi,
+    /// TurboQuant-style codebook rows in a seeded random basis behind an f16 buffer.
+    Turbo,
+}
+
+impl std::fmt::Display for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Family::Dense => "dense",
+            Family::Swan => "swan",
+            Family::Kivi => "kivi",
+            Family::Turbo => "turbo",
+        })
+    }
+}
+
+/// The code of a configuration's rows: a dense or ring row format, a SWAN value code, or a
+/// KIVI / TurboQuant-style code's bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// 32-bit floats.
+    F32,
+    /// 16-bit floats.
+    F16,
+    /// 8-bit floats (E4M3) with a per-row scale.
+    Fp8,
+    /// int8 (`q8_0` blocks in dense rows; one scale per row in SWAN rows).
+    Int8,
+    /// 4-bit (`q4_0` blocks in dense rows; one scale per row in SWAN rows).
+    Int4,
+    /// A KIVI or TurboQuant-style code of this many bits per element.
+    Bits(u8),
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Code::F32 => f.write_str("f32"),
+            Code::F16 => f.write_str("f16"),
+            Code::Fp8 => f.write_str("fp8"),
+            Code::Int8 => f.write_str("int8"),
+            Code::Int4 => f.write_str("int4"),
+            Code::Bits(b) => write!(f, "{b}"),
+        }
+    }
+}
+
+impl Serialize for Code {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Serializes a value by its spec name.
+fn by_name<T: std::fmt::Display, S: Serializer>(
+    v: &T,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(v)
+}
+
+/// Serializes an optional value by its spec name (`null` when unset).
+fn opt_by_name<T: std::fmt::Display, S: Serializer>(
+    v: &Option<T>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => s.collect_str(v),
+        None => s.serialize_none(),
+    }
+}
+
+/// Serializes a rotation as `rotate=` names it (`none` when unrotated).
+fn rotation_name<S: Serializer>(
+    v: &Option<BasisKind>,
+    s: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(&RotationName(*v))
+}
+
+/// Serializes a SWAN index code by name (`—` for a configuration without one).
+fn index_name<S: Serializer>(v: &Option<SwanIndex>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    match v {
+        Some(i) => s.collect_str(i),
+        None => s.serialize_str("—"),
+    }
+}
+
+/// A rotation as `rotate=` writes it: the basis, or `none`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotationName(pub Option<BasisKind>);
+
+impl std::fmt::Display for RotationName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(b) => write!(f, "{b}"),
+            None => f.write_str("none"),
+        }
+    }
+}
 
 /// One configuration of the study.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FrontierRun {
-    /// `dense` or `swan`.
-    pub family: &'static str,
-    /// Dense storage (`f16`, `fp8`, `int8`, `int4`; a quantized cache's key rows when
-    /// `value_rows` is set) or SWAN value code.
-    pub values: &'static str,
+    /// The cache family.
+    pub family: Family,
+    /// Dense storage (f16, fp8, int8, int4; a quantized cache's key rows when `value_rows`
+    /// is set), SWAN value code, or a KIVI / TurboQuant-style code's bits.
+    pub values: Code,
     /// A dense quantized configuration's value rows when their format is not the key rows'
     /// (`values=`; llama.cpp's `-ctv` beside its `-ctk`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub value_rows: Option<&'static str>,
-    /// Rotation of a dense cache (`none`, `hadamard`, `calibrated`); SWAN: its basis.
-    pub rotate: &'static str,
-    /// SWAN index code (`list`, `bitmask`); `—` for dense.
-    pub index: &'static str,
+    pub value_rows: Option<Code>,
+    /// Rotation of a dense or coded cache (`None`: unrotated); SWAN: its basis.
+    #[serde(serialize_with = "rotation_name")]
+    pub rotate: Option<BasisKind>,
+    /// SWAN index code; `None` for the other families.
+    #[serde(serialize_with = "index_name")]
+    pub index: Option<SwanIndex>,
     /// Kept components per sparse row (SWAN; the key rows').
     pub k: Option<usize>,
     /// Kept components per sparse value row when they differ from `k` (a SWAN split of the
@@ -28,29 +144,35 @@ pub struct FrontierRun {
     /// Recent-token buffer rows `b`, kept exact in f16 (SWAN's dense buffer; a quantized
     /// dense configuration's buffer of the same kind: `dense:…,b=N`).
     pub buffer: usize,
-    /// Query precision of the score products (`f32`; `int8`: the queries rounded to int8
-    /// per head and step against int8 keys; `q8_0`: rounded to `q8_0` blocks against keys of
-    /// any format — as llama.cpp's CPU flash attention rounds them for `q8_0`/`q4_0` caches).
-    pub queries: &'static str,
+    /// Query precision of the score products ([`QueryPrecision::F32`];
+    /// [`QueryPrecision::Int8`]: the queries rounded to int8 per head and step against int8
+    /// keys; [`QueryPrecision::Q8Blocks`]: rounded to `q8_0` blocks against keys of any
+    /// format — as llama.cpp's CPU flash attention rounds them for `q8_0`/`q4_0` caches).
+    #[serde(serialize_with = "by_name")]
+    pub queries: QueryPrecision,
     /// Format of the local layers' rings on a sliding-window model when it is not the
     /// spec's default (a dense configuration's own format, a SWAN configuration's f16
-    /// buffer format): `int8` (`q8_0` blocks) for a SWAN configuration.
-    pub ring: Option<&'static str>,
+    /// buffer format): int8 (`q8_0` blocks) for a SWAN configuration.
+    pub ring: Option<Code>,
     /// The rings' value rows when their format is not the key rows' [`FrontierRun::ring`]
-    /// (`ring_values=`): `int4` beside `int8` rings — llama.cpp's `-ctk q8_0 -ctv q4_0` on the
+    /// (`ring_values=`): int4 beside int8 rings — llama.cpp's `-ctk q8_0 -ctv q4_0` on the
     /// local layers, as the dense mixed rows keep them.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ring_values: Option<&'static str>,
+    pub ring_values: Option<Code>,
     /// The rings' own basis when it is not the spec's (`ring_rotate=`): `hadamard-v` for
-    /// `int4` rings — values in Walsh–Hadamard blocks, keys unrotated — as 4-bit codes
+    /// int4 rings — values in Walsh–Hadamard blocks, keys unrotated — as 4-bit codes
     /// collapse in the calibrated basis.
-    pub ring_rotate: Option<&'static str>,
-    /// SWAN key selection when it is not the paper's magnitude rule: `query` (magnitude
-    /// weighted by the queries' RMS along each basis vector, `select=query`).
-    pub select: Option<&'static str>,
-    /// SWAN component scaling when not the paper's unscaled rows: `eigen` (each basis
-    /// component divided by a power of two from its calibrated energy before storage, `norm=eigen`).
-    pub norm: Option<&'static str>,
+    #[serde(serialize_with = "opt_by_name")]
+    pub ring_rotate: Option<BasisKind>,
+    /// SWAN key selection when it is not the paper's magnitude rule: [`KeySelect::Query`]
+    /// (magnitude weighted by the queries' RMS along each basis vector, `select=query`).
+    #[serde(serialize_with = "opt_by_name")]
+    pub select: Option<KeySelect>,
+    /// SWAN component scaling when not the paper's unscaled rows: [`ComponentNorm::Eigen`]
+    /// (each basis component divided by a power of two from its calibrated energy before
+    /// storage, `norm=eigen`).
+    #[serde(serialize_with = "opt_by_name")]
+    pub norm: Option<ComponentNorm>,
     /// Positions kept in `f32` (`sink=`; `0`: none) — the attention sink, whose rounding
     /// every query shares: a quantized dense cache's before its quantized rows, a SWAN
     /// cache's beside its buffer (never evicted), and quantized rings' while in the window.
@@ -58,131 +180,142 @@ pub struct FrontierRun {
 }
 
 impl FrontierRun {
-    pub(super) fn dense(values: &'static str, rotate: &'static str) -> Self {
-        let (index, k, kv, buffer, queries, ring) = ("—", None, None, 0, "f32", None);
-        let (ring_rotate, select, norm) = (None, None, None);
-        let family = "dense";
+    /// A dense configuration: `values` rows (keys and values) in the `rotate` basis, f32
+    /// queries, no buffer, no sink.
+    pub fn dense(values: Code, rotate: Option<BasisKind>) -> Self {
         Self {
-            family,
+            family: Family::Dense,
             values,
             value_rows: None,
             rotate,
-            index,
-            k,
-            kv,
-            buffer,
-            queries,
-            ring,
+            index: None,
+            k: None,
+            kv: None,
+            buffer: 0,
+            queries: QueryPrecision::F32,
+            ring: None,
             ring_values: None,
-            ring_rotate,
-            select,
-            norm,
+            ring_rotate: None,
+            select: None,
+            norm: None,
             sink: 0,
         }
     }
 
     /// The same dense configuration with its value rows in `values` (keys stay as they
     /// are: llama.cpp's `-ctk K -ctv V`).
-    pub(super) fn with_value_rows(self, values: &'static str) -> Self {
+    pub fn with_value_rows(self, values: Code) -> Self {
         Self { value_rows: Some(values), ..self }
     }
 
     /// The same dense configuration with its `b` newest positions kept in f16 (`b=N`): the
     /// buffer SWAN's rows keep, for a comparison on equal footing.
-    pub(super) fn buffered(self, b: usize) -> Self {
+    pub fn buffered(self, b: usize) -> Self {
         Self { buffer: b, ..self }
     }
 
     /// A KIVI configuration at `bits` (2 or 4), groups of 32, behind `b` buffered positions.
-    pub(super) fn kivi(bits: &'static str, b: usize) -> Self {
-        Self { family: "kivi", buffer: b, ..Self::dense(bits, "none") }
+    pub fn kivi(bits: u8, b: usize) -> Self {
+        Self { family: Family::Kivi, buffer: b, ..Self::dense(Code::Bits(bits), None) }
     }
 
     /// A TurboQuant-style configuration at `bits` (2, 3 or 4) in the seeded random basis 0,
     /// behind `b` buffered positions.
-    pub(super) fn turbo(bits: &'static str, b: usize) -> Self {
-        Self { family: "turbo", buffer: b, ..Self::dense(bits, "random:0") }
+    pub fn turbo(bits: u8, b: usize) -> Self {
+        let rotate = Some(BasisKind::Random { seed: 0 });
+        Self { family: Family::Turbo, buffer: b, ..Self::dense(Code::Bits(bits), rotate) }
     }
 
     /// Whether this is a KIVI or TurboQuant-style configuration (`values` holds its bits).
     pub fn is_coded(&self) -> bool {
-        matches!(self.family, "kivi" | "turbo")
+        matches!(self.family, Family::Kivi | Family::Turbo)
     }
 
     /// Whether this is a quantized dense configuration of the equal-footing grid: one
     /// format for keys and values, f32 queries, no sink, and the spec's own rings or the f16
     /// rings every configuration keeps on equal footing.
     pub fn is_plain_quantized(&self) -> bool {
-        self.family == "dense"
-            && self.values != "f16"
+        self.family == Family::Dense
+            && self.values != Code::F16
             && self.value_rows.is_none()
-            && self.queries == "f32"
+            && self.queries == QueryPrecision::F32
             && self.sink == 0
-            && matches!(self.ring, None | Some("f16"))
+            && matches!(self.ring, None | Some(Code::F16))
             && self.ring_values.is_none()
             && !self.is_rotation_draw()
     }
 
     /// The same configuration keeping its first position in `f32` (`sink=1`).
-    pub(super) fn with_sink(self) -> Self {
+    pub fn with_sink(self) -> Self {
         Self { sink: 1, ..self }
     }
 
-    pub(super) fn swan(index: &'static str, values: &'static str, k: usize, buffer: usize) -> Self {
-        let dense = Self::dense(values, "calibrated");
-        Self { family: "swan", index, k: Some(k), buffer, ..dense }
+    /// A SWAN configuration: `index` rows of `values` codes keeping `k` components of each
+    /// key and value row, in the calibrated basis behind `buffer` f16 rows.
+    pub fn swan(index: SwanIndex, values: Code, k: usize, buffer: usize) -> Self {
+        let dense = Self::dense(values, Some(BasisKind::Calibrated));
+        Self { family: Family::Swan, index: Some(index), k: Some(k), buffer, ..dense }
     }
 
     /// The same SWAN configuration keeping `k` components of each key row and `kv` of each
     /// value row.
-    pub(super) fn split(self, k: usize, kv: usize) -> Self {
+    pub fn split(self, k: usize, kv: usize) -> Self {
         Self { k: Some(k), kv: (kv != k).then_some(kv), ..self }
     }
 
-    /// The same SWAN configuration with the local layers' rings in `int8` (`q8_0` blocks)
+    /// The same SWAN configuration with the local layers' rings in int8 (`q8_0` blocks)
     /// instead of its f16 buffer format.
-    pub(super) fn with_int8_ring(self) -> Self {
-        Self { ring: Some("int8"), ..self }
+    pub fn with_int8_ring(self) -> Self {
+        Self { ring: Some(Code::Int8), ..self }
     }
 
-    /// The same SWAN configuration with the local layers' rings in `int4` (`q4_0` blocks),
+    /// The same SWAN configuration with the local layers' rings in int4 (`q4_0` blocks),
     /// their values in Walsh–Hadamard blocks and keys unrotated (`ring_rotate=hadamard-v`).
-    pub(super) fn with_int4_ring(self) -> Self {
-        Self { ring: Some("int4"), ring_rotate: Some("hadamard-v"), ..self }
+    pub fn with_int4_ring(self) -> Self {
+        Self { ring: Some(Code::Int4), ring_rotate: Some(BasisKind::HadamardValues), ..self }
     }
 
-    /// The same SWAN configuration with the local layers' rings as `int8` keys and `int4`
+    /// The same SWAN configuration with the local layers' rings as int8 keys and int4
     /// values (`q8_0` / `q4_0` blocks), the values in Walsh–Hadamard blocks and the keys
     /// unrotated (`ring_rotate=hadamard-v`): the rings of the dense int8/int4 rows.
-    pub(super) fn with_mixed_ring(self) -> Self {
-        let ring_rotate = Some("hadamard-v");
-        Self { ring: Some("int8"), ring_values: Some("int4"), ring_rotate, ..self }
+    pub fn with_mixed_ring(self) -> Self {
+        let ring_rotate = Some(BasisKind::HadamardValues);
+        Self { ring: Some(Code::Int8), ring_values: Some(Code::Int4), ring_rotate, ..self }
     }
 
     /// The same SWAN configuration selecting keys by query-weighted magnitude.
-    pub(super) fn with_query_select(self) -> Self {
-        Self { select: Some("query"), ..self }
+    pub fn with_query_select(self) -> Self {
+        Self { select: Some(KeySelect::Query), ..self }
     }
 
     /// The same SWAN configuration storing components scaled by the basis' eigenvalues.
-    pub(super) fn with_eigen_norm(self) -> Self {
-        Self { norm: Some("eigen"), ..self }
+    pub fn with_eigen_norm(self) -> Self {
+        Self { norm: Some(ComponentNorm::Eigen), ..self }
     }
 
-    /// The component scaling as `norm=` names it (`none` unless set).
-    pub fn norm_rule(&self) -> &'static str {
-        self.norm.unwrap_or("none")
+    /// The component scaling ([`ComponentNorm::None`] unless set).
+    pub fn norm_rule(&self) -> ComponentNorm {
+        self.norm.unwrap_or_default()
     }
 
-    /// The key selection as `select=` names it (`magnitude` unless set).
-    pub fn select_rule(&self) -> &'static str {
-        self.select.unwrap_or("magnitude")
+    /// The key selection ([`KeySelect::Magnitude`] unless set).
+    pub fn select_rule(&self) -> KeySelect {
+        self.select.unwrap_or_default()
     }
 
-    /// The ring format as `ring=` names it (a SWAN configuration's default: `f16`; the key
-    /// rows' when the value rows differ).
-    pub fn ring_format(&self) -> &'static str {
-        self.ring.unwrap_or(if self.k.is_some() || self.is_coded() { "f16" } else { self.values })
+    /// The rotation as `rotate=` names it.
+    pub fn rotation(&self) -> RotationName {
+        RotationName(self.rotate)
+    }
+
+    /// The ring format (a SWAN or coded configuration's default: f16; a dense
+    /// configuration's own — the key rows' when the value rows differ).
+    pub fn ring_format(&self) -> Code {
+        self.ring.unwrap_or(if self.k.is_some() || self.is_coded() {
+            Code::F16
+        } else {
+            self.values
+        })
     }
 
     /// The rings' formats as `--frontier-rings` names them: [`FrontierRun::ring_format`],
@@ -190,13 +323,13 @@ impl FrontierRun {
     pub fn ring_formats(&self) -> String {
         match self.ring_value_rows() {
             Some(v) => format!("{}/{v}", self.ring_format()),
-            None => self.ring_format().to_owned(),
+            None => self.ring_format().to_string(),
         }
     }
 
     /// The rings' value rows when their format is not [`FrontierRun::ring_format`]: a ring
     /// of its own takes `ring_values`; a dense configuration's rings follow both its formats.
-    pub(super) fn ring_value_rows(&self) -> Option<&'static str> {
+    pub(super) fn ring_value_rows(&self) -> Option<Code> {
         match self.ring {
             Some(_) => self.ring_values,
             None if self.k.is_none() => self.value_rows,
@@ -205,13 +338,13 @@ impl FrontierRun {
     }
 
     /// The same configuration with int8 queries.
-    pub(super) fn with_int8_queries(self) -> Self {
-        Self { queries: "int8", ..self }
+    pub fn with_int8_queries(self) -> Self {
+        Self { queries: QueryPrecision::Int8, ..self }
     }
 
     /// The same configuration with its queries rounded to `q8_0` blocks.
-    pub(super) fn with_q8_0_queries(self) -> Self {
-        Self { queries: "q8_0", ..self }
+    pub fn with_q8_0_queries(self) -> Self {
+        Self { queries: QueryPrecision::Q8Blocks, ..self }
     }
 
     /// Whether this is the counterpart of one of llama.cpp's KV types (dense f16, Hadamard
@@ -223,11 +356,12 @@ impl FrontierRun {
     /// The family of [`add_rotation_draws`]' row this is — dense int4 (keys and values) in
     /// one of the family's seeded bases — or `None` for any other row.
     pub fn rotation_draw(&self) -> Option<DrawFamily> {
-        let plain = self.family == "dense"
-            && self.values == "int4"
+        let plain = self.family == Family::Dense
+            && self.values == Code::Int4
             && self.value_rows.is_none()
             && self.sink == 0;
-        DrawFamily::ALL.into_iter().find(|f| plain && f.bases().contains(&self.rotate))
+        let drawn = |f: &DrawFamily| self.rotate.is_some_and(|b| f.bases().contains(&b));
+        DrawFamily::ALL.into_iter().find(|f| plain && drawn(f))
     }
 
     /// Whether this is one of [`add_rotation_draws`]' rows, of either family.
@@ -237,7 +371,7 @@ impl FrontierRun {
 
     /// A short label.
     pub fn label(&self) -> String {
-        let queries = if self.queries == "f32" {
+        let queries = if self.queries == QueryPrecision::F32 {
             String::new()
         } else {
             format!(" queries={}", self.queries)
@@ -257,25 +391,24 @@ impl FrontierRun {
         let tail = format!("{sink}{ring}{select}{norm}{queries}");
         let v = self.value_rows.map_or(String::new(), |v| format!(" values={v}"));
         let b = if self.buffer > 0 { format!(" b={}", self.buffer) } else { String::new() };
-        if self.family == "kivi" {
-            return format!("kivi{}{b}{tail}", self.values);
-        }
-        if self.family == "turbo" {
-            return format!("turbo{} rotate={}{b}{tail}", self.values, self.rotate);
-        }
-        match self.k {
-            None if self.rotate == "none" => format!("dense {}{v}{b}{tail}", self.values),
-            None => format!("dense {}{v} rotate={}{b}{tail}", self.values, self.rotate),
-            Some(k) => {
+        let index = self.index.unwrap_or_default();
+        match (self.family, self.k) {
+            (Family::Kivi, _) => format!("kivi{}{b}{tail}", self.values),
+            (Family::Turbo, _) => {
+                format!("turbo{} rotate={}{b}{tail}", self.values, self.rotation())
+            }
+            (_, None) if self.rotate.is_none() => format!("dense {}{v}{b}{tail}", self.values),
+            (_, None) => format!("dense {}{v} rotate={}{b}{tail}", self.values, self.rotation()),
+            (_, Some(k)) => {
                 let kv = self.kv.map_or(String::new(), |kv| format!("/{kv}"));
-                format!("swan {} {} k={k}{kv} b={}{tail}", self.index, self.values, self.buffer)
+                format!("swan {index} {} k={k}{kv} b={}{tail}", self.values, self.buffer)
             }
         }
     }
 
     /// The cache spec (`proj` = the calibrated projection file).
     pub fn spec(&self, proj: &str, threads: usize) -> String {
-        let queries = if self.queries == "f32" {
+        let queries = if self.queries == QueryPrecision::F32 {
             String::new()
         } else {
             format!(",queries={}", self.queries)
@@ -295,10 +428,13 @@ impl FrontierRun {
         let spec = match self.k {
             None if self.is_coded() => format!(
                 "{}:bits={},rotate={},b={}{sink},threads={threads}",
-                self.family, self.values, self.rotate, self.buffer
+                self.family,
+                self.values,
+                self.rotation(),
+                self.buffer
             ),
             None => {
-                let p = if self.rotate == "calibrated" {
+                let p = if self.rotate == Some(BasisKind::Calibrated) {
                     format!(",proj={proj}")
                 } else {
                     String::new()
@@ -307,14 +443,15 @@ impl FrontierRun {
                 let b = if self.buffer > 0 { format!(",b={}", self.buffer) } else { String::new() };
                 format!(
                     "dense:format={}{v},rotate={}{p}{sink}{b},threads={threads}",
-                    self.values, self.rotate
+                    self.values,
+                    self.rotation()
                 )
             }
             Some(k) => format!(
                 "swan:k={k},kv={},b={},index={},value={},buffer=f16,basis=calibrated,proj={proj}{sink},threads={threads}",
                 self.kv.unwrap_or(k),
                 self.buffer,
-                self.index,
+                self.index.unwrap_or_default(),
                 self.values
             ),
         };
@@ -330,12 +467,12 @@ impl FrontierRun {
             return self.coded_head_bytes(d, tokens);
         }
         let Some(k) = self.k else {
-            let row = |format: &str| match format {
-                "fp8" => Fp8Rows::row_bytes(d),
-                "int8" => Int8Blocks::row_bytes(d),
-                "int4" => Int4Blocks::row_bytes(d),
-                "f32" => 4 * d,
-                _ => 2 * d,
+            let row = |format: Code| match format {
+                Code::Fp8 => Fp8Rows::row_bytes(d),
+                Code::Int8 => Int8Blocks::row_bytes(d),
+                Code::Int4 => Int4Blocks::row_bytes(d),
+                Code::F32 => 4 * d,
+                Code::F16 | Code::Bits(_) => 2 * d,
             };
             // A key row and a value row, each in its own format.
             let token = row(self.values) + row(self.value_rows.unwrap_or(self.values));
@@ -353,8 +490,8 @@ impl FrontierRun {
         // Blocks of rows keep u16 offsets: a u8-list row of 16- or 8-bit floats lives in a
         // CSR store (at most 65 535 entries a block), every other encoding in a coded store
         // (at most 65 535 bytes of full rows a block).
-        let elems = matches!(self.values, "f16" | "bf16" | "fp8" | "f32");
-        let rows_per_block = if self.index == "list" && elems {
+        let elems = matches!(self.values, Code::F16 | Code::Fp8 | Code::F32);
+        let rows_per_block = if self.index == Some(SwanIndex::List) && elems {
             kv_sparse::csr::max_rows_per_block(d).min(256)
         } else {
             let full = self.swan_config(d, d, d).sparse_token_bytes(d) / 2 - 2;
@@ -372,12 +509,15 @@ impl FrontierRun {
     /// plus an f16 scale and zero per channel), the incomplete group's keys in f16, KIVI values
     /// with an f16 scale and zero per 32 channels; TurboQuant-style rows an f16 norm each.
     pub(super) fn coded_head_bytes(&self, d: usize, tokens: usize) -> usize {
-        let bits: usize = self.values.parse().unwrap_or(4);
+        let bits = match self.values {
+            Code::Bits(b) => usize::from(b),
+            _ => 4,
+        };
         let codes = kv_sparse::decoded::packed_bytes(d, bits);
         let sink = tokens.min(self.sink);
         let buffered = (tokens - sink).min(self.buffer);
         let h = tokens - sink - buffered;
-        let history = if self.family == "kivi" {
+        let history = if self.family == Family::Kivi {
             const G: usize = 32;
             let keys = h / G * (4 * d + G * codes) + h % G * 2 * d;
             keys + h * (4 * d / G + codes)
@@ -392,7 +532,7 @@ impl FrontierRun {
     /// configuration's f16 buffer rows or, with an `int8` ring, `q8_0` rows: one dense row
     /// of [`FrontierRun::ring_format`] each (the value row in `ring_values` when set).
     pub fn ring_token_bytes(&self, d: usize) -> usize {
-        let mut ring = FrontierRun::dense(self.ring_format(), "none");
+        let mut ring = FrontierRun::dense(self.ring_format(), None);
         ring.value_rows = self.ring_value_rows();
         ring.head_bytes(d, 1)
     }
@@ -403,17 +543,13 @@ impl FrontierRun {
         let mut c = models::cache::SwanConfig::lossless(d, self.buffer);
         c.k_key = k;
         c.k_value = kv;
-        c.index = if self.index == "bitmask" {
-            models::cache::SwanIndex::Bitmask
-        } else {
-            models::cache::SwanIndex::List
-        };
+        c.index = self.index.unwrap_or_default();
         c.value = match self.values {
-            "int8" => ValueKind::Int8,
-            "int4" => ValueKind::Int4,
-            "fp8" => ValueKind::Elems(ValueFormat::Fp8E4M3),
-            "f32" => ValueKind::Elems(ValueFormat::F32),
-            _ => ValueKind::Elems(ValueFormat::F16),
+            Code::Int8 => ValueKind::Int8,
+            Code::Int4 => ValueKind::Int4,
+            Code::Fp8 => ValueKind::Elems(ValueFormat::Fp8E4M3),
+            Code::F32 => ValueKind::Elems(ValueFormat::F32),
+            Code::F16 | Code::Bits(_) => ValueKind::Elems(ValueFormat::F16),
         };
         c
     }
@@ -437,7 +573,7 @@ pub(super) fn add_twins(
 pub fn add_int8_rings(runs: &mut Vec<FrontierRun>) {
     add_twins(
         runs,
-        |r| r.k.is_some() && r.ring.is_none() && matches!(r.values, "fp8" | "int8"),
+        |r| r.k.is_some() && r.ring.is_none() && matches!(r.values, Code::Fp8 | Code::Int8),
         FrontierRun::with_int8_ring,
     );
 }
@@ -455,8 +591,8 @@ pub fn add_int4_rings(runs: &mut Vec<FrontierRun>) {
                 && r.kv.is_none()
                 && r.ring.is_none()
                 && r.select.is_none()
-                && r.index == "bitmask"
-                && r.values == "int8"
+                && r.index == Some(SwanIndex::Bitmask)
+                && r.values == Code::Int8
         },
         FrontierRun::with_int4_ring,
     );
@@ -473,10 +609,10 @@ pub fn add_mixed_rings(runs: &mut Vec<FrontierRun>) {
         |r| {
             r.k.is_some()
                 && r.kv.is_none()
-                && r.ring == Some("int8")
+                && r.ring == Some(Code::Int8)
                 && r.ring_values.is_none()
-                && r.index == "bitmask"
-                && r.values == "int8"
+                && r.index == Some(SwanIndex::Bitmask)
+                && r.values == Code::Int8
         },
         FrontierRun::with_mixed_ring,
     );
@@ -494,8 +630,8 @@ pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
             r.k.is_some()
                 && r.kv.is_none()
                 && r.select.is_none()
-                && r.index == "bitmask"
-                && matches!(r.values, "fp8" | "int8")
+                && r.index == Some(SwanIndex::Bitmask)
+                && matches!(r.values, Code::Fp8 | Code::Int8)
         },
         FrontierRun::with_query_select,
     );
@@ -510,7 +646,7 @@ pub fn add_query_selection(runs: &mut Vec<FrontierRun>) {
 pub fn add_component_norm(runs: &mut Vec<FrontierRun>) {
     add_twins(
         runs,
-        |r| r.k.is_some() && r.norm.is_none() && matches!(r.values, "int8" | "int4"),
+        |r| r.k.is_some() && r.norm.is_none() && matches!(r.values, Code::Int8 | Code::Int4),
         FrontierRun::with_eigen_norm,
     );
 }
@@ -529,77 +665,33 @@ pub fn add_sinks(runs: &mut Vec<FrontierRun>, windowed: bool) {
             r.k.is_some()
                 && r.kv.is_none()
                 && r.sink == 0
-                && r.index == "bitmask"
-                && matches!(r.values, "int8" | "int4")
+                && r.index == Some(SwanIndex::Bitmask)
+                && matches!(r.values, Code::Int8 | Code::Int4)
                 && match (windowed, r.ring) {
-                    (false, _) | (true, Some("int4")) => r.select.is_none(),
-                    (true, ring) => ring == Some("int8"),
+                    (false, _) | (true, Some(Code::Int4)) => r.select.is_none(),
+                    (true, ring) => ring == Some(Code::Int8),
                 }
         },
         FrontierRun::with_sink,
     );
 }
 
-/// The seeded random orthogonal bases of [`add_rotation_draws`] (`rotate=random:SEED`).
-pub const ROTATION_DRAWS: [&str; 8] = [
-    "random:1", "random:2", "random:3", "random:4", "random:5", "random:6", "random:7", "random:8",
-];
-
-/// The sign-randomized Walsh–Hadamard bases of [`add_rotation_draws`]
-/// (`rotate=hadamard-signs:SEED`).
-pub const SIGNED_HADAMARD_DRAWS: [&str; 8] = [
-    "hadamard-signs:1",
-    "hadamard-signs:2",
-    "hadamard-signs:3",
-    "hadamard-signs:4",
-    "hadamard-signs:5",
-    "hadamard-signs:6",
-    "hadamard-signs:7",
-    "hadamard-signs:8",
-];
-
-/// The Walsh–Hadamard bases with only their value blocks sign-randomized of
-/// [`add_rotation_draws`] (`rotate=hadamard-value-signs:SEED`).
-pub const VALUE_SIGNED_HADAMARD_DRAWS: [&str; 8] = [
-    "hadamard-value-signs:1",
-    "hadamard-value-signs:2",
-    "hadamard-value-signs:3",
-    "hadamard-value-signs:4",
-    "hadamard-value-signs:5",
-    "hadamard-value-signs:6",
-    "hadamard-value-signs:7",
-    "hadamard-value-signs:8",
-];
-
-/// The Walsh–Hadamard bases turned by rounding-sized rotations of [`add_rotation_draws`]
-/// (`rotate=hadamard-jitter:SEED`).
-pub const JITTERED_HADAMARD_DRAWS: [&str; 8] = [
-    "hadamard-jitter:1",
-    "hadamard-jitter:2",
-    "hadamard-jitter:3",
-    "hadamard-jitter:4",
-    "hadamard-jitter:5",
-    "hadamard-jitter:6",
-    "hadamard-jitter:7",
-    "hadamard-jitter:8",
-];
-
 /// Which seeded bases the int4 rotation draws are taken from (`--frontier-draw-bases`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum DrawFamily {
-    /// Haar-random orthogonal bases ([`ROTATION_DRAWS`]).
+    /// Haar-random orthogonal bases (`rotate=random:SEED`).
     Random,
     /// The Walsh–Hadamard matrices llama.cpp rotates by, with seeded random row signs
-    /// ([`SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamard`).
+    /// (`rotate=hadamard-signs:SEED`, [`BasisKind::SignedHadamard`]).
     HadamardSigns,
     /// llama.cpp's key rotation kept exactly, its value blocks with seeded random row signs
-    /// ([`VALUE_SIGNED_HADAMARD_DRAWS`], `projection::BasisKind::SignedHadamardValues`): the
+    /// (`rotate=hadamard-value-signs:SEED`, [`BasisKind::SignedHadamardValues`]): the
     /// same 4-bit keys in the first layer, another rounding of every value row, so their
     /// spread is how far a change of the value rounding alone moves the 4-bit cost — what
     /// llama.cpp's own value types do to its q4_0 keys' cost.
     HadamardValueSigns,
     /// llama.cpp's Walsh–Hadamard matrices turned by `10⁻⁵` rad in random planes
-    /// ([`JITTERED_HADAMARD_DRAWS`], `projection::BasisKind::HadamardJitter`): the same
+    /// (`rotate=hadamard-jitter:SEED`, [`BasisKind::HadamardJitter`]): the same
     /// rotation up to float-rounding-sized differences, so their spread is how far such
     /// differences alone (another tool's summation order) move the 4-bit cost.
     HadamardJitter,
@@ -614,14 +706,19 @@ impl DrawFamily {
         DrawFamily::HadamardJitter,
     ];
 
-    /// The family's `rotate=` values, seeds 1 to 8.
-    pub const fn bases(self) -> &'static [&'static str; 8] {
+    /// The family's basis of `seed`.
+    pub const fn basis(self, seed: u64) -> BasisKind {
         match self {
-            DrawFamily::Random => &ROTATION_DRAWS,
-            DrawFamily::HadamardSigns => &SIGNED_HADAMARD_DRAWS,
-            DrawFamily::HadamardValueSigns => &VALUE_SIGNED_HADAMARD_DRAWS,
-            DrawFamily::HadamardJitter => &JITTERED_HADAMARD_DRAWS,
+            DrawFamily::Random => BasisKind::Random { seed },
+            DrawFamily::HadamardSigns => BasisKind::SignedHadamard { seed },
+            DrawFamily::HadamardValueSigns => BasisKind::SignedHadamardValues { seed },
+            DrawFamily::HadamardJitter => BasisKind::HadamardJitter { seed },
         }
+    }
+
+    /// The family's bases, seeds 1 to 8.
+    pub fn bases(self) -> [BasisKind; 8] {
+        std::array::from_fn(|i| self.basis(i as u64 + 1))
     }
 
     /// What a report calls the family's bases.
@@ -647,8 +744,8 @@ impl DrawFamily {
 /// correct implementations of the same cache may land apart. Measured under llama.cpp's
 /// condition beside the counterparts.
 pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, family: DrawFamily, n: usize) {
-    for &rotate in family.bases().iter().take(n) {
-        let run = FrontierRun::dense("int4", rotate);
+    for rotate in family.bases().into_iter().take(n) {
+        let run = FrontierRun::dense(Code::Int4, Some(rotate));
         if !runs.contains(&run) {
             runs.push(run);
         }
@@ -657,16 +754,17 @@ pub fn add_rotation_draws(runs: &mut Vec<FrontierRun>, family: DrawFamily, n: us
 
 /// The grid of a plan size: `swan_k` as fractions of `d_h` in eighths, `buffers` for SWAN.
 pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) -> Vec<FrontierRun> {
-    let mut runs = vec![FrontierRun::dense("f16", "none")];
-    let rotations: &[&str] = if full {
-        &["none", "hadamard", "hadamard-v", "calibrated"]
+    use BasisKind::{Calibrated, Hadamard, HadamardValues};
+    let mut runs = vec![FrontierRun::dense(Code::F16, None)];
+    let rotations: &[Option<BasisKind>] = if full {
+        &[None, Some(Hadamard), Some(HadamardValues), Some(Calibrated)]
     } else {
-        &["none", "hadamard"]
+        &[None, Some(Hadamard)]
     };
     // Every quantized format unbuffered (llama.cpp's condition) and behind each of the SWAN
     // grid's buffers: SWAN and the dense formats compared on equal footing.
     for b in std::iter::once(0).chain(buffers.iter().copied().filter(|&b| b > 0)) {
-        for values in ["fp8", "int8", "int4"] {
+        for values in [Code::Fp8, Code::Int8, Code::Int4] {
             for &rotate in rotations {
                 runs.push(FrontierRun::dense(values, rotate).buffered(b));
             }
@@ -675,27 +773,33 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     // llama.cpp's q8_0 cache as it scores it, with the queries rounded to int8 (where this
     // CPU has the integer products).
     if attn_kernels::QueryPrecision::Int8.is_available() {
-        runs.push(FrontierRun::dense("int8", "hadamard").with_int8_queries());
+        runs.push(FrontierRun::dense(Code::Int8, Some(Hadamard)).with_int8_queries());
     }
     // llama.cpp's q4_0 cache as its CPU flash attention scores it: the queries rounded to
     // q8_0 blocks, the keys' q4_0 codes in f32 products.
-    runs.push(FrontierRun::dense("int4", "hadamard").with_q8_0_queries());
+    runs.push(FrontierRun::dense(Code::Int4, Some(Hadamard)).with_q8_0_queries());
     // The rotated 4- and 8-bit caches with the attention sink kept in f32: the one row whose
     // rounding error every query and every window shares.
-    for (values, rotate) in [("int8", "hadamard"), ("int4", "hadamard"), ("int4", "hadamard-v")] {
-        runs.push(FrontierRun::dense(values, rotate).with_sink());
+    for (values, rotate) in
+        [(Code::Int8, Hadamard), (Code::Int4, Hadamard), (Code::Int4, HadamardValues)]
+    {
+        runs.push(FrontierRun::dense(values, Some(rotate)).with_sink());
     }
     // Keys and values in different formats, as llama.cpp's `-ctk/-ctv` pairs them: 8-bit
     // keys (whose rounding every score sees) with 4-bit values — a common setting — and the
     // reverse, which mirrors llama.cpp's 4-bit keys with 8-bit values.
     for &rotate in rotations {
-        runs.push(FrontierRun::dense("int8", rotate).with_value_rows("int4"));
+        runs.push(FrontierRun::dense(Code::Int8, rotate).with_value_rows(Code::Int4));
     }
-    runs.push(FrontierRun::dense("int8", "hadamard").with_value_rows("int4").with_sink());
-    runs.push(FrontierRun::dense("int4", "hadamard").with_value_rows("int8"));
-    let values: &[&str] =
-        if full { &["f16", "fp8", "int8", "int4"] } else { &["fp8", "int8", "int4"] };
-    for index in ["list", "bitmask"] {
+    let hadamard = |values| FrontierRun::dense(values, Some(Hadamard));
+    runs.push(hadamard(Code::Int8).with_value_rows(Code::Int4).with_sink());
+    runs.push(hadamard(Code::Int4).with_value_rows(Code::Int8));
+    let values: &[Code] = if full {
+        &[Code::F16, Code::Fp8, Code::Int8, Code::Int4]
+    } else {
+        &[Code::Fp8, Code::Int8, Code::Int4]
+    };
+    for index in [SwanIndex::List, SwanIndex::Bitmask] {
         for &v in values {
             for &eighths in swan_k {
                 for &b in buffers {
@@ -709,10 +813,10 @@ pub fn grid(head_dim: usize, swan_k: &[usize], buffers: &[usize], full: bool) ->
     // ablation), at the operating point of the bitmask target.
     if full {
         let e = head_dim / 8;
-        for v in ["fp8", "int8"] {
+        for v in [Code::Fp8, Code::Int8] {
             for &b in buffers {
                 for (k, kv) in [(5 * e, 3 * e), (6 * e, 2 * e), (3 * e, 5 * e)] {
-                    runs.push(FrontierRun::swan("bitmask", v, k, b).split(k, kv));
+                    runs.push(FrontierRun::swan(SwanIndex::Bitmask, v, k, b).split(k, kv));
                 }
             }
         }
@@ -806,10 +910,10 @@ impl SwanGrid {
         let axes: [(&str, Vec<String>, Value<'_>); 7] = [
             ("k eighths", strings(&self.k_eighths), &|r| eighths(r).map(|e| e.to_string())),
             ("buffers", strings(&self.buffers), &|r| Some(r.buffer.to_string())),
-            ("values", self.values.clone(), &|r| Some(r.values.to_owned())),
+            ("values", self.values.clone(), &|r| Some(r.values.to_string())),
             ("rings", self.rings.clone(), &|r| Some(r.ring_formats())),
-            ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_owned())),
-            ("component scalings", self.norm.clone(), &|r| Some(r.norm_rule().to_owned())),
+            ("key selections", self.select.clone(), &|r| Some(r.select_rule().to_string())),
+            ("component scalings", self.norm.clone(), &|r| Some(r.norm_rule().to_string())),
             ("sinks", strings(&self.sinks), &|r| Some(r.sink.to_string())),
         ];
         for (what, listed, value) in &axes {
@@ -878,17 +982,20 @@ pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
     buffers.dedup();
     runs.retain(|r| match r.k {
         None => {
-            *r == FrontierRun::dense("f16", "none")
+            *r == FrontierRun::dense(Code::F16, None)
                 || (r.is_plain_quantized()
-                    && matches!(r.values, "int8" | "int4")
-                    && matches!(r.rotate, "none" | "hadamard")
+                    && matches!(r.values, Code::Int8 | Code::Int4)
+                    && matches!(r.rotate, None | Some(BasisKind::Hadamard))
                     && buffers.contains(&r.buffer))
         }
         Some(_) => {
             // Integer codes in bitmask rows (smaller than index lists once k > d_h/8), fp8
             // in the paper's index lists.
-            let encoding =
-                matches!((r.index, r.values), ("bitmask", "int8" | "int4") | ("list", "fp8"));
+            let encoding = matches!(
+                (r.index, r.values),
+                (Some(SwanIndex::Bitmask), Code::Int8 | Code::Int4)
+                    | (Some(SwanIndex::List), Code::Fp8)
+            );
             encoding
                 && r.kv.is_none()
                 && r.select.is_none()
@@ -899,12 +1006,12 @@ pub fn equal_footing(runs: &mut Vec<FrontierRun>, windowed: bool) {
         }
     });
     for &b in &buffers {
-        runs.extend(["2", "4"].map(|bits| FrontierRun::kivi(bits, b)));
-        runs.extend(["2", "3", "4"].map(|bits| FrontierRun::turbo(bits, b)));
+        runs.extend([2, 4].map(|bits| FrontierRun::kivi(bits, b)));
+        runs.extend([2, 3, 4].map(|bits| FrontierRun::turbo(bits, b)));
     }
     if windowed {
-        for r in runs.iter_mut().filter(|r| r.values != "f16" || r.k.is_some()) {
-            r.ring = Some("f16");
+        for r in runs.iter_mut().filter(|r| r.values != Code::F16 || r.k.is_some()) {
+            r.ring = Some(Code::F16);
         }
     }
 }

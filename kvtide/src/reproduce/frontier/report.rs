@@ -26,8 +26,8 @@ impl BudgetRow {
 /// Budgets of the equal-footing table (× dense f16 per token of a 4096-token cache).
 pub const EQUAL_BUDGETS: [f64; 9] = [0.12, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.55];
 
-/// The families the equal-footing table compares, as [`FrontierRun::family`] names them.
-pub const FAMILIES: [&str; 4] = ["dense", "kivi", "turbo", "swan"];
+/// The families the equal-footing table compares, in its column order.
+pub const FAMILIES: [Family; 4] = [Family::Dense, Family::Kivi, Family::Turbo, Family::Swan];
 
 /// A family's best configuration under a budget: (label, bytes / f16, perplexity).
 pub type Best = (String, f64, f64);
@@ -44,7 +44,7 @@ pub struct EqualFootingRow {
     pub budget: f64,
     /// Per family of [`FAMILIES`]: its best configuration (label, ratio, perplexity), if one
     /// fits the budget.
-    pub best: Vec<(&'static str, Option<Best>)>,
+    pub best: Vec<(Family, Option<Best>)>,
     /// The best configuration of the families other than SWAN.
     pub other: Option<String>,
     /// SWAN's cost over dense f16 minus the best other configuration's (fraction of dense
@@ -60,16 +60,17 @@ impl EqualFootingRow {
     }
 
     /// The best configuration of `family`.
-    pub fn of(&self, family: &str) -> Option<&Best> {
+    pub fn of(&self, family: Family) -> Option<&Best> {
         self.best.iter().find(|(f, _)| *f == family).and_then(|(_, b)| b.as_ref())
     }
 }
 
-/// Whether `run` belongs to the equal-footing `family`.
-pub(super) fn in_family(run: &FrontierRun, family: &str) -> bool {
+/// Whether `run` belongs to the equal-footing `family`: dense means the plain quantized
+/// rows ([`FrontierRun::is_plain_quantized`]).
+pub(super) fn in_family(run: &FrontierRun, family: Family) -> bool {
     match family {
-        "dense" => run.is_plain_quantized(),
-        "swan" => run.k.is_some(),
+        Family::Dense => run.is_plain_quantized(),
+        Family::Swan => run.k.is_some(),
         other => run.family == other,
     }
 }
@@ -81,28 +82,30 @@ pub(super) fn equal_footing_rows(points: &[FrontierPoint], windowed: bool) -> Ve
         true => p.global_long_ratio.unwrap_or(f64::INFINITY),
         false => p.long_ratio,
     };
-    let f16 = points.iter().find(|p| p.run == FrontierRun::dense("f16", "none"));
+    let f16 = points.iter().find(|p| p.run == FrontierRun::dense(Code::F16, None));
     let mut buffers: Vec<usize> = points.iter().map(|p| p.run.buffer).collect();
     buffers.sort_unstable();
     buffers.dedup();
     let mut out = Vec::new();
     for b in buffers {
-        let at = |family: &'static str| {
+        let at = |family: Family| {
             points.iter().filter(move |p| p.run.buffer == b && in_family(&p.run, family))
         };
-        if at("swan").next().is_none() || FAMILIES[..3].iter().all(|f| at(f).next().is_none()) {
+        if at(Family::Swan).next().is_none()
+            || FAMILIES[..3].iter().all(|&f| at(f).next().is_none())
+        {
             continue;
         }
         for budget in EQUAL_BUDGETS {
-            let best = |family: &'static str| {
+            let best = |family: Family| {
                 at(family)
                     .filter(|p| ratio(p) <= budget)
                     .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity))
             };
-            let swan = best("swan");
+            let swan = best(Family::Swan);
             let other = FAMILIES[..3]
                 .iter()
-                .filter_map(|f| best(f))
+                .filter_map(|&f| best(f))
                 .min_by(|a, b| a.perplexity.total_cmp(&b.perplexity));
             let gap = match (swan, other, f16) {
                 (Some(w), Some(o), Some(f)) => frontier_peer::peer_gap(
@@ -168,7 +171,7 @@ pub(super) fn equal_footing_table(s: &FrontierStudy, leg: &Leg, base: f64, out: 
             _ => ("—".to_owned(), "—".to_owned()),
         };
         let mut row = vec![r.buffer.to_string(), num(r.budget, 2)];
-        row.extend(FAMILIES.iter().map(|f| cell(r.of(f))));
+        row.extend(FAMILIES.iter().map(|&f| cell(r.of(f))));
         row.extend([gap, resolved]);
         t.row(row);
     }
@@ -308,7 +311,7 @@ pub(super) fn mark_frontier(
 pub(super) type Ratio = dyn Fn(&FrontierPoint) -> f64;
 
 pub(super) fn budget_rows(points: &[FrontierPoint], windowed: bool) -> Vec<BudgetRow> {
-    let best = |family: &str, ratio: &dyn Fn(&FrontierPoint) -> f64, budget: f64| {
+    let best = |family: Family, ratio: &dyn Fn(&FrontierPoint) -> f64, budget: f64| {
         points
             .iter()
             .filter(|p| p.run.family == family && ratio(p) <= budget)
@@ -330,8 +333,8 @@ pub(super) fn budget_rows(points: &[FrontierPoint], windowed: bool) -> Vec<Budge
             out.push(BudgetRow {
                 budget,
                 measure,
-                dense: best("dense", ratio, budget),
-                swan: best("swan", ratio, budget),
+                dense: best(Family::Dense, ratio, budget),
+                swan: best(Family::Swan, ratio, budget),
             });
         }
     }
@@ -534,7 +537,7 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         let mut v: Vec<(f64, f64)> = s
             .points
             .iter()
-            .filter(|p| keep(&p.run) && p.run.queries == "f32")
+            .filter(|p| keep(&p.run) && p.run.queries == attn_kernels::QueryPrecision::F32)
             .map(|p| (p.long_ratio, p.perplexity))
             .collect();
         v.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -550,13 +553,21 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         "KV bytes / dense f16",
         "perplexity",
     );
-    let mut rotations: Vec<(&str, usize)> = Vec::new();
+    let mut rotations: Vec<(Option<projection::BasisKind>, usize)> = Vec::new();
     // One line per SWAN encoding, key/value split or not, and ring format.
-    let mut encodings: Vec<(&str, &str, bool, String, &str, &str)> = Vec::new();
+    type Encoding = (
+        Option<models::cache::SwanIndex>,
+        Code,
+        bool,
+        String,
+        models::cache::KeySelect,
+        models::cache::ComponentNorm,
+    );
+    let mut encodings: Vec<Encoding> = Vec::new();
     for p in &s.points {
         match p.run.k {
-            None if p.run.family == "dense"
-                && p.run.values != "f16"
+            None if p.run.family == Family::Dense
+                && p.run.values != Code::F16
                 && !rotations.contains(&(p.run.rotate, p.run.buffer)) =>
             {
                 rotations.push((p.run.rotate, p.run.buffer));
@@ -580,12 +591,16 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
     }
     for (r, b) in rotations {
         let points = line(&|run| {
-            run.family == "dense" && run.values != "f16" && run.rotate == r && run.buffer == b
+            run.family == Family::Dense
+                && run.values != Code::F16
+                && run.rotate == r
+                && run.buffer == b
         });
         let buffered = if b > 0 { format!(", b={b}") } else { String::new() };
+        let r = RotationName(r);
         plot = plot.series(&format!("dense, rotate={r}{buffered}"), points);
     }
-    for (family, name) in [("kivi", "KIVI"), ("turbo", "TurboQuant-style")] {
+    for (family, name) in [(Family::Kivi, "KIVI"), (Family::Turbo, "TurboQuant-style")] {
         let mut buffers: Vec<usize> =
             s.points.iter().filter(|p| p.run.family == family).map(|p| p.run.buffer).collect();
         buffers.dedup();
@@ -606,8 +621,14 @@ pub fn section(s: &FrontierStudy, leg: &Leg, out: &mut Section) {
         });
         let split = if split { ", keys ≠ values k" } else { "" };
         let ring = if s.local.is_some() { format!(", {ring} rings") } else { String::new() };
-        let select = if select == "query" { ", query-selected keys" } else { "" };
-        let norm = if norm == "eigen" { ", eigen-scaled components" } else { "" };
+        let select =
+            if select == models::cache::KeySelect::Query { ", query-selected keys" } else { "" };
+        let norm = if norm == models::cache::ComponentNorm::Eigen {
+            ", eigen-scaled components"
+        } else {
+            ""
+        };
+        let index = index.unwrap_or_default();
         plot = plot.series(&format!("SWAN {index} {values}{split}{ring}{select}{norm}"), points);
     }
     out.plot(plot.reference("dense f16", base));
@@ -667,7 +688,10 @@ pub(super) fn component_norm_table(s: &FrontierStudy, leg: &Leg, base: f64, out:
         name: "frontier_component_norm",
         title: "Integer row codes: components as they are vs scaled by the basis' eigenvalues (norm=eigen), same bytes",
         names: ("unscaled", "norm=eigen", "eigen − unscaled"),
-        twin: |r| (r.norm == Some("eigen")).then(|| FrontierRun { norm: None, ..r.clone() }),
+        twin: |r| {
+            (r.norm == Some(models::cache::ComponentNorm::Eigen))
+                .then(|| FrontierRun { norm: None, ..r.clone() })
+        },
         what: "norm=eigen stores each calibrated basis component divided by the power of two nearest √(λ_j / mean λ) (λ_j: the keys' own energy along the basis vector for keys, the VO eigenvalue for values), so the row's one int8/int4 scale fits small components as well as large ones (queries and outputs are scaled back exactly)",
     };
     paired_table(s, leg, base, pairing, out);
@@ -679,7 +703,10 @@ pub(super) fn key_selection_table(s: &FrontierStudy, leg: &Leg, base: f64, out: 
         name: "frontier_key_selection",
         title: "Key selection: magnitude (the paper's rule) vs query-weighted magnitude, same bytes",
         names: ("magnitude", "select=query", "query − magnitude"),
-        twin: |r| (r.select == Some("query")).then(|| FrontierRun { select: None, ..r.clone() }),
+        twin: |r| {
+            (r.select == Some(models::cache::KeySelect::Query))
+                .then(|| FrontierRun { select: None, ..r.clone() })
+        },
         what: "select=query keeps the k components of an evicted key with the largest |k̂_j|·√E[q̂_j²] (the queries' energy along each calibrated basis vector) instead of the largest |k̂_j|",
     };
     paired_table(s, leg, base, pairing, out);

@@ -203,7 +203,7 @@ pub fn run(
             todo.len()
         ));
     }
-    let dense16_run = runs.iter().position(|r| *r == FrontierRun::dense("f16", "none"));
+    let dense16_run = runs.iter().position(|r| *r == FrontierRun::dense(Code::F16, None));
     let mut caches: Vec<Vec<Box<dyn KvCache>>> = Vec::with_capacity(todo.len());
     let mut groups = group_by_weights(todo.iter().map(|&i| {
         let spec: CacheSpec = runs[i].spec(&proj, 1).parse()?;
@@ -257,7 +257,7 @@ pub fn run(
     let skip = (wlen / 2 + 1).saturating_sub(prefix);
     let on_llamacpp_tokens = runs
         .iter()
-        .position(|r| *r == FrontierRun::dense("f16", "none"))
+        .position(|r| *r == FrontierRun::dense(Code::F16, None))
         .map(|i| perplexity_from(&traces[i], skip));
     let mut points: Vec<FrontierPoint> = runs
         .iter()

@@ -2,6 +2,36 @@
 
 use super::*;
 use crate::reproduce::report::Report;
+use models::cache::{ComponentNorm, KeySelect, SwanIndex};
+use projection::BasisKind;
+
+/// A row code by its spec name (`f16`, `int8`, …).
+fn code(name: &str) -> Code {
+    match name {
+        "f32" => Code::F32,
+        "f16" => Code::F16,
+        "fp8" => Code::Fp8,
+        "int8" => Code::Int8,
+        "int4" => Code::Int4,
+        bits => Code::Bits(bits.parse().expect("a code name or bits")),
+    }
+}
+
+/// A rotation by its `rotate=` name (`none`: unrotated).
+fn basis(name: &str) -> Option<BasisKind> {
+    (name != "none").then(|| name.parse().expect("a basis name"))
+}
+
+/// [`FrontierRun::dense`] by names.
+fn dense_run(values: &str, rotate: &str) -> FrontierRun {
+    FrontierRun::dense(code(values), basis(rotate))
+}
+
+/// [`FrontierRun::swan`] by names.
+fn swan_run(index: &str, values: &str, k: usize, buffer: usize) -> FrontierRun {
+    let index = if index == "bitmask" { SwanIndex::Bitmask } else { SwanIndex::List };
+    FrontierRun::swan(index, code(values), k, buffer)
+}
 
 /// The grid has every quantized dense format at every buffer of its SWAN rows and
 /// unbuffered; the equal-footing narrowing keeps dense f16, the one-format quantized rows
@@ -12,33 +42,37 @@ fn equal_footing_keeps_every_family_at_every_buffer() {
     let full = grid(64, &[2, 4], &[0, 128], true);
     for b in [0, 128] {
         for values in ["fp8", "int8", "int4"] {
-            let run = FrontierRun::dense(values, "hadamard").buffered(b);
+            let run = dense_run(values, "hadamard").buffered(b);
             assert!(full.contains(&run), "{}", run.label());
         }
     }
     let mut runs = full.clone();
     equal_footing(&mut runs, false);
-    let dense: Vec<&FrontierRun> = runs.iter().filter(|r| r.family == "dense").collect();
+    let dense: Vec<&FrontierRun> = runs.iter().filter(|r| r.family == Family::Dense).collect();
     assert_eq!(dense.len(), 1 + 2 * 2 * 2, "f16 + int8/int4 × none/hadamard × b ∈ {{0, 128}}");
-    assert_eq!(runs.iter().filter(|r| r.family == "kivi").count(), 2 * 2);
-    assert_eq!(runs.iter().filter(|r| r.family == "turbo").count(), 3 * 2);
-    let kivi = FrontierRun::kivi("2", 128);
+    assert_eq!(runs.iter().filter(|r| r.family == Family::Kivi).count(), 2 * 2);
+    assert_eq!(runs.iter().filter(|r| r.family == Family::Turbo).count(), 3 * 2);
+    let kivi = FrontierRun::kivi(2, 128);
     assert_eq!(kivi.label(), "kivi2 b=128");
     assert_eq!(kivi.spec("p", 1), "kivi:bits=2,rotate=none,b=128,threads=1");
     // 200 tokens: 128 f16 rows, 72 coded: 2 key groups of 32 (16-byte rows + 256 bytes of
     // parameters), 8 keys waiting in f16, 72 value rows of 16 bytes + 2 × 4 bytes.
     let h = 2 * (256 + 32 * 16) + 8 * 128 + 72 * (16 + 8);
     assert_eq!(kivi.head_bytes(64, 200), 128 * 256 + h);
-    let turbo = FrontierRun::turbo("3", 128);
+    let turbo = FrontierRun::turbo(3, 128);
     assert_eq!(turbo.label(), "turbo3 rotate=random:0 b=128");
     assert_eq!(turbo.head_bytes(64, 200), 128 * 256 + 72 * 2 * 26);
-    assert!(runs.iter().all(|r| r.sink == 0 && r.kv.is_none() && r.queries == "f32"));
+    assert!(
+        runs.iter().all(|r| r.sink == 0
+            && r.kv.is_none()
+            && r.queries == attn_kernels::QueryPrecision::F32)
+    );
     let swan = runs.iter().filter(|r| r.k.is_some()).count();
     assert_eq!(swan, 3 * 2 * 2, "bitmask int8/int4, list fp8 × 2 k × 2 buffers");
     let mut windowed = full.clone();
     equal_footing(&mut windowed, true);
-    assert!(windowed.iter().all(|r| r.ring_format() == "f16"));
-    let b = FrontierRun::dense("int4", "hadamard").buffered(128);
+    assert!(windowed.iter().all(|r| r.ring_format() == Code::F16));
+    let b = dense_run("int4", "hadamard").buffered(128);
     assert_eq!(b.label(), "dense int4 rotate=hadamard b=128");
     assert!(b.spec("p", 1).contains(",b=128,"), "{}", b.spec("p", 1));
     // 100 tokens: all buffered (f16); 200: 128 buffered, 72 in q4_0 rows (36 bytes k + v).
@@ -50,8 +84,8 @@ fn equal_footing_keeps_every_family_at_every_buffer() {
 /// the global layers' ratio equal to the whole model's.
 fn equal_footing_windowed(points: &mut [FrontierPoint]) {
     for p in points.iter_mut() {
-        if p.run.values != "f16" || p.run.k.is_some() {
-            p.run.ring = Some("f16");
+        if p.run.values != Code::F16 || p.run.k.is_some() {
+            p.run.ring = Some(Code::F16);
             p.label = p.run.label();
         }
         p.global_long_ratio = Some(p.long_ratio);
@@ -70,12 +104,12 @@ fn equal_footing_rows_compare_at_one_buffer() {
         x
     };
     let points = vec![
-        p(FrontierRun::dense("f16", "none"), 1.0, [2.0, 2.1, 2.2]),
-        p(FrontierRun::dense("int4", "hadamard").buffered(128), 0.3, [2.10, 2.21, 2.30]),
-        p(FrontierRun::dense("int8", "hadamard").buffered(128), 0.55, [2.01, 2.11, 2.21]),
-        p(FrontierRun::kivi("2", 128), 0.2, [2.3, 2.4, 2.5]),
-        p(FrontierRun::swan("bitmask", "int8", 32, 128), 0.35, [2.05, 2.14, 2.26]),
-        p(FrontierRun::swan("bitmask", "int8", 32, 0), 0.3, [2.5, 2.6, 2.7]),
+        p(dense_run("f16", "none"), 1.0, [2.0, 2.1, 2.2]),
+        p(dense_run("int4", "hadamard").buffered(128), 0.3, [2.10, 2.21, 2.30]),
+        p(dense_run("int8", "hadamard").buffered(128), 0.55, [2.01, 2.11, 2.21]),
+        p(FrontierRun::kivi(2, 128), 0.2, [2.3, 2.4, 2.5]),
+        p(swan_run("bitmask", "int8", 32, 128), 0.35, [2.05, 2.14, 2.26]),
+        p(swan_run("bitmask", "int8", 32, 0), 0.3, [2.5, 2.6, 2.7]),
     ];
     // On a windowed model every configuration keeps f16 rings and the global layers'
     // bytes decide: the dense rows stay in their family.
@@ -83,15 +117,15 @@ fn equal_footing_rows_compare_at_one_buffer() {
     equal_footing_windowed(&mut windowed);
     let rows = equal_footing_rows(&windowed, true);
     let r = rows.iter().find(|r| r.budget == 0.35).unwrap();
-    assert_eq!(r.of("dense").unwrap().0, "dense int4 rotate=hadamard b=128 ring=f16");
+    assert_eq!(r.of(Family::Dense).unwrap().0, "dense int4 rotate=hadamard b=128 ring=f16");
     let rows = equal_footing_rows(&points, false);
     assert!(rows.iter().all(|r| r.buffer == 128), "b = 0 has no other family");
     let at = |budget: f64| rows.iter().find(|r| r.budget == budget).unwrap();
-    assert!(at(0.15).of("dense").is_none() && at(0.15).gap.is_none());
-    assert_eq!(at(0.2).of("kivi").unwrap().0, "kivi2 b=128");
+    assert!(at(0.15).of(Family::Dense).is_none() && at(0.15).gap.is_none());
+    assert_eq!(at(0.2).of(Family::Kivi).unwrap().0, "kivi2 b=128");
     let r = at(0.35);
-    assert_eq!(r.of("dense").unwrap().0, "dense int4 rotate=hadamard b=128");
-    assert_eq!(r.of("swan").unwrap().0, "swan bitmask int8 k=32 b=128");
+    assert_eq!(r.of(Family::Dense).unwrap().0, "dense int4 rotate=hadamard b=128");
+    assert_eq!(r.of(Family::Swan).unwrap().0, "swan bitmask int8 k=32 b=128");
     assert_eq!(r.other.as_deref(), Some("dense int4 rotate=hadamard b=128"));
     let (gap, se) = r.gap.unwrap();
     assert!(gap < 0.0 && se > 0.0, "SWAN's lower NLL: a negative gap ({gap}, {se})");
@@ -128,7 +162,7 @@ fn a_restricted_swan_grid_keeps_the_dense_rows_and_refuses_what_the_plan_lacks()
     let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
     assert_eq!(swan.len(), 12);
     assert!(swan.iter().all(|r| [32, 128, 256].contains(&r.k.unwrap()) && r.buffer == 128));
-    assert!(swan.iter().all(|r| r.values == "int8" || r.values == "fp8"));
+    assert!(swan.iter().all(|r| r.values == Code::Int8 || r.values == Code::Fp8));
     assert!(pick.describe().contains("k = 1, 4, 8 eighths"), "{}", pick.describe());
     // What the plan does not have is named, and nothing is removed.
     let reduced = grid(64, &[1, 2, 3, 4], &[128], false);
@@ -158,7 +192,7 @@ fn query_selection_joins_the_8bit_bitmask_runs_and_its_axis_restricts_them() {
     // bitmask × fp8/int8 × 2 k × ring f16/int8; list and int4 runs get no copy.
     assert_eq!(added.len(), 8);
     for r in &added {
-        assert_eq!((r.index, r.select_rule()), ("bitmask", "query"));
+        assert_eq!((r.index, r.select_rule()), (Some(SwanIndex::Bitmask), KeySelect::Query));
         assert!(r.label().contains(" select=query"), "{}", r.label());
         assert!(r.spec("p", 1).contains(",select=query"), "{}", r.spec("p", 1));
         // The same bytes as its magnitude twin.
@@ -169,7 +203,7 @@ fn query_selection_joins_the_8bit_bitmask_runs_and_its_axis_restricts_them() {
     assert_eq!(runs.len(), before.len() + 8, "no configuration is added twice");
     let only = SwanGrid { select: vec!["query".into()], ..SwanGrid::default() };
     only.apply(&mut runs, 256).unwrap();
-    assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.select == Some("query")));
+    assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.select == Some(KeySelect::Query)));
     assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
 }
 
@@ -184,8 +218,8 @@ fn component_scaling_joins_the_integer_runs_and_its_axis_restricts_them() {
     // float codes get no copy.
     assert_eq!(added.len(), 10);
     for r in &added {
-        assert!(matches!(r.values, "int8" | "int4"), "{}", r.label());
-        assert_eq!(r.norm_rule(), "eigen");
+        assert!(matches!(r.values, Code::Int8 | Code::Int4), "{}", r.label());
+        assert_eq!(r.norm_rule(), ComponentNorm::Eigen);
         assert!(r.label().contains(" norm=eigen"), "{}", r.label());
         assert!(r.spec("p", 1).contains(",norm=eigen"), "{}", r.spec("p", 1));
         let spec: CacheSpec = r.spec("p", 1).parse().unwrap();
@@ -197,7 +231,7 @@ fn component_scaling_joins_the_integer_runs_and_its_axis_restricts_them() {
     assert_eq!(runs.len(), before.len() + 10, "no configuration is added twice");
     let only = SwanGrid { norm: vec!["eigen".into()], ..SwanGrid::default() };
     only.apply(&mut runs, 256).unwrap();
-    assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.norm == Some("eigen")));
+    assert!(runs.iter().filter(|r| r.k.is_some()).all(|r| r.norm == Some(ComponentNorm::Eigen)));
     assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 10);
 }
 
@@ -212,8 +246,11 @@ fn int4_rings_join_the_int8_bitmask_runs_in_a_basis_of_their_own() {
     // bitmask int8 × 2 k × 2 b × norm none/eigen; not list, fp8, int4, int8 rings.
     assert_eq!(added.len(), 8);
     for r in &added {
-        assert!(r.index == "bitmask" && r.values == "int8" && r.kv.is_none(), "{r:?}");
-        assert_eq!((r.ring_format(), r.ring_rotate), ("int4", Some("hadamard-v")));
+        assert!(
+            r.index == Some(SwanIndex::Bitmask) && r.values == Code::Int8 && r.kv.is_none(),
+            "{r:?}"
+        );
+        assert_eq!((r.ring_format(), r.ring_rotate), (Code::Int4, Some(BasisKind::HadamardValues)));
         assert!(r.label().contains(" ring=int4 ring_rotate=hadamard-v"), "{}", r.label());
         let spec = r.spec("p.bin", 2);
         assert!(spec.contains(",ring=int4,ring_rotate=hadamard-v"), "{spec}");
@@ -241,8 +278,8 @@ fn int8_rings_join_the_8bit_swan_runs_and_are_counted_as_q8_0_rows() {
     // list/bitmask × fp8/int8 × 2 k: int4 SWAN runs and dense runs get no copy.
     assert_eq!(added.len(), 8);
     for r in &added {
-        assert!(r.k.is_some() && matches!(r.values, "fp8" | "int8"), "{r:?}");
-        assert_eq!((r.ring, r.ring_format()), (Some("int8"), "int8"));
+        assert!(r.k.is_some() && matches!(r.values, Code::Fp8 | Code::Int8), "{r:?}");
+        assert_eq!((r.ring, r.ring_format()), (Some(Code::Int8), Code::Int8));
         assert!(r.label().ends_with(" ring=int8"), "{}", r.label());
         assert!(r.spec("p.bin", 2).contains(",ring=int8"), "{}", r.spec("p.bin", 2));
         // K and V of one position: two q8_0 rows of 256 elements (8 blocks of 34 bytes).
@@ -253,8 +290,8 @@ fn int8_rings_join_the_8bit_swan_runs_and_are_counted_as_q8_0_rows() {
         assert_eq!(f16_ring.ring_token_bytes(256), 2 * 2 * 256);
     }
     // Dense runs keep their own format as their ring; the labels stay unique.
-    let dense = FrontierRun::dense("int4", "hadamard");
-    assert_eq!((dense.ring_format(), dense.ring_token_bytes(256)), ("int4", 2 * 8 * 18));
+    let dense = dense_run("int4", "hadamard");
+    assert_eq!((dense.ring_format(), dense.ring_token_bytes(256)), (Code::Int4, 2 * 8 * 18));
     let mut labels: Vec<String> = runs.iter().map(FrontierRun::label).collect();
     labels.sort();
     labels.dedup();
@@ -264,7 +301,7 @@ fn int8_rings_join_the_8bit_swan_runs_and_are_counted_as_q8_0_rows() {
     assert_eq!(runs.len(), before.len() + 8);
     let only = SwanGrid { rings: vec!["int8".into()], ..SwanGrid::default() };
     only.apply(&mut runs, 256).unwrap();
-    assert!(runs.iter().all(|r| r.k.is_none() || r.ring == Some("int8")));
+    assert!(runs.iter().all(|r| r.k.is_none() || r.ring == Some(Code::Int8)));
     assert_eq!(runs.iter().filter(|r| r.k.is_some()).count(), 8);
     assert!(only.describe().contains("rings int8,"), "{}", only.describe());
 }
@@ -275,9 +312,9 @@ fn key_value_splits_hold_the_bytes_of_half_k() {
     let splits: Vec<&FrontierRun> = full.iter().filter(|r| r.kv.is_some()).collect();
     // (5/8, 3/8), (6/8, 2/8), (3/8, 5/8) × fp8/int8 × three buffers, bitmask rows.
     assert_eq!(splits.len(), 18);
-    let half = |r: &FrontierRun| FrontierRun::swan("bitmask", r.values, 128, r.buffer);
+    let half = |r: &FrontierRun| FrontierRun::swan(SwanIndex::Bitmask, r.values, 128, r.buffer);
     for r in &splits {
-        assert_eq!(r.index, "bitmask");
+        assert_eq!(r.index, Some(SwanIndex::Bitmask));
         let (k, kv) = (r.k.unwrap(), r.kv.unwrap());
         assert_eq!(k + kv, 256, "{r:?}");
         assert!(r.label().contains(&format!(" k={k}/{kv} ")), "{}", r.label());
@@ -288,7 +325,7 @@ fn key_value_splits_hold_the_bytes_of_half_k() {
         }
     }
     // An even split is the plain configuration; the reduced grid has none.
-    assert_eq!(FrontierRun::swan("bitmask", "fp8", 128, 128).split(128, 128).kv, None);
+    assert_eq!(swan_run("bitmask", "fp8", 128, 128).split(128, 128).kv, None);
     assert!(grid(64, &[1, 2, 3, 4], &[128], false).iter().all(|r| r.kv.is_none()));
     let mut labels: Vec<String> = full.iter().map(FrontierRun::label).collect();
     labels.sort();
@@ -324,7 +361,7 @@ fn a_missing_gemma_file_is_a_printed_skip() {
 /// int4 gap, with where llama.cpp's q4_0 and kvtide's Hadamard int4 fall in it.
 #[test]
 fn rotation_draws_report_where_both_tools_fall_in_their_spread() {
-    let mut runs = vec![FrontierRun::dense("int4", "hadamard")];
+    let mut runs = vec![dense_run("int4", "hadamard")];
     add_rotation_draws(&mut runs, DrawFamily::Random, 3);
     add_rotation_draws(&mut runs, DrawFamily::Random, 3);
     assert_eq!(runs.len(), 4);
@@ -332,17 +369,16 @@ fn rotation_draws_report_where_both_tools_fall_in_their_spread() {
     assert!(draw.is_rotation_draw() && !draw.is_llamacpp_counterpart());
     assert_eq!(draw.label(), "dense int4 rotate=random:2");
     let spec: models::cache::spec::CacheSpec = draw.spec("", 1).parse().expect("spec");
-    let models::cache::spec::CacheKind::Dense(dense) = spec.kind else { panic!("dense") };
-    assert_eq!(dense.rotate, Some(projection::BasisKind::Random { seed: 2 }));
+    let models::cache::spec::CacheKind::Dense(d) = spec.kind else { panic!("dense") };
+    assert_eq!(d.rotate, Some(projection::BasisKind::Random { seed: 2 }));
     assert!(!runs[0].is_rotation_draw());
-    assert!(!FrontierRun::dense("int4", "random:1").with_sink().is_rotation_draw());
+    assert!(!dense_run("int4", "random:1").with_sink().is_rotation_draw());
     add_rotation_draws(&mut runs, DrawFamily::Random, 99);
-    assert_eq!(runs.len(), 1 + ROTATION_DRAWS.len());
+    assert_eq!(runs.len(), 1 + 8);
     runs.truncate(4);
 
     let dense = [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 110.0)];
-    let mut points: Vec<_> =
-        dense.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+    let mut points: Vec<_> = dense.iter().map(|&(v, r, p)| point(dense_run(v, r), p)).collect();
     points.extend(runs[1..4].iter().map(|r| point(r.clone(), 108.0)));
     let mut s = FrontierStudy {
         external: External {
@@ -479,7 +515,7 @@ fn study(head_dim: usize, points: Vec<FrontierPoint>) -> FrontierStudy {
 #[test]
 fn the_peer_check_judges_the_whole_window_costs() {
     let runs = [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 102.0)];
-    let points = runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+    let points = runs.iter().map(|&(v, r, p)| point(dense_run(v, r), p)).collect();
     let mut s = FrontierStudy {
         external: External {
             status: "ran".into(),
@@ -492,7 +528,7 @@ fn the_peer_check_judges_the_whole_window_costs() {
     assert!(s.points.iter().all(|p| p.run.is_llamacpp_counterpart()));
     // Without SWAN points there is no per-budget claim to judge.
     assert!(leg_findings(&s).iter().all(|f| f.id != "frontier-budgets"));
-    assert!(!FrontierRun::dense("int4", "none").is_llamacpp_counterpart());
+    assert!(!dense_run("int4", "none").is_llamacpp_counterpart());
     let peer = |s: &FrontierStudy| {
         leg_findings(s).into_iter().find(|f| f.id == "frontier-llamacpp").expect("finding")
     };
@@ -511,7 +547,7 @@ fn the_peer_check_judges_the_whole_window_costs() {
     assert_eq!(s.whole_window_cost("dense fp8"), None);
     assert!(!f.evidence.contains("int8 queries"));
     // The int8-query counterpart of q8_0 is reported beside the judged one, not judged.
-    let q8 = FrontierRun::dense("int8", "hadamard").with_int8_queries();
+    let q8 = dense_run("int8", "hadamard").with_int8_queries();
     assert_eq!(q8.label(), "dense int8 rotate=hadamard queries=int8");
     assert!(q8.is_llamacpp_counterpart() && q8.spec("", 1).ends_with(",queries=int8"));
     assert_eq!(counterpart("q8_0"), Some("dense int8 rotate=hadamard"));
@@ -522,7 +558,7 @@ fn the_peer_check_judges_the_whole_window_costs() {
     let want = "with int8 queries (as llama.cpp scores q8_0): whole window 0.10 % (0.00 pp)";
     assert!(f.evidence.contains(want), "{}", f.evidence);
     // The values-only rotation of int4 is reported beside q4_0, not judged.
-    s.points.push(point(FrontierRun::dense("int4", "hadamard-v"), 103.0));
+    s.points.push(point(dense_run("int4", "hadamard-v"), 103.0));
     s.whole_window.push(("dense int4 rotate=hadamard-v".into(), 94.5));
     let f = peer(&s);
     assert!(f.holds, "{}", f.evidence);
@@ -530,7 +566,7 @@ fn the_peer_check_judges_the_whole_window_costs() {
         "values alone rotated (hadamard-v): whole window 5.00 % (0.00 pp), half prefilled 3.00 %";
     assert!(f.evidence.contains(want), "{}", f.evidence);
     // So is int4 scored with q8_0 queries, as llama.cpp's CPU flash attention scores q4_0.
-    let q4 = FrontierRun::dense("int4", "hadamard").with_q8_0_queries();
+    let q4 = dense_run("int4", "hadamard").with_q8_0_queries();
     assert_eq!(q4.label(), "dense int4 rotate=hadamard queries=q8_0");
     assert!(q4.is_llamacpp_counterpart() && q4.spec("", 1).ends_with(",queries=q8_0"));
     let spec: models::cache::spec::CacheSpec = q4.spec("", 1).parse().expect("spec");
@@ -550,7 +586,7 @@ fn the_peer_check_judges_the_whole_window_costs() {
 #[test]
 fn the_peer_gaps_come_with_their_resolution_over_the_windows() {
     let runs = [("f16", "none", 100.0), ("int8", "hadamard", 100.1), ("int4", "hadamard", 104.0)];
-    let points = runs.iter().map(|&(v, r, p)| point(FrontierRun::dense(v, r), p)).collect();
+    let points = runs.iter().map(|&(v, r, p)| point(dense_run(v, r), p)).collect();
     let f16 = vec![4.0, 4.4, 4.2, 3.8];
     let shift = |d: &[f64]| f16.iter().zip(d).map(|(m, x)| m + x).collect::<Vec<f64>>();
     let mut s = FrontierStudy {
@@ -605,16 +641,16 @@ fn the_peer_gaps_come_with_their_resolution_over_the_windows() {
 /// is a finding of its own.
 #[test]
 fn the_half_k_split_is_judged_beside_the_symmetric_target() {
-    let swan = |v, k, kv| FrontierRun::swan("bitmask", v, 128, 128).split(k, kv);
+    let swan = |v, k, kv| swan_run("bitmask", v, 128, 128).split(k, kv);
     let mut s = study(
         256,
         vec![
-            point(FrontierRun::dense("f16", "none"), 100.0),
+            point(dense_run("f16", "none"), 100.0),
             point(swan("fp8", 128, 128), 101.0),
             point(swan("fp8", 192, 64), 100.4),
             point(swan("int8", 160, 96), 100.45),
             // Another buffer, or a pair that does not add up to d_h, is not judged.
-            point(FrontierRun::swan("bitmask", "fp8", 192, 64).split(192, 64), 100.0),
+            point(swan_run("bitmask", "fp8", 192, 64).split(192, 64), 100.0),
             point(swan("fp8", 192, 32), 100.0),
         ],
     );
@@ -679,14 +715,14 @@ fn gemma() -> ByteModel {
 fn windowed_budgets_count_the_rings_and_the_global_layers() {
     let bm = gemma();
     // The rings after 767 positions (the measured figure of the Gemma SWAN check).
-    let f16 = FrontierRun::dense("f16", "none");
+    let f16 = dense_run("f16", "none");
     assert_eq!(bm.ring_bytes(&f16, 767), 7_864_320);
     assert_eq!(bm.ring_bytes(&f16, 100), 15 * 2 * 100 * 256 * 2);
     // A quantized dense configuration quantizes the rings too (q4_0: 18 bytes per 32);
     // SWAN keeps f16 rings.
-    let int4 = FrontierRun::dense("int4", "hadamard");
+    let int4 = dense_run("int4", "hadamard");
     assert_eq!(bm.ring_bytes(&int4, 767), 15 * 2 * 512 * 8 * 18);
-    assert_eq!(bm.ring_bytes(&FrontierRun::swan("bitmask", "int8", 128, 128), 767), 7_864_320);
+    assert_eq!(bm.ring_bytes(&swan_run("bitmask", "int8", 128, 128), 767), 7_864_320);
     assert!((bm.ratio(&int4, LONG_CACHE) - 18.0 / 64.0).abs() < 1e-12, "every layer q4_0");
     assert_eq!(bm.dense_f16(767), 3 * 2 * 767 * 2 * 256 + 7_864_320);
     assert_eq!(bm.bytes(&f16, 767), bm.dense_f16(767));
@@ -694,18 +730,16 @@ fn windowed_budgets_count_the_rings_and_the_global_layers() {
     assert_eq!(bm.global_ratio(&f16, LONG_CACHE), Some(1.0));
     // SWAN at k = d_h with u8 indices and f16 values: larger than f16 on the global layers,
     // less so once the rings count.
-    let swan = FrontierRun::swan("list", "f16", 256, 128);
+    let swan = swan_run("list", "f16", 256, 128);
     let (g, all) = (bm.global_ratio(&swan, LONG_CACHE).unwrap_or(0.0), bm.ratio(&swan, 4096));
     assert!(g > 1.0 && all > 1.0 && all < g, "{g} {all}");
     // A bitmask row names its components in d/8 = 32 bytes.
-    let (list, mask) =
-        (FrontierRun::swan("list", "int8", 64, 0), FrontierRun::swan("bitmask", "int8", 64, 0));
+    let (list, mask) = (swan_run("list", "int8", 64, 0), swan_run("bitmask", "int8", 64, 0));
     let per = |r: &FrontierRun| r.head_bytes(256, 1000) as f64;
     assert!((per(&list) - per(&mask)) / 2000.0 - (64.0 - 32.0) < 0.1);
     // u8-list fp8 rows page as CSR: 255 rows a block at d = 256 (3 blocks for 639 rows),
     // where a coded store of full int8 rows holds 127 (6 blocks).
-    let (fp8, int8) =
-        (FrontierRun::swan("list", "fp8", 256, 128), FrontierRun::swan("list", "int8", 256, 128));
+    let (fp8, int8) = (swan_run("list", "fp8", 256, 128), swan_run("list", "int8", 256, 128));
     let sparse = |r: &FrontierRun, per_row: usize| {
         r.head_bytes(256, 767) - 2 * 128 * 2 * 256 - 639 * 2 * per_row
     };
@@ -715,7 +749,7 @@ fn windowed_budgets_count_the_rings_and_the_global_layers() {
 
 #[test]
 fn a_sink_is_counted_in_f32_and_named_in_label_and_spec() {
-    let plain = FrontierRun::dense("int4", "hadamard");
+    let plain = dense_run("int4", "hadamard");
     let sink = plain.clone().with_sink();
     assert_eq!(sink.label(), "dense int4 rotate=hadamard sink=1");
     assert!(sink.spec("", 2).contains(",rotate=hadamard,sink=1,threads=2"), "{}", sink.spec("", 2));
@@ -739,7 +773,7 @@ fn a_sink_is_counted_in_f32_and_named_in_label_and_spec() {
 /// rings too), and the plan holds the counterparts of llama.cpp's mixed pairs.
 #[test]
 fn mixed_key_and_value_formats_are_counted_row_by_row() {
-    let mixed = FrontierRun::dense("int8", "hadamard").with_value_rows("int4");
+    let mixed = dense_run("int8", "hadamard").with_value_rows(code("int4"));
     assert_eq!(mixed.label(), "dense int8 values=int4 rotate=hadamard");
     let spec = mixed.spec("", 2);
     assert!(spec.starts_with("dense:format=int8,values=int4,rotate=hadamard"), "{spec}");
@@ -751,7 +785,7 @@ fn mixed_key_and_value_formats_are_counted_row_by_row() {
     assert!(matches!(&parsed.kind, models::cache::CacheKind::Dense(d) if d.format == want));
     // 256 wide: a q8_0 key row (8 × 34 bytes) and a q4_0 value row (8 × 18 bytes).
     assert_eq!(mixed.head_bytes(256, 10), 10 * (8 * 34 + 8 * 18));
-    let (i8, i4) = (FrontierRun::dense("int8", "none"), FrontierRun::dense("int4", "none"));
+    let (i8, i4) = (dense_run("int8", "none"), dense_run("int4", "none"));
     assert_eq!(2 * mixed.head_bytes(256, 7), i8.head_bytes(256, 7) + i4.head_bytes(256, 7));
     assert_eq!(mixed.ring_token_bytes(256), 8 * 34 + 8 * 18);
     let sink = mixed.clone().with_sink();
@@ -771,7 +805,7 @@ fn mixed_key_and_value_formats_are_counted_row_by_row() {
 /// restricted to `--frontier-sinks 1` keeps those alone.
 #[test]
 fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
-    let plain = FrontierRun::swan("bitmask", "int8", 96, 64).with_eigen_norm().with_int4_ring();
+    let plain = swan_run("bitmask", "int8", 96, 64).with_eigen_norm().with_int4_ring();
     let sink = plain.clone().with_sink();
     assert_eq!(
         sink.label(),
@@ -791,8 +825,8 @@ fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
     let bm = gemma();
     assert_eq!(bm.ring_bytes(&sink, 767), bm.ring_bytes(&plain, 767) + 15 * 2 * 1024);
     // An f16 ring keeps every position already: no extra ring bytes.
-    let f16_ring = FrontierRun::swan("bitmask", "int8", 96, 64).with_sink();
-    let f16_plain = FrontierRun::swan("bitmask", "int8", 96, 64);
+    let f16_ring = swan_run("bitmask", "int8", 96, 64).with_sink();
+    let f16_plain = swan_run("bitmask", "int8", 96, 64);
     assert_eq!(bm.ring_bytes(&f16_ring, 767), bm.ring_bytes(&f16_plain, 767));
     // The plan: windowed, only the int4-ring rows; otherwise every integer bitmask row.
     let mut runs = grid(256, &[3], &[64], true);
@@ -802,13 +836,15 @@ fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
     add_sinks(&mut windowed, true);
     let added: Vec<&FrontierRun> = windowed[runs.len()..].iter().collect();
     assert_eq!(added.len(), 2, "int8 bitmask with int4 rings, norm none and eigen");
-    assert!(added.iter().all(|r| r.sink == 1 && r.ring == Some("int4")));
+    assert!(added.iter().all(|r| r.sink == 1 && r.ring == Some(Code::Int4)));
     let mut plain_model = runs.clone();
     add_sinks(&mut plain_model, false);
     let added = &plain_model[runs.len()..];
     // bitmask × int8/int4 × norm none/eigen × (f16 rings, and int4 rings for int8).
     assert_eq!(added.len(), 6, "{:?}", added.iter().map(FrontierRun::label).collect::<Vec<_>>());
-    assert!(added.iter().all(|r| r.index == "bitmask" && r.kv.is_none() && r.sink == 1));
+    assert!(
+        added.iter().all(|r| r.index == Some(SwanIndex::Bitmask) && r.kv.is_none() && r.sink == 1)
+    );
     let before = windowed.len();
     add_sinks(&mut windowed, true);
     assert_eq!(windowed.len(), before, "nothing added twice");
@@ -820,7 +856,7 @@ fn a_swan_sink_is_counted_in_f32_and_joins_the_integer_bitmask_rows() {
 
 #[test]
 fn mixed_rings_keep_q8_0_keys_and_q4_0_values() {
-    let int8_ring = FrontierRun::swan("bitmask", "int8", 128, 128).with_int8_ring();
+    let int8_ring = swan_run("bitmask", "int8", 128, 128).with_int8_ring();
     let mixed = int8_ring.clone().with_mixed_ring();
     assert_eq!(
         mixed.label(),
@@ -834,11 +870,11 @@ fn mixed_rings_keep_q8_0_keys_and_q4_0_values() {
         values: kv_sparse::quant::DenseFormat::Int4,
     };
     assert_eq!(parsed.ring, Some(want));
-    assert_eq!((mixed.ring_format(), mixed.ring_formats()), ("int8", "int8/int4".to_owned()));
+    assert_eq!((mixed.ring_format(), mixed.ring_formats()), (Code::Int8, "int8/int4".to_owned()));
     assert_eq!(int8_ring.ring_formats(), "int8");
     // A q8_0 key row and a q4_0 value row of 256 per position, as the dense int8/int4 row.
     assert_eq!(mixed.ring_token_bytes(256), 8 * 34 + 8 * 18);
-    let dense = FrontierRun::dense("int8", "hadamard").with_value_rows("int4");
+    let dense = dense_run("int8", "hadamard").with_value_rows(code("int4"));
     assert_eq!(mixed.ring_token_bytes(256), dense.ring_token_bytes(256));
     assert_eq!(dense.ring_formats(), "int8/int4");
     // The global layers are the SWAN rows': only the rings' bytes change.
@@ -857,7 +893,7 @@ fn mixed_rings_keep_q8_0_keys_and_q4_0_values() {
     add_mixed_rings(&mut runs);
     let added = &runs[before..];
     assert_eq!(added.len(), 4, "{:?}", added.iter().map(FrontierRun::label).collect::<Vec<_>>());
-    assert!(added.iter().all(|r| r.ring_formats() == "int8/int4" && r.values == "int8"));
+    assert!(added.iter().all(|r| r.ring_formats() == "int8/int4" && r.values == Code::Int8));
     let n = runs.len();
     add_mixed_rings(&mut runs);
     assert_eq!(runs.len(), n, "nothing added twice");
@@ -869,13 +905,13 @@ fn mixed_rings_keep_q8_0_keys_and_q4_0_values() {
     only.apply(&mut runs, 256).unwrap();
     let swan: Vec<&FrontierRun> = runs.iter().filter(|r| r.k.is_some()).collect();
     assert_eq!(swan.len(), 8, "4 mixed-ring rows, each with and without the sink");
-    assert!(swan.iter().all(|r| r.ring_values == Some("int4")));
+    assert!(swan.iter().all(|r| r.ring_values == Some(Code::Int4)));
 }
 
 #[test]
 fn without_local_layers_the_budget_is_the_per_head_formula() {
     let bm = ByteModel { head_dim: 64, kv_heads: 3, global_heads: 90, local: None };
-    let run = FrontierRun::dense("int4", "hadamard");
+    let run = dense_run("int4", "hadamard");
     assert_eq!(bm.ring_bytes(&run, 4096), 0);
     assert_eq!(bm.global_ratio(&run, LONG_CACHE), None);
     let per_head = run.head_bytes(64, LONG_CACHE) as f64 / (2 * LONG_CACHE * 2 * 64) as f64;
