@@ -383,12 +383,22 @@ const BASES: [&str; 6] =
     ["calibrated", "random:7", "identity", "layer-shuffle:7", "head-shuffle:7", "kv-shuffle"];
 const SPLITS: [(f64, f64); 3] = [(0.3, 0.7), (0.5, 0.5), (0.7, 0.3)];
 
+/// How many values of each Appendix C parameter (δ, top chunks, chunk length) the sweep runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SweepSize {
+    /// Every value the paper's Table 7 style sweep takes.
+    Every,
+    /// The first value of each parameter: every sweep path decoded once, at CI cost.
+    OnePerParameter,
+}
+
 fn wnw_runs(
     heads: usize,
     n_anchor: usize,
     targets: &[f64],
     a1: (&[usize], &[f64]),
     a3_r: f64,
+    sweep: SweepSize,
 ) -> Vec<WnwRun> {
     let nv = |paper| scaled_n_voice(paper, heads, n_anchor);
     let mut runs = vec![WnwRun {
@@ -448,11 +458,16 @@ fn wnw_runs(
     // Appendix C sensitivity at r_GPU 0.2: δ, top chunks, chunk / stride lengths (the
     // defaults are the main comparison's WnW run).
     let d = WnwKnobs::default();
-    let sweep = [Some(1), Some(5), None]
-        .map(|delta| WnwKnobs { delta, ..d })
-        .into_iter()
-        .chain([1, 5].map(|top| WnwKnobs { top, ..d }))
-        .chain([(12, 24), (50, 100)].map(|(segment, chunk)| WnwKnobs { segment, chunk, ..d }));
+    let per_parameter: [Vec<WnwKnobs>; 3] = [
+        [Some(1), Some(5), None].map(|delta| WnwKnobs { delta, ..d }).to_vec(),
+        [1, 5].map(|top| WnwKnobs { top, ..d }).to_vec(),
+        [(12, 24), (50, 100)].map(|(segment, chunk)| WnwKnobs { segment, chunk, ..d }).to_vec(),
+    ];
+    let values = match sweep {
+        SweepSize::Every => usize::MAX,
+        SweepSize::OnePerParameter => 1,
+    };
+    let sweep = per_parameter.into_iter().flat_map(|p| p.into_iter().take(values));
     if targets.iter().any(|&r| (r - 0.2).abs() < 1e-9) {
         for knobs in sweep {
             runs.push(WnwRun {
@@ -512,7 +527,14 @@ impl Plan {
             size: Size::Reduced,
             swan,
             swan_eval: (1, 272, 16),
-            wnw: wnw_runs(heads, n_anchor, &[0.8, 0.4, 0.2], (&[30, 90], &[0.1]), a3),
+            wnw: wnw_runs(
+                heads,
+                n_anchor,
+                &[0.8, 0.4, 0.2],
+                (&[30, 90], &[0.1]),
+                a3,
+                SweepSize::Every,
+            ),
             closed_loop: 5,
             frontier: super::frontier::grid(head_dim, &[1, 2, 3, 4], &[128], false),
             frontier_eval: (1, 1024, 512),
@@ -543,7 +565,14 @@ impl Plan {
                 wnw_plays: vec!["hamlet"],
                 wnw_calibration: (120, vec!["coriolanus"], 2),
                 n_anchor,
-                wnw: wnw_runs(heads, n_anchor, &[0.2], (&[30, 90], &[0.1]), 0.1),
+                wnw: wnw_runs(
+                    heads,
+                    n_anchor,
+                    &[0.2],
+                    (&[30, 90], &[0.1]),
+                    0.1,
+                    SweepSize::OnePerParameter,
+                ),
                 closed_loop: 4,
                 premise: vec![(Variant::Chat, 500, vec!["hamlet"])],
                 audio: (12, vec![0.4]),
@@ -581,6 +610,7 @@ impl Plan {
                 &[0.8, 0.6, 0.4, 0.2],
                 (&[10, 30, 50, 70, 90], &[0.1, 0.2]),
                 0.1,
+                SweepSize::Every,
             ),
             closed_loop: 6,
             premise: [Variant::Bare, Variant::Chat]
@@ -670,6 +700,18 @@ mod tests {
         // Longer windows than the largest buffer, same texts otherwise.
         assert!(r.swan_eval.1 - r.swan_eval.2 > 128);
         assert_eq!((r.wnw_passage, r.swan_calibration), (q.wnw_passage, q.swan_calibration));
+    }
+
+    #[test]
+    fn quick_sweep_decodes_each_parameter_once() {
+        let q = Plan::new(Size::Quick, 64, 90);
+        let d = WnwKnobs::default();
+        let sweep: Vec<WnwKnobs> =
+            q.wnw.iter().filter(|r| r.study == "sweep").map(|r| r.knobs).collect();
+        assert_eq!(sweep.len(), 3);
+        assert_eq!(sweep.iter().filter(|k| k.delta != d.delta).count(), 1);
+        assert_eq!(sweep.iter().filter(|k| k.top != d.top).count(), 1);
+        assert_eq!(sweep.iter().filter(|k| k.chunk != d.chunk).count(), 1);
     }
 
     #[test]
