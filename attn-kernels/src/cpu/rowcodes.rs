@@ -17,10 +17,12 @@
 //!   group and added once per segment.
 //!
 //! The loops are written for the compiler's vectorizer over the `W` lanes and compiled
-//! once per ISA (AVX-512, AVX2 + FMA + F16C, portable), chosen at run time. Codebook keys
-//! and values of 2 to 4 bits skip them on x86-64 with AVX2: [`super::avx2_books`] looks
-//! eight levels up at once in a register and keeps queries and accumulators head-major, as
-//! the dense kernels do.
+//! once per ISA (AVX-512, AVX2 + FMA + F16C, portable), chosen at run time. Codebook and
+//! KIVI keys and values of 2 to 4 bits skip them on x86-64 with AVX2 ([`super::avx2_books`]
+//! turns eight codes into levels at once in a register and keeps queries and accumulators
+//! head-major, as the dense kernels do): KIVI's key groups prepared once per group with
+//! vector f16 conversions, its value rows weighted per channel group and their zeros added
+//! once per tile.
 
 use std::ops::Range;
 
@@ -385,10 +387,12 @@ pub(crate) fn gathered_segment<const W: usize>(
     segment::<W>(k, job, item, rows, sc, (slot, capture));
 }
 
-/// Streams codebook keys and values of 2 to 4 bits (`d` a multiple of 8) through the AVX2
-/// codebook kernels ([`super::avx2_books`]): the queries and accumulators stay head-major
-/// and the levels are looked up in registers. Reads nothing and returns false for other
-/// layouts and for the portable kernels.
+/// Streams codebook or KIVI keys and values of 2 to 4 bits (`d` a multiple of 8, KIVI's
+/// value groups multiples of 8 channels) through the AVX2 kernels of
+/// [`super::avx2_books`]: the queries and accumulators stay head-major and the codes turn
+/// into levels in registers. KIVI keys are scored against queries prepared once per token
+/// group (`q_c · scale_c` and `q·z`), its waiting f16 keys in f32. Reads nothing and returns
+/// false for other layouts and for the portable kernels.
 #[cfg(target_arch = "x86_64")]
 fn book_segment<const W: usize>(
     k: Kernels,
@@ -398,46 +402,80 @@ fn book_segment<const W: usize>(
     sc: &mut Scratch,
     (slot, capture): (&mut Slot, &mut Option<&mut [f32]>),
 ) -> bool {
-    use super::avx2_books::{Book, book_accumulate, book_scores};
+    use super::avx2_books::{Book, ValueRows, book_accumulate, identity_book};
     use super::segment::scaled_queries;
     use super::tile::DENSE_PASS;
     let d = job.cfg.head_dim();
-    let (
-        RowCodes::Codebook { bits, levels, bytes: kb },
-        RowCodes::Codebook { bits: vbits, levels: vlevels, bytes: vb },
-    ) = (rows.keys, rows.values)
-    else {
+    let fits = |bits: usize| (2..=4).contains(&bits);
+    if !matches!(k, Kernels::Avx2(_)) || !d.is_multiple_of(8) {
         return false;
+    }
+    let key_ok = match rows.keys {
+        RowCodes::Codebook { bits, .. } | RowCodes::TokenGroups { bits, .. } => fits(bits),
+        _ => false,
     };
-    if !matches!(k, Kernels::Avx2(_))
-        || !(2..=4).contains(&bits)
-        || !(2..=4).contains(&vbits)
-        || !d.is_multiple_of(8)
-    {
+    let value_ok = match rows.values {
+        RowCodes::Codebook { bits, .. } => fits(bits),
+        RowCodes::ChannelGroups { bits, group, .. } => {
+            use super::avx2_books::MAX_VALUE_GROUPS;
+            fits(bits) && group.is_multiple_of(8) && d / group <= MAX_VALUE_GROUPS
+        }
+        _ => false,
+    };
+    if !key_ok || !value_ok {
         return false;
     }
     // SAFETY: an AVX2 token exists only after `Isa::Avx2.is_available()` confirmed AVX2, FMA
-    // and F16C.
-    let (kbook, vbook) = unsafe { (Book::new(levels, bits), Book::new(vlevels, vbits)) };
-    let (krb, vrb) = (2 + packed_bytes(d, bits), 2 + packed_bytes(d, vbits));
+    // and F16C (so for every `unsafe` block of this function).
+    let (kbook, layout, vb) = unsafe {
+        let kbook = match rows.keys {
+            RowCodes::Codebook { bits, levels, .. } => Book::new(levels, bits),
+            RowCodes::TokenGroups { bits, .. } => identity_book(bits),
+            _ => unreachable!("checked above"),
+        };
+        match rows.values {
+            RowCodes::Codebook { bits, levels, bytes } => {
+                (kbook, ValueRows::Codebook(Book::new(levels, bits)), bytes)
+            }
+            RowCodes::ChannelGroups { bits, group, bytes } => {
+                (kbook, ValueRows::Groups { book: identity_book(bits), group }, bytes)
+            }
+            _ => unreachable!("checked above"),
+        }
+    };
+    let vrb = match rows.values {
+        RowCodes::Codebook { bits, .. } => 2 + packed_bytes(d, bits),
+        RowCodes::ChannelGroups { bits, group, .. } => 4 * (d / group) + packed_bytes(d, bits),
+        _ => unreachable!("checked above"),
+    };
     let slots = rows.slots;
     let at = |j: usize| slots.map_or(j, |s| s[j] as usize);
-    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), &mut sc.q);
+    let Scratch { q, kval, .. } = sc;
+    let q = scaled_queries(job.queries(item.kv, item.block), job.logit_scale(), q);
     let heads = q.len() / d;
-    let (mut kr, mut vr) = ([&[][..]; TILE], [&[][..]; TILE]);
+    if kval.len() < heads * d {
+        kval.resize(heads * d, 0.0);
+    }
+    let qs = &mut kval[..heads * d];
+    let mut keys = KeyTile {
+        keys: rows.keys,
+        book: kbook,
+        d,
+        q,
+        qs,
+        group: usize::MAX,
+        qz: [0.0; super::tile::MAX_LANES],
+    };
+    let mut vr = [&[][..]; TILE];
     let mut s = [[0.0f32; W]; TILE];
     let range = rows.range.clone();
     let mut r = range.start;
     while r < range.end {
         let n = TILE.min(range.end - r);
-        for t in 0..n {
-            let j = at(r + t);
-            kr[t] = &kb[j * krb..(j + 1) * krb];
-            vr[t] = &vb[j * vrb..(j + 1) * vrb];
-        }
-        for (pass, qp) in q.chunks(DENSE_PASS * d).enumerate() {
-            // SAFETY: as for `Book::new`.
-            unsafe { book_scores::<W>(&kbook, qp, d, &kr[..n], pass * DENSE_PASS, &mut s[..n]) };
+        let js: [usize; TILE] = std::array::from_fn(|t| if t < n { at(r + t) } else { 0 });
+        keys.scores::<W>(&js[..n], &mut s[..n]);
+        for (v, &j) in vr.iter_mut().zip(&js[..n]) {
+            *v = &vb[j * vrb..(j + 1) * vrb];
         }
         if let Some(c) = capture.as_deref_mut() {
             let at = (r - range.start) * W;
@@ -446,14 +484,102 @@ fn book_segment<const W: usize>(
         let (m, l) = slot.lanes::<W>();
         let factor = k.softmax_update(m, l, &mut s[..n]);
         for (pass, acc) in slot.acc[..heads * d].chunks_mut(DENSE_PASS * d).enumerate() {
-            // SAFETY: as for `Book::new`.
+            // SAFETY: as above.
             unsafe {
-                book_accumulate::<W>(&vbook, &s[..n], &vr[..n], pass * DENSE_PASS, &factor, acc, d)
+                book_accumulate::<W>(&layout, &s[..n], &vr[..n], pass * DENSE_PASS, &factor, acc, d)
             };
         }
         r += n;
     }
     true
+}
+
+/// The key side of [`book_segment`]: codebook rows, or KIVI's token groups with the
+/// queries prepared for the group last read.
+#[cfg(target_arch = "x86_64")]
+struct KeyTile<'a, 'q> {
+    keys: RowCodes<'a>,
+    book: super::avx2_books::Book,
+    d: usize,
+    /// Scaled head-major queries.
+    q: &'q [f32],
+    /// KIVI: the queries times the channel scales of token group `group`.
+    qs: &'q mut [f32],
+    /// The token group `qs` and `qz` were prepared for (`usize::MAX`: none yet).
+    group: usize,
+    /// KIVI: `q_h · z` of token group `group`, per head.
+    qz: [f32; super::tile::MAX_LANES],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl KeyTile<'_, '_> {
+    /// Scores of rows `js` (slab rows) for every head into `s`.
+    fn scores<const W: usize>(&mut self, js: &[usize], s: &mut [[f32; W]]) {
+        use super::avx2_books::{book_scores, code_scores, prepare_key_group};
+        use super::tile::DENSE_PASS;
+        let d = self.d;
+        let mut rows = [&[][..]; TILE];
+        match self.keys {
+            RowCodes::Codebook { bits, bytes, .. } => {
+                let rb = 2 + packed_bytes(d, bits);
+                for (row, &j) in rows.iter_mut().zip(js) {
+                    *row = &bytes[j * rb..(j + 1) * rb];
+                }
+                for (pass, qp) in self.q.chunks(DENSE_PASS * d).enumerate() {
+                    let lane0 = pass * DENSE_PASS;
+                    // SAFETY: a `KeyTile` is built only on an AVX2 token (see `book_segment`).
+                    unsafe { book_scores::<W>(&self.book, qp, d, &rows[..js.len()], lane0, s) };
+                }
+            }
+            RowCodes::TokenGroups { bits, group, bytes, coded, waiting } => {
+                let cb = packed_bytes(d, bits);
+                let unit = 4 * d + group * cb;
+                let mut t = 0;
+                while t < js.len() {
+                    let j = js[t];
+                    if j >= coded {
+                        let row = &waiting[(j - coded) * d..(j - coded + 1) * d];
+                        for (h, qh) in self.q.chunks_exact(d).enumerate() {
+                            s[t][h] = qh.iter().zip(row).map(|(q, x)| q * x.to_f32()).sum();
+                        }
+                        t += 1;
+                        continue;
+                    }
+                    let g = j / group;
+                    let base = &bytes[g * unit..(g + 1) * unit];
+                    if self.group != g {
+                        // SAFETY: as above.
+                        unsafe { prepare_key_group(self.q, base, d, self.qs, &mut self.qz) };
+                        self.group = g;
+                    }
+                    // The run of rows of this group.
+                    let mut u = t;
+                    while u < js.len() && js[u] < coded && js[u] / group == g {
+                        rows[u - t] = &base[4 * d + (js[u] % group) * cb..][..cb];
+                        u += 1;
+                    }
+                    for (pass, qp) in self.qs.chunks(DENSE_PASS * d).enumerate() {
+                        let lane0 = pass * DENSE_PASS;
+                        let bias = &self.qz[lane0..lane0 + qp.len() / d];
+                        // SAFETY: as above.
+                        unsafe {
+                            code_scores::<W>(
+                                &self.book,
+                                qp,
+                                d,
+                                &rows[..u - t],
+                                bias,
+                                lane0,
+                                &mut s[t..u],
+                            )
+                        };
+                    }
+                    t = u;
+                }
+            }
+            _ => unreachable!("book_segment keys are codebook or token-group rows"),
+        }
+    }
 }
 
 /// What [`segment`] streams: layouts, slab rows and the rows to read.
