@@ -391,6 +391,11 @@ fn decoded_histories_attend_as_the_reference_for_every_layout() {
         for shape in [(0, 150, 7), (2, 64, 16), (1, 0, 5)] {
             decoded_case(layout, 64, shape);
         }
+        // Heads of one, two and four KIVI value groups of 8 channels (the AVX2 kernel sizes
+        // its per-group weights by the group count).
+        for d in [8, 16, 32] {
+            decoded_case(layout, d, (1, 150, 7));
+        }
     }
 }
 

@@ -395,7 +395,8 @@ fn accumulate_g<const G: usize, const NG: usize, const W: usize>(
     let mut c = 0;
     while c < d {
         let wide = c + 16 <= d;
-        // One group (codebook rows): group 0 throughout, known at compile time.
+        // One group (codebook rows, or KIVI rows of one channel group): group 0 throughout,
+        // known at compile time.
         let g = if NG == 1 { 0 } else { c / width };
         let g1 = if NG == 1 { 0 } else { ((c + 8) / width).min(groups - 1) };
         let mut a = [[_mm256_setzero_ps(); 2]; G];
@@ -421,7 +422,7 @@ fn accumulate_g<const G: usize, const NG: usize, const W: usize>(
                 }
             }
             for (h, ah) in a.iter_mut().enumerate() {
-                if NG > 1 && zeros {
+                if zeros {
                     ah[0] = _mm256_add_ps(ah[0], _mm256_set1_ps(zs[g][h]));
                     if wide {
                         ah[1] = _mm256_add_ps(ah[1], _mm256_set1_ps(zs[g1][h]));
