@@ -236,12 +236,7 @@ pub(super) fn book_scores<const W: usize>(
     lane0: usize,
     s: &mut [[f32; W]],
 ) {
-    match q.len() / d {
-        1 => scores_g::<1, W, true>(book, q, d, rows, &[], lane0, s),
-        2 => scores_g::<2, W, true>(book, q, d, rows, &[], lane0, s),
-        3 => scores_g::<3, W, true>(book, q, d, rows, &[], lane0, s),
-        _ => scores_g::<4, W, true>(book, q, d, rows, &[], lane0, s),
-    }
+    scores::<W, true>(book, q, d, rows, &[], lane0, s);
 }
 
 /// `s[t][lane0 + h] = bias[h] + Σ_c q_h[c] · levels[code_c(codes[t])]` for the
@@ -258,11 +253,25 @@ pub(super) fn code_scores<const W: usize>(
     lane0: usize,
     s: &mut [[f32; W]],
 ) {
+    scores::<W, false>(book, q, d, codes, bias, lane0, s);
+}
+
+/// [`scores_g`] for the `q.len() / d` (1 to 4) heads of `q`.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn scores<const W: usize, const NORM: bool>(
+    book: &Book,
+    q: &[f32],
+    d: usize,
+    rows: &[&[u8]],
+    bias: &[f32],
+    lane0: usize,
+    s: &mut [[f32; W]],
+) {
     match q.len() / d {
-        1 => scores_g::<1, W, false>(book, q, d, codes, bias, lane0, s),
-        2 => scores_g::<2, W, false>(book, q, d, codes, bias, lane0, s),
-        3 => scores_g::<3, W, false>(book, q, d, codes, bias, lane0, s),
-        _ => scores_g::<4, W, false>(book, q, d, codes, bias, lane0, s),
+        1 => scores_g::<1, W, NORM>(book, q, d, rows, bias, lane0, s),
+        2 => scores_g::<2, W, NORM>(book, q, d, rows, bias, lane0, s),
+        3 => scores_g::<3, W, NORM>(book, q, d, rows, bias, lane0, s),
+        _ => scores_g::<4, W, NORM>(book, q, d, rows, bias, lane0, s),
     }
 }
 
@@ -297,22 +306,15 @@ fn scores_g<const G: usize, const W: usize, const NORM: bool>(
             }
             c += 8;
         }
-        let mut sums = [_mm256_setzero_ps(); G];
+        let mut sums = a.map(|ah| _mm256_add_ps(ah[0], ah[1]));
         if NORM {
             // SAFETY: the row holds its 2 norm bytes (asserted).
             let n = _mm256_set1_ps(unsafe { norm(row) });
-            for (sh, ah) in sums.iter_mut().zip(&a) {
-                *sh = _mm256_mul_ps(_mm256_add_ps(ah[0], ah[1]), n);
-            }
-            store_sums(&sums, &mut st[lane0..lane0 + G]);
-        } else {
-            for (sh, ah) in sums.iter_mut().zip(&a) {
-                *sh = _mm256_add_ps(ah[0], ah[1]);
-            }
-            store_sums(&sums, &mut st[lane0..lane0 + G]);
-            for (x, b) in st[lane0..lane0 + G].iter_mut().zip(bias) {
-                *x += b;
-            }
+            sums = sums.map(|sh| _mm256_mul_ps(sh, n));
+        }
+        store_sums(&sums, &mut st[lane0..lane0 + G]);
+        for (x, b) in st[lane0..lane0 + G].iter_mut().zip(bias) {
+            *x += b;
         }
     }
 }

@@ -402,7 +402,7 @@ fn book_segment<const W: usize>(
     sc: &mut Scratch,
     (slot, capture): (&mut Slot, &mut Option<&mut [f32]>),
 ) -> bool {
-    use super::avx2_books::{Book, ValueRows, book_accumulate, identity_book};
+    use super::avx2_books::{Book, MAX_VALUE_GROUPS, ValueRows, book_accumulate, identity_book};
     use super::segment::scaled_queries;
     use super::tile::DENSE_PASS;
     let d = job.cfg.head_dim();
@@ -410,44 +410,30 @@ fn book_segment<const W: usize>(
     if !matches!(k, Kernels::Avx2(_)) || !d.is_multiple_of(8) {
         return false;
     }
-    let key_ok = match rows.keys {
-        RowCodes::Codebook { bits, .. } | RowCodes::TokenGroups { bits, .. } => fits(bits),
-        _ => false,
-    };
-    let value_ok = match rows.values {
-        RowCodes::Codebook { bits, .. } => fits(bits),
-        RowCodes::ChannelGroups { bits, group, .. } => {
-            use super::avx2_books::MAX_VALUE_GROUPS;
-            fits(bits) && group.is_multiple_of(8) && d / group <= MAX_VALUE_GROUPS
-        }
-        _ => false,
-    };
-    if !key_ok || !value_ok {
-        return false;
-    }
     // SAFETY: an AVX2 token exists only after `Isa::Avx2.is_available()` confirmed AVX2, FMA
     // and F16C (so for every `unsafe` block of this function).
-    let (kbook, layout, vb) = unsafe {
-        let kbook = match rows.keys {
-            RowCodes::Codebook { bits, levels, .. } => Book::new(levels, bits),
-            RowCodes::TokenGroups { bits, .. } => identity_book(bits),
-            _ => unreachable!("checked above"),
-        };
-        match rows.values {
-            RowCodes::Codebook { bits, levels, bytes } => {
-                (kbook, ValueRows::Codebook(Book::new(levels, bits)), bytes)
-            }
-            RowCodes::ChannelGroups { bits, group, bytes } => {
-                (kbook, ValueRows::Groups { book: identity_book(bits), group }, bytes)
-            }
-            _ => unreachable!("checked above"),
+    let kbook = unsafe {
+        match rows.keys {
+            RowCodes::Codebook { bits, levels, .. } if fits(bits) => Book::new(levels, bits),
+            RowCodes::TokenGroups { bits, .. } if fits(bits) => identity_book(bits),
+            _ => return false,
         }
     };
-    let vrb = match rows.values {
-        RowCodes::Codebook { bits, .. } => 2 + packed_bytes(d, bits),
-        RowCodes::ChannelGroups { bits, group, .. } => 4 * (d / group) + packed_bytes(d, bits),
-        _ => unreachable!("checked above"),
+    // SAFETY: as above.
+    let (layout, vb) = unsafe {
+        match rows.values {
+            RowCodes::Codebook { bits, levels, bytes } if fits(bits) => {
+                (ValueRows::Codebook(Book::new(levels, bits)), bytes)
+            }
+            RowCodes::ChannelGroups { bits, group, bytes }
+                if fits(bits) && group.is_multiple_of(8) && d / group <= MAX_VALUE_GROUPS =>
+            {
+                (ValueRows::Groups { book: identity_book(bits), group }, bytes)
+            }
+            _ => return false,
+        }
     };
+    let vrb = rows.values.row_bytes(d).expect("codebook and channel-group rows have a size");
     let slots = rows.slots;
     let at = |j: usize| slots.map_or(j, |s| s[j] as usize);
     let Scratch { q, kval, .. } = sc;
@@ -520,8 +506,8 @@ impl KeyTile<'_, '_> {
         let d = self.d;
         let mut rows = [&[][..]; TILE];
         match self.keys {
-            RowCodes::Codebook { bits, bytes, .. } => {
-                let rb = 2 + packed_bytes(d, bits);
+            RowCodes::Codebook { bytes, .. } => {
+                let rb = self.keys.row_bytes(d).expect("codebook rows have a size");
                 for (row, &j) in rows.iter_mut().zip(js) {
                     *row = &bytes[j * rb..(j + 1) * rb];
                 }
